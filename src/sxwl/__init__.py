@@ -1,0 +1,3 @@
+"""算想云 (sxwl): serverless LLM training on providers' GPUs."""
+
+__version__ = "0.1.0"

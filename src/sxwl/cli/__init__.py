@@ -1,0 +1,1 @@
+"""The ``sxwl`` command: cloud server, demo, and the user/admin CLI."""

@@ -1,0 +1,3 @@
+from sxwl.cli.main import main
+
+main()

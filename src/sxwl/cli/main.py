@@ -1,0 +1,155 @@
+"""Entry point of the ``sxwl`` command."""
+
+from __future__ import annotations
+
+import getpass
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+from sxwl.cli import client, server
+from sxwl.cli.client import CliError, Credentials
+
+app = typer.Typer(
+    help="算想云 (sxwl): the cloud server and its command-line client.",
+    no_args_is_help=True,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+admin_app = typer.Typer(help="Administration on the server's own database.", no_args_is_help=True)
+key_app = typer.Typer(help="A compute provider's accessKey.", no_args_is_help=True)
+app.add_typer(admin_app, name="admin")
+app.add_typer(key_app, name="access-key")
+out = Console()
+
+DataDir = Annotated[
+    Path, typer.Option("--data-dir", envvar="SXWL_DATA_DIR", help="Where the database and keys live.")
+]
+Port = Annotated[int, typer.Option("--port", help="Port to listen on.")]
+PasswordStdin = Annotated[
+    bool, typer.Option("--password-stdin", help="Read the password from standard input.")
+]
+
+
+def read_password(from_stdin: bool, confirm: bool = False) -> str:
+    if from_stdin:
+        return sys.stdin.readline().rstrip("\n")
+    password = getpass.getpass("Password: ")
+    if confirm and getpass.getpass("Repeat password: ") != password:
+        raise CliError("the passwords differ", exit_code=2)
+    return password
+
+
+@app.command()
+def serve(
+    host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
+    port: Port = 8000,
+    data_dir: DataDir = Path(".sxwl"),
+) -> None:
+    """Run the cloud server (applies database migrations first)."""
+    server.serve(server.settings_for(data_dir, port, host), host, port)
+
+
+@app.command()
+def up(port: Port = 8000, data_dir: DataDir = Path(".sxwl")) -> None:
+    """Run the cloud with demo accounts (a provider, a user, an admin) and print their logins."""
+    settings = server.settings_for(data_dir, port)
+    logins = server.ensure_demo_accounts(settings)
+    server.print_banner(settings.public_url, logins)
+    server.serve(settings, "127.0.0.1", port)
+
+
+@admin_app.command("create-user")
+def create_user(
+    email: Annotated[str, typer.Option(help="Email address to sign in with.")],
+    role: Annotated[str, typer.Option(help="admin, provider or user.")] = "admin",
+    name: Annotated[str | None, typer.Option(help="Display name.")] = None,
+    password_stdin: PasswordStdin = False,
+    data_dir: DataDir = Path(".sxwl"),
+) -> None:
+    """Create an account directly in the database (how the first admin is made)."""
+    from sxwl.cloud.context import CloudContext
+    from sxwl.cloud.db import migrate
+    from sxwl.cloud.db.models import Role
+    from sxwl.cloud.errors import AppError
+    from sxwl.cloud.services import accounts
+
+    if role not in {r.value for r in Role}:
+        raise CliError(f"--role: expected admin, provider or user, got {role!r}", exit_code=2)
+    try:
+        normalized = accounts.normalize_email(email)
+    except ValueError as exc:
+        raise CliError(f"--email: {exc}", exit_code=2) from None
+    password = read_password(password_stdin, confirm=True)
+    settings = server.settings_for(data_dir)
+    ctx = CloudContext.from_settings(settings)
+    migrate.upgrade(ctx.db.engine)
+    try:
+        with ctx.db.session() as session:
+            user = accounts.create_user(
+                ctx, session, accounts.NewAccount(normalized, password, Role(role), name)
+            )
+    except AppError as exc:
+        raise CliError(exc.message, exit_code=2 if exc.status == 422 else 1) from None
+    finally:
+        ctx.db.dispose()
+    out.print(f"created {user.role.value} {user.email} (id {user.id})")
+
+
+@app.command()
+def login(
+    url: Annotated[str, typer.Option(help="The cloud's URL, e.g. http://127.0.0.1:8000.")],
+    email: Annotated[str, typer.Option(help="Your account's email.")],
+    password_stdin: PasswordStdin = False,
+) -> None:
+    """Sign in and keep the token in your config dir (mode 0600)."""
+    password = read_password(password_stdin)
+    response = client.request(
+        "POST", url.rstrip("/") + "/api/v1/auth/login", json={"email": email, "password": password}
+    )
+    path = Credentials(url=url.rstrip("/"), token=response.json()["access_token"], email=email).save()
+    out.print(f"signed in as {email}; token saved to {path}")
+
+
+@app.command()
+def logout() -> None:
+    """Revoke the saved token and forget it."""
+    creds = Credentials.load()
+    try:
+        client.call("POST", "/api/v1/auth/logout")
+    finally:
+        client.credentials_path().unlink(missing_ok=True)
+    out.print(f"signed out {creds.email}")
+
+
+@app.command()
+def whoami() -> None:
+    """Show the signed-in account."""
+    me = client.call("GET", "/api/v1/me").json()
+    out.print(f"{me['email']}  role={me['role']}  name={me.get('name') or '-'}  id={me['id']}")
+
+
+@key_app.command("show")
+def show_key() -> None:
+    """Print your accessKey (providers only)."""
+    out.print(client.call("GET", "/api/v1/me/access-key").json()["access_key"], soft_wrap=True)
+
+
+@key_app.command("rotate")
+def rotate_key(
+    yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask for confirmation.")] = False,
+) -> None:
+    """Issue a new accessKey; the old one stops working at once."""
+    if not yes and not typer.confirm("The old accessKey stops working at once. Rotate?"):
+        raise typer.Exit(1)
+    out.print(client.call("POST", "/api/v1/me/access-key/rotate").json()["access_key"], soft_wrap=True)
+
+
+def main() -> None:
+    try:
+        app()
+    except CliError as exc:
+        Console(stderr=True).print(f"[red]error:[/] {exc}")
+        sys.exit(exc.exit_code)

@@ -1,0 +1,1 @@
+"""The sxwl cloud: accounts, CPods, jobs and the web console."""

@@ -1,0 +1,40 @@
+"""Administration: the user list and accounts created by an admin."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from fastapi import APIRouter, Query
+
+from sxwl.cloud.api.deps import Ctx, CurrentAdmin
+from sxwl.cloud.api.schemas import AdminCreateUserIn, UserOut, UserPageOut
+from sxwl.cloud.db.models import Role
+from sxwl.cloud.services import accounts
+
+router = APIRouter(prefix="/admin", tags=["admin"])
+
+
+@router.get("/users", response_model=UserPageOut)
+def list_users(
+    admin: CurrentAdmin,
+    ctx: Ctx,
+    page: Annotated[int, Query(ge=1)] = 1,
+    per_page: Annotated[int, Query(ge=1, le=200)] = 50,
+    role: Literal["provider", "user", "admin"] | None = None,
+    q: Annotated[str, Query(max_length=320)] = "",
+) -> UserPageOut:
+    with ctx.db.session() as session:
+        result = accounts.list_users(session, page, per_page, Role(role) if role else None, q)
+        return UserPageOut(
+            items=[UserOut.model_validate(u) for u in result.items],
+            total=result.total,
+            page=result.page,
+            per_page=result.per_page,
+        )
+
+
+@router.post("/users", status_code=201, response_model=UserOut)
+def create_user(body: AdminCreateUserIn, admin: CurrentAdmin, ctx: Ctx) -> UserOut:
+    new = accounts.NewAccount(body.email, body.password, Role(body.role), body.name, body.company, body.phone)
+    with ctx.db.session() as session:
+        return UserOut.model_validate(accounts.create_user(ctx, session, new, created_by=admin))

@@ -1,0 +1,34 @@
+"""Registration, login and logout."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request, Response
+
+from sxwl.cloud.api.deps import Ctx, CurrentPrincipal, client_ip
+from sxwl.cloud.api.schemas import LoginIn, RegisterIn, TokenOut, UserOut
+from sxwl.cloud.db.models import Role, SessionKind
+from sxwl.cloud.services import accounts, sessions
+
+router = APIRouter(prefix="/auth", tags=["auth"])
+
+
+@router.post("/register", status_code=201, response_model=UserOut)
+def register(body: RegisterIn, request: Request, ctx: Ctx) -> UserOut:
+    new = accounts.NewAccount(body.email, body.password, Role(body.role), body.name, body.company, body.phone)
+    return UserOut.model_validate(accounts.register(ctx, client_ip(request), new))
+
+
+@router.post("/login", response_model=TokenOut)
+def login(body: LoginIn, request: Request, ctx: Ctx) -> TokenOut:
+    user = accounts.sign_in(ctx, client_ip(request), body.email, body.password)
+    with ctx.db.session() as session:
+        token = sessions.start(session, user, SessionKind.API, ctx.settings.api_token_ttl_s)
+    return TokenOut(access_token=token, expires_in=ctx.settings.api_token_ttl_s)
+
+
+@router.post("/logout", status_code=204)
+def logout(principal: CurrentPrincipal, ctx: Ctx) -> Response:
+    with ctx.db.session() as session:
+        auth = session.merge(principal.auth)
+        sessions.revoke(session, auth)
+    return Response(status_code=204)

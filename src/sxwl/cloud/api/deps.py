@@ -1,0 +1,97 @@
+"""Who is calling: bearer token (CLI, scripts) or console cookie (browser, CSRF-checked)."""
+
+from __future__ import annotations
+
+import hmac
+from dataclasses import dataclass
+from typing import Annotated
+
+from fastapi import Depends, Request
+
+from sxwl.cloud.context import CloudContext
+from sxwl.cloud.db.models import AuthSession, Role, SessionKind, User
+from sxwl.cloud.errors import AppError
+from sxwl.cloud.services import sessions
+
+SESSION_COOKIE = "sxwl_session"
+CSRF_COOKIE = "sxwl_csrf"
+CSRF_HEADER = "x-csrf-token"
+SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+
+
+def get_ctx(request: Request) -> CloudContext:
+    ctx: CloudContext = request.app.state.ctx
+    return ctx
+
+
+Ctx = Annotated[CloudContext, Depends(get_ctx)]
+
+
+@dataclass(frozen=True)
+class Principal:
+    user: User
+    auth: AuthSession
+
+
+def csrf_ok(request: Request, submitted: str | None) -> bool:
+    """Double-submit check: the token in the form or header must equal the CSRF cookie."""
+    cookie = request.cookies.get(CSRF_COOKIE)
+    return bool(cookie and submitted and hmac.compare_digest(cookie, submitted))
+
+
+def bearer_token(request: Request) -> str | None:
+    header = request.headers.get("authorization", "")
+    scheme, _, token = header.partition(" ")
+    return token.strip() if scheme.lower() == "bearer" and token.strip() else None
+
+
+def console_principal(ctx: CloudContext, request: Request) -> Principal | None:
+    token = request.cookies.get(SESSION_COOKIE)
+    if not token:
+        return None
+    with ctx.db.session() as session:
+        found = sessions.resolve(session, token, SessionKind.CONSOLE)
+    return Principal(found[1], found[0]) if found else None
+
+
+def current_principal(request: Request, ctx: Ctx) -> Principal:
+    token = bearer_token(request)
+    if token is not None:
+        with ctx.db.session() as session:
+            found = sessions.resolve(session, token, SessionKind.API)
+        if found is None:
+            raise AppError(
+                401,
+                "token is invalid, expired or revoked; sign in again",
+                headers={"WWW-Authenticate": "Bearer"},
+            )
+        return Principal(found[1], found[0])
+    principal = console_principal(ctx, request)
+    if principal is None:
+        raise AppError(401, "sign in required", headers={"WWW-Authenticate": "Bearer"})
+    if request.method not in SAFE_METHODS and not csrf_ok(request, request.headers.get(CSRF_HEADER)):
+        raise AppError(403, "missing or wrong CSRF token", code="csrf")
+    return principal
+
+
+CurrentPrincipal = Annotated[Principal, Depends(current_principal)]
+
+
+def current_user(principal: CurrentPrincipal) -> User:
+    return principal.user
+
+
+CurrentUser = Annotated[User, Depends(current_user)]
+
+
+def current_admin(user: CurrentUser) -> User:
+    if user.role != Role.ADMIN:
+        raise AppError(403, "administrators only")
+    return user
+
+
+CurrentAdmin = Annotated[User, Depends(current_admin)]
+
+
+def client_ip(request: Request) -> str:
+    return request.client.host if request.client else "unknown"

@@ -1,0 +1,58 @@
+"""The signed-in account: details, password, and a provider's accessKey."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Response
+
+from sxwl.cloud.api.deps import Ctx, CurrentUser
+from sxwl.cloud.api.schemas import AccessKeyOut, AccessKeyRecordOut, PasswordChangeIn, UserOut
+from sxwl.cloud.services import access_keys, accounts
+
+router = APIRouter(prefix="/me", tags=["account"])
+
+
+@router.get("", response_model=UserOut)
+def me(user: CurrentUser) -> UserOut:
+    return UserOut.model_validate(user)
+
+
+@router.post("/password", status_code=204)
+def change_password(body: PasswordChangeIn, user: CurrentUser, ctx: Ctx) -> Response:
+    """Changes the password and ends every session of this account, this one included."""
+    with ctx.db.session() as session:
+        accounts.change_password(ctx, session, session.merge(user), body.current_password, body.new_password)
+    return Response(status_code=204)
+
+
+@router.get("/access-key", response_model=AccessKeyOut)
+def get_access_key(user: CurrentUser, ctx: Ctx) -> AccessKeyOut:
+    with ctx.db.session() as session:
+        key = access_keys.reveal(ctx, session, user)
+        current = access_keys.active(session, user)
+        assert current is not None
+        return AccessKeyOut(access_key=key, created_at=current.created_at)
+
+
+@router.post("/access-key/rotate", response_model=AccessKeyOut)
+def rotate_access_key(user: CurrentUser, ctx: Ctx) -> AccessKeyOut:
+    """Issues a new accessKey; the old one stops working immediately."""
+    with ctx.db.session() as session:
+        key = access_keys.rotate(ctx, session, session.merge(user), actor=user)
+        current = access_keys.active(session, user)
+        assert current is not None
+        return AccessKeyOut(access_key=key, created_at=current.created_at)
+
+
+@router.get("/access-key/history", response_model=list[AccessKeyRecordOut])
+def access_key_history(user: CurrentUser, ctx: Ctx) -> list[AccessKeyRecordOut]:
+    with ctx.db.session() as session:
+        return [
+            AccessKeyRecordOut(
+                hint=record.hint,
+                created_at=record.created_at,
+                created_by=record.created_by.email if record.created_by else None,
+                revoked_at=record.revoked_at,
+                revoked_by=record.revoked_by.email if record.revoked_by else None,
+            )
+            for record in access_keys.history(session, user)
+        ]

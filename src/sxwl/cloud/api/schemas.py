@@ -1,0 +1,88 @@
+"""Request and response bodies of the REST API."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from sxwl.cloud.services.accounts import MAX_PASSWORD, MIN_PASSWORD, normalize_email
+
+PHONE_PATTERN = r"^\+?[0-9][0-9 \-]{4,30}$"
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", str_strip_whitespace=True)
+
+
+class RegisterIn(Strict):
+    email: str = Field(max_length=320)
+    password: str = Field(min_length=MIN_PASSWORD, max_length=MAX_PASSWORD)
+    role: Literal["provider", "user"]
+    name: str | None = Field(default=None, max_length=100)
+    company: str | None = Field(default=None, max_length=200)
+    phone: str | None = Field(default=None, pattern=PHONE_PATTERN)
+
+    @field_validator("email")
+    @classmethod
+    def _email(cls, value: str) -> str:
+        return normalize_email(value)
+
+    @field_validator("name", "company", "phone", mode="before")
+    @classmethod
+    def _blank_is_none(cls, value: object) -> object:
+        return None if isinstance(value, str) and not value.strip() else value
+
+
+class AdminCreateUserIn(RegisterIn):
+    role: Literal["provider", "user", "admin"]  # type: ignore[assignment]
+
+
+class LoginIn(Strict):
+    # Not validated as an email: a malformed one must get the same 401 as a wrong password.
+    email: str = Field(min_length=1, max_length=320)
+    password: str = Field(min_length=1, max_length=MAX_PASSWORD)
+
+
+class TokenOut(BaseModel):
+    access_token: str
+    token_type: Literal["bearer"] = "bearer"  # noqa: S105 - a scheme name, not a secret
+    expires_in: int
+
+
+class PasswordChangeIn(Strict):
+    current_password: str = Field(min_length=1, max_length=MAX_PASSWORD)
+    new_password: str = Field(min_length=MIN_PASSWORD, max_length=MAX_PASSWORD)
+
+
+class UserOut(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+
+    id: str
+    email: str
+    role: Literal["provider", "user", "admin"]
+    name: str | None
+    company: str | None
+    phone: str | None
+    created_at: datetime
+
+
+class UserPageOut(BaseModel):
+    items: list[UserOut]
+    total: int
+    page: int
+    per_page: int
+
+
+class AccessKeyOut(BaseModel):
+    access_key: str
+    created_at: datetime
+
+
+class AccessKeyRecordOut(BaseModel):
+    hint: str
+    created_at: datetime
+    created_by: str | None
+    revoked_at: datetime | None
+    revoked_by: str | None

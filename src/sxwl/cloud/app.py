@@ -1,0 +1,67 @@
+"""The cloud's FastAPI application factory."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import APIRouter, FastAPI
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+
+import sxwl
+from sxwl.cloud import errors
+from sxwl.cloud.api import admin, auth, me
+from sxwl.cloud.config import Settings
+from sxwl.cloud.context import CloudContext
+from sxwl.cloud.db import migrate
+from sxwl.cloud.middleware import BodyLimit, HttpMetrics, RequestContext
+from sxwl.cloud.web import console
+
+log = logging.getLogger("sxwl.cloud")
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    settings = settings or Settings()
+    ctx = CloudContext.from_settings(settings)
+    migrate.upgrade(ctx.db.engine)
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        log.info("cloud started", extra={"event": "start"})
+        yield
+        ctx.db.dispose()
+
+    app = FastAPI(
+        title="算想云 sxwl",
+        version=sxwl.__version__,
+        openapi_url="/api/v1/openapi.json",
+        # The bundled Swagger/ReDoc pages load from a CDN; the console must work offline.
+        docs_url=None,
+        redoc_url=None,
+        lifespan=lifespan,
+    )
+    app.state.ctx = ctx
+    errors.install(app)
+
+    api = APIRouter(prefix="/api/v1")
+    for router in (auth.router, me.router, admin.router):
+        api.include_router(router)
+    app.include_router(api)
+
+    registry = CollectorRegistry()
+    metrics = HttpMetrics(registry)
+
+    @app.get("/healthz", include_in_schema=False)
+    def healthz() -> JSONResponse:
+        return JSONResponse({"status": "ok"})
+
+    @app.get("/metrics", include_in_schema=False)
+    def prometheus() -> Response:
+        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+
+    console.install(app)
+    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
+    app.add_middleware(RequestContext, metrics=metrics)
+    return app

@@ -1,0 +1,76 @@
+"""Cloud settings, read from ``SXWL_*`` environment variables."""
+
+from __future__ import annotations
+
+import os
+import secrets
+from pathlib import Path
+
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+def parse_rate(text: str) -> tuple[int, float]:
+    """``"N/S"`` means at most N events per S seconds."""
+    count, _, seconds = text.partition("/")
+    try:
+        limit = int(count), float(seconds)
+    except ValueError:
+        raise ValueError(f"expected 'COUNT/SECONDS', got {text!r}") from None
+    if limit[0] < 1 or limit[1] <= 0:
+        raise ValueError(f"count and seconds must be positive, got {text!r}")
+    return limit
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="SXWL_", extra="ignore")
+
+    data_dir: Path = Path(".sxwl")
+    database_url: str = ""
+    secret_key: str = ""
+    # The URL that CPods and browsers use to reach this cloud; defaults to the request's own.
+    public_url: str = ""
+
+    session_ttl_s: int = 12 * 3600
+    api_token_ttl_s: int = 7 * 24 * 3600
+    # About 100 ms per hash on a 2-core build machine (see bench/RESULTS.md).
+    argon2_time_cost: int = 3
+    argon2_memory_kib: int = 47104
+    argon2_parallelism: int = 1
+
+    max_body_bytes: int = 1024 * 1024
+    rate_login_ip: str = "30/60"
+    rate_login_account: str = "10/300"
+    rate_register_ip: str = "10/3600"
+    rate_register_account: str = "5/3600"
+
+    log_level: str = "INFO"
+
+    max_page_size: int = Field(default=200, ge=1)
+
+    @field_validator("rate_login_ip", "rate_login_account", "rate_register_ip", "rate_register_account")
+    @classmethod
+    def _valid_rate(cls, value: str) -> str:
+        parse_rate(value)
+        return value
+
+    def resolved_database_url(self) -> str:
+        url = self.database_url or f"sqlite:///{self.data_dir / 'sxwl.db'}"
+        # Plain postgresql:// URLs are what people paste; psycopg 3 is the driver we ship.
+        if url.startswith("postgresql://") or url.startswith("postgres://"):
+            url = "postgresql+psycopg://" + url.split("://", 1)[1]
+        return url
+
+    def resolved_secret_key(self) -> str:
+        """The configured key, else one generated once into the data dir (mode 0600)."""
+        if self.secret_key:
+            return self.secret_key
+        path = self.data_dir / "secret.key"
+        if path.exists():
+            return path.read_text().strip()
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        key = secrets.token_urlsafe(48)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as handle:
+            handle.write(key + "\n")
+        return key

@@ -1,0 +1,47 @@
+"""What every request and background loop of one cloud process shares."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from sxwl.cloud.config import Settings
+from sxwl.cloud.db.engine import Database
+from sxwl.cloud.ratelimit import RateLimiter
+from sxwl.cloud.security import Passwords, SecretBox
+
+
+@dataclass
+class Limiters:
+    login_ip: RateLimiter
+    login_account: RateLimiter
+    register_ip: RateLimiter
+    register_account: RateLimiter
+
+
+@dataclass
+class CloudContext:
+    settings: Settings
+    db: Database
+    passwords: Passwords
+    box: SecretBox
+    limiters: Limiters = field(init=False)
+
+    def __post_init__(self) -> None:
+        s = self.settings
+        self.limiters = Limiters(
+            login_ip=RateLimiter(s.rate_login_ip, "login attempts from this address"),
+            login_account=RateLimiter(s.rate_login_account, "login attempts for this account"),
+            register_ip=RateLimiter(s.rate_register_ip, "registrations from this address"),
+            register_account=RateLimiter(s.rate_register_account, "registration attempts for this email"),
+        )
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> CloudContext:
+        return cls(
+            settings=settings,
+            db=Database(settings.resolved_database_url()),
+            passwords=Passwords(
+                settings.argon2_time_cost, settings.argon2_memory_kib, settings.argon2_parallelism
+            ),
+            box=SecretBox(settings.resolved_secret_key()),
+        )

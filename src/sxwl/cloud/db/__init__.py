@@ -1,0 +1,1 @@
+"""Database: engine, sessions, models and migrations."""

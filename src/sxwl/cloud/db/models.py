@@ -1,0 +1,92 @@
+"""SQLAlchemy models of the cloud."""
+
+from __future__ import annotations
+
+import enum
+import uuid
+from datetime import datetime
+
+from sqlalchemy import Enum, ForeignKey, Index, String
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
+
+from sxwl.cloud.db.types import UTCDateTime, utcnow
+
+
+def new_id() -> str:
+    return uuid.uuid4().hex
+
+
+def str_enum(enum_cls: type[enum.StrEnum]) -> Enum:
+    """A VARCHAR holding the enum's values (not names), the same on every database."""
+    return Enum(enum_cls, native_enum=False, length=16, values_callable=lambda e: [m.value for m in e])
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class Role(enum.StrEnum):
+    PROVIDER = "provider"
+    USER = "user"
+    ADMIN = "admin"
+
+
+class SessionKind(enum.StrEnum):
+    API = "api"
+    CONSOLE = "console"
+
+
+class User(Base):
+    __tablename__ = "users"
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True, default=new_id)
+    # Stored normalised (lower case), so the unique index is case-insensitive.
+    email: Mapped[str] = mapped_column(String(320), unique=True)
+    password_hash: Mapped[str] = mapped_column(String(255))
+    role: Mapped[Role] = mapped_column(str_enum(Role))
+    name: Mapped[str | None] = mapped_column(String(100))
+    company: Mapped[str | None] = mapped_column(String(200))
+    phone: Mapped[str | None] = mapped_column(String(32))
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    password_changed_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+
+    access_keys: Mapped[list[AccessKey]] = relationship(
+        back_populates="user", foreign_keys="AccessKey.user_id", order_by="AccessKey.created_at.desc()"
+    )
+
+
+class AuthSession(Base):
+    """A bearer token (API) or a console cookie session; only the token's hash is kept."""
+
+    __tablename__ = "auth_sessions"
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True, default=new_id)
+    user_id: Mapped[str] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"), index=True)
+    token_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    kind: Mapped[SessionKind] = mapped_column(str_enum(SessionKind))
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    expires_at: Mapped[datetime] = mapped_column(UTCDateTime())
+    revoked_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
+
+    user: Mapped[User] = relationship()
+
+
+class AccessKey(Base):
+    """A provider's accessKey: hashed for lookup, encrypted so its owner can see it again."""
+
+    __tablename__ = "access_keys"
+    __table_args__ = (Index("ix_access_keys_user_active", "user_id", "revoked_at"),)
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True, default=new_id)
+    user_id: Mapped[str] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"))
+    key_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    key_encrypted: Mapped[str] = mapped_column(String(512))
+    hint: Mapped[str] = mapped_column(String(8))
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    created_by_id: Mapped[str | None] = mapped_column(ForeignKey("users.id", ondelete="SET NULL"))
+    revoked_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
+    revoked_by_id: Mapped[str | None] = mapped_column(ForeignKey("users.id", ondelete="SET NULL"))
+
+    user: Mapped[User] = relationship(back_populates="access_keys", foreign_keys=[user_id])
+    created_by: Mapped[User | None] = relationship(foreign_keys=[created_by_id])
+    revoked_by: Mapped[User | None] = relationship(foreign_keys=[revoked_by_id])

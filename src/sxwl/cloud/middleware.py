@@ -1,0 +1,135 @@
+"""ASGI middleware: request ids, access logs, metrics, and the request body limit."""
+
+from __future__ import annotations
+
+import json
+import logging
+import secrets
+import time
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from sxwl.cloud.errors import error_body
+from sxwl.cloud.logs import request_id_var
+
+log = logging.getLogger("sxwl.http")
+
+
+class HttpMetrics:
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.requests = Counter(
+            "sxwl_http_requests_total",
+            "HTTP requests served",
+            ["method", "route", "status"],
+            registry=registry,
+        )
+        self.latency = Histogram(
+            "sxwl_http_request_duration_seconds",
+            "Time to serve an HTTP request",
+            ["method", "route"],
+            registry=registry,
+            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+        )
+
+
+class RequestContext:
+    """Gives each request an id (echoed as X-Request-ID), logs it, and records metrics by route."""
+
+    def __init__(self, app: ASGIApp, metrics: HttpMetrics) -> None:
+        self.app = app
+        self.metrics = metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        request_id = secrets.token_hex(8)
+        token = request_id_var.set(request_id)
+        started = time.perf_counter()
+        status = 500
+
+        async def send_with_id(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+                message.setdefault("headers", [])
+                message["headers"] = [*message["headers"], (b"x-request-id", request_id.encode())]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_with_id)
+        finally:
+            elapsed = time.perf_counter() - started
+            route = scope.get("route")
+            # The route template, not the raw path: ids in paths would explode the label set.
+            route_name = getattr(route, "path", None) or "unmatched"
+            self.metrics.requests.labels(scope["method"], route_name, str(status)).inc()
+            self.metrics.latency.labels(scope["method"], route_name).observe(elapsed)
+            client = scope.get("client")
+            log.info(
+                "request",
+                extra={
+                    "method": scope["method"],
+                    # Path only: query strings are not logged.
+                    "path": scope["path"],
+                    "status": status,
+                    "duration_ms": round(elapsed * 1000, 1),
+                    "client": client[0] if client else None,
+                },
+            )
+            request_id_var.reset(token)
+
+
+class BodyLimit:
+    """Refuses bodies over ``max_bytes`` with 413, by Content-Length or while streaming,
+    before the application reads them whole."""
+
+    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        for name, value in scope.get("headers", []):
+            if name == b"content-length" and value.isdigit() and int(value) > self.max_bytes:
+                await self._refuse(send)
+                return
+        received = 0
+        refused = False
+
+        async def limited_receive() -> Message:
+            nonlocal received, refused
+            if refused:
+                return {"type": "http.disconnect"}
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > self.max_bytes:
+                    # Answer now and tell the app the client left, so it stops reading.
+                    refused = True
+                    await self._refuse(send)
+                    return {"type": "http.disconnect"}
+            return message
+
+        async def guarded_send(message: Message) -> None:
+            if not refused:
+                await send(message)
+
+        await self.app(scope, limited_receive, guarded_send)
+
+    async def _refuse(self, send: Send) -> None:
+        body = json.dumps(
+            error_body(
+                413, f"request body larger than {self.max_bytes} bytes", details={"max_bytes": self.max_bytes}
+            )
+        ).encode()
+        headers: list[Any] = [
+            (b"content-type", b"application/json"),
+            (b"content-length", str(len(body)).encode()),
+        ]
+        await send({"type": "http.response.start", "status": 413, "headers": headers})
+        await send({"type": "http.response.body", "body": body})

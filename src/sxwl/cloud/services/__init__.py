@@ -1,0 +1,1 @@
+"""Business logic of the cloud; routers call these, these touch the models."""

@@ -1,0 +1,76 @@
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+
+from sxwl.cloud.app import create_app
+from sxwl.cloud.config import Settings
+from tests.support.cloud import test_settings
+from tests.support.postgres import TempPostgres
+
+
+@pytest.fixture(scope="session")
+def postgres() -> Iterator[TempPostgres]:
+    cluster = TempPostgres().start()
+    yield cluster
+    cluster.stop()
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'sxwl.db'}"
+    cluster: TempPostgres = request.getfixturevalue("postgres")
+    return cluster.create_database()
+
+
+MakeSettings = Callable[..., Settings]
+
+
+@pytest.fixture
+def make_settings(tmp_path: Path, db_url: str) -> MakeSettings:
+    def make(**overrides: Any) -> Settings:
+        return test_settings(tmp_path / "data", db_url, **overrides)
+
+    return make
+
+
+@pytest.fixture
+def make_client(make_settings: MakeSettings) -> Iterator[Callable[..., TestClient]]:
+    clients: list[TestClient] = []
+
+    def make(**overrides: Any) -> TestClient:
+        client = TestClient(create_app(make_settings(**overrides)))
+        client.__enter__()
+        clients.append(client)
+        return client
+
+    yield make
+    for client in clients:
+        client.__exit__(None, None, None)
+
+
+@pytest.fixture
+def client(make_client: Callable[..., TestClient]) -> TestClient:
+    return make_client()
+
+
+def register(
+    client: TestClient, email: str, role: str = "provider", password: str = "correct horse", **extra: Any
+) -> dict[str, Any]:
+    response = client.post(
+        "/api/v1/auth/register", json={"email": email, "password": password, "role": role, **extra}
+    )
+    assert response.status_code == 201, response.text
+    body: dict[str, Any] = response.json()
+    return body
+
+
+def login(client: TestClient, email: str, password: str = "correct horse") -> dict[str, str]:
+    response = client.post("/api/v1/auth/login", json={"email": email, "password": password})
+    assert response.status_code == 200, response.text
+    return {"Authorization": f"Bearer {response.json()['access_token']}"}

@@ -1,0 +1,75 @@
+"""Settings and processes for a cloud under test."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+from sxwl.cloud.config import Settings
+
+# Cheap argon2 keeps the suite fast; production parameters are measured in bench/.
+FAST_HASHING = {"argon2_time_cost": 1, "argon2_memory_kib": 1024}
+
+
+def test_settings(data_dir: Path, database_url: str, **overrides: object) -> Settings:
+    values: dict[str, object] = {
+        "data_dir": data_dir,
+        "database_url": database_url,
+        "secret_key": "test-secret-key-0123456789abcdef",
+        **FAST_HASHING,
+        **overrides,
+    }
+    return Settings.model_validate(values)
+
+
+class CloudProcess:
+    """``sxwl serve`` as a real process on loopback."""
+
+    def __init__(self, data_dir: Path, port: int, env: dict[str, str] | None = None) -> None:
+        self.url = f"http://127.0.0.1:{port}"
+        self.log_path = data_dir / "cloud.log"
+        data_dir.mkdir(parents=True, exist_ok=True)
+        full_env = {
+            **os.environ,
+            "SXWL_ARGON2_TIME_COST": "1",
+            "SXWL_ARGON2_MEMORY_KIB": "1024",
+            **(env or {}),
+        }
+        self._log = self.log_path.open("wb")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "sxwl.cli", "serve", "--port", str(port), "--data-dir", str(data_dir)],
+            env=full_env,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        self.wait_ready()
+
+    def wait_ready(self, timeout: float = 30) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"cloud exited early:\n{self.log_path.read_text()}")
+            try:
+                if httpx.get(self.url + "/healthz", timeout=1).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.1)
+        raise RuntimeError(f"cloud not ready after {timeout}s:\n{self.log_path.read_text()}")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+        self._log.close()

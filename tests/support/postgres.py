@@ -1,0 +1,77 @@
+"""A throwaway PostgreSQL cluster in a temp dir on a free loopback port (tests and benchmarks)."""
+
+from __future__ import annotations
+
+import glob
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import psycopg
+
+from tests.support.net import free_port
+
+
+def _bin_dir() -> Path:
+    found = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"))
+    if not found:
+        raise RuntimeError("PostgreSQL is not installed: run `make test-deps` (Debian's postgresql)")
+    return Path(found[-1]).parent
+
+
+class TempPostgres:
+    def __init__(self) -> None:
+        self.bin = _bin_dir()
+        self.root = Path(tempfile.mkdtemp(prefix="sxwl-pg-"))
+        self.data = self.root / "data"
+        self.port = free_port()
+        # initdb refuses to run as root: run the server as the postgres user the package created.
+        self.run_as = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
+        self._counter = 0
+
+    def _run(self, *args: str) -> None:
+        subprocess.run([*self.run_as, *args], check=True, capture_output=True, timeout=120)
+
+    def start(self) -> TempPostgres:
+        if self.run_as:
+            shutil.chown(self.root, "postgres", "postgres")
+        self._run(
+            str(self.bin / "initdb"), "-D", str(self.data), "-U", "postgres", "--auth=trust", "-E", "UTF8"
+        )
+        options = (
+            f"-p {self.port} -k {self.root} -c listen_addresses=127.0.0.1 -c fsync=off -c max_connections=200"
+        )
+        self._run(
+            str(self.bin / "pg_ctl"),
+            "-D",
+            str(self.data),
+            "-o",
+            options,
+            "-l",
+            str(self.root / "log"),
+            "-w",
+            "start",
+        )
+        return self
+
+    def url(self, database: str = "postgres") -> str:
+        return f"postgresql://postgres@127.0.0.1:{self.port}/{database}"
+
+    def create_database(self) -> str:
+        """A new empty database; returns its URL."""
+        self._counter += 1
+        name = f"t{os.getpid()}_{self._counter}"
+        with psycopg.connect(self.url(), autocommit=True) as conn:
+            conn.execute(f'CREATE DATABASE "{name}"')
+        return self.url(name)
+
+    def stop(self) -> None:
+        subprocess.run(
+            [*self.run_as, str(self.bin / "pg_ctl"), "-D", str(self.data), "-m", "fast", "-w", "stop"],
+            capture_output=True,
+            timeout=60,
+            check=False,
+        )
+        shutil.rmtree(self.root, ignore_errors=True)
