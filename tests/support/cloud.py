@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -51,18 +52,23 @@ class CloudProcess:
         )
         self.wait_ready()
 
-    def wait_ready(self, timeout: float = 30) -> None:
+    def wait_ready(self) -> None:
+        self.wait_for(self.url, self.proc, self.log_path)
+
+    @staticmethod
+    def wait_for(url: str, proc: subprocess.Popen[Any], log_path: Path, timeout: float = 30) -> None:
+        """Waits until ``/healthz`` answers; fails with the process's log if it dies or never does."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"cloud exited early:\n{self.log_path.read_text()}")
+            if proc.poll() is not None:
+                raise RuntimeError(f"cloud exited early:\n{log_path.read_text()}")
             try:
-                if httpx.get(self.url + "/healthz", timeout=1).status_code == 200:
+                if httpx.get(url + "/healthz", timeout=1).status_code == 200:
                     return
             except httpx.HTTPError:
                 pass
             time.sleep(0.1)
-        raise RuntimeError(f"cloud not ready after {timeout}s:\n{self.log_path.read_text()}")
+        raise RuntimeError(f"cloud not ready after {timeout}s:\n{log_path.read_text()}")
 
     def stop(self) -> None:
         if self.proc.poll() is None:

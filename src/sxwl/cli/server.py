@@ -19,9 +19,9 @@ from sxwl.cloud.db.models import Role
 from sxwl.cloud.services import accounts
 
 DEMO_ACCOUNTS = (
-    ("provider@demo.sxwl.local", Role.PROVIDER, "Demo Provider", "Demo GPU Co."),
-    ("user@demo.sxwl.local", Role.USER, "Demo User", None),
-    ("admin@demo.sxwl.local", Role.ADMIN, "Demo Admin", None),
+    ("provider@demo.example.com", Role.PROVIDER, "Demo Provider", "Demo GPU Co."),
+    ("user@demo.example.com", Role.USER, "Demo User", None),
+    ("admin@demo.example.com", Role.ADMIN, "Demo Admin", None),
 )
 
 

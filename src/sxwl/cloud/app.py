@@ -11,7 +11,7 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 import sxwl
-from sxwl.cloud import errors
+from sxwl.cloud import errors, logs
 from sxwl.cloud.api import admin, auth, me
 from sxwl.cloud.config import Settings
 from sxwl.cloud.context import CloudContext
@@ -24,6 +24,7 @@ log = logging.getLogger("sxwl.cloud")
 
 def create_app(settings: Settings | None = None) -> FastAPI:
     settings = settings or Settings()
+    logs.stamp_request_ids()
     ctx = CloudContext.from_settings(settings)
     migrate.upgrade(ctx.db.engine)
 

@@ -7,6 +7,7 @@ import json
 import logging
 import sys
 from datetime import UTC, datetime
+from typing import Any
 
 request_id_var: contextvars.ContextVar[str | None] = contextvars.ContextVar("request_id", default=None)
 
@@ -23,7 +24,7 @@ class JsonFormatter(logging.Formatter):
             "logger": record.name,
             "msg": record.getMessage(),
         }
-        request_id = request_id_var.get()
+        request_id = getattr(record, "request_id", None) or request_id_var.get()
         if request_id:
             entry["request_id"] = request_id
         for name in EXTRA_FIELDS:
@@ -32,6 +33,22 @@ class JsonFormatter(logging.Formatter):
         if record.exc_info:
             entry["exc"] = self.formatException(record.exc_info)
         return json.dumps(entry, ensure_ascii=False)
+
+
+def stamp_request_ids() -> None:
+    """Records take the current request id when they are created, not when a handler formats them
+    (which may be later, on another task)."""
+    previous = logging.getLogRecordFactory()
+    if getattr(previous, "stamps_request_id", False):
+        return
+
+    def factory(*args: Any, **kwargs: Any) -> logging.LogRecord:
+        record = previous(*args, **kwargs)
+        record.request_id = request_id_var.get()
+        return record
+
+    factory.stamps_request_id = True  # type: ignore[attr-defined]
+    logging.setLogRecordFactory(factory)
 
 
 def configure(level: str = "INFO") -> None:

@@ -34,6 +34,22 @@ class HttpMetrics:
         )
 
 
+def route_template(scope: Scope) -> str:
+    """The matched route's template with its routers' prefixes, e.g. ``/api/v1/jobs/{id}``: ids in
+    raw paths would explode the metrics' label set."""
+    route = scope.get("route")
+    template = getattr(route, "path_format", None)
+    if not isinstance(template, str):
+        return "unmatched"
+    # Nested routers leave only the innermost part in the route; the prefixes are the rest of the path.
+    try:
+        matched = template.format(**scope.get("path_params", {}))
+    except (KeyError, IndexError, ValueError):
+        return template
+    path: str = scope["path"]
+    return path[: len(path) - len(matched)] + template if path.endswith(matched) else template
+
+
 class RequestContext:
     """Gives each request an id (echoed as X-Request-ID), logs it, and records metrics by route."""
 
@@ -62,9 +78,7 @@ class RequestContext:
             await self.app(scope, receive, send_with_id)
         finally:
             elapsed = time.perf_counter() - started
-            route = scope.get("route")
-            # The route template, not the raw path: ids in paths would explode the label set.
-            route_name = getattr(route, "path", None) or "unmatched"
+            route_name = route_template(scope)
             self.metrics.requests.labels(scope["method"], route_name, str(status)).inc()
             self.metrics.latency.labels(scope["method"], route_name).observe(elapsed)
             client = scope.get("client")

@@ -16,9 +16,11 @@
 
   async function copyText(text, button) {
     await navigator.clipboard.writeText(text);
-    const label = button.textContent;
+    // Remember the label once: a second click within the delay must not make "copied" the label.
+    if (button.dataset.label === undefined) button.dataset.label = button.textContent;
     button.textContent = button.dataset.copied || "✓";
-    setTimeout(() => { button.textContent = label; }, 1500);
+    clearTimeout(button._copiedTimer);
+    button._copiedTimer = setTimeout(() => { button.textContent = button.dataset.label; }, 1500);
   }
 
   const keyBox = document.getElementById("access-key");
@@ -49,7 +51,12 @@
     });
 
     const dialog = document.getElementById("rotate-dialog");
-    document.getElementById("rotate-key").addEventListener("click", () => dialog.showModal());
+    document.getElementById("rotate-key").addEventListener("click", () => {
+      // The spec lets Escape close the dialog without touching returnValue (Chromium clears it, not every
+      // browser need): never let a "confirm" left by a failed try rotate the key on Escape.
+      dialog.returnValue = "";
+      dialog.showModal();
+    });
     dialog.addEventListener("close", async () => {
       if (dialog.returnValue !== "confirm") return;
       try {

@@ -1,0 +1,118 @@
+"""The `sxwl` command against a real cloud process: serve, up, login, whoami, access-key, logout."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import stat
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.support.cloud import CloudProcess
+from tests.support.net import free_port
+
+
+def sxwl(*args: str, env: dict[str, str], stdin: str = "") -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "sxwl.cli", *args],
+        input=stdin,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+@pytest.fixture
+def cloud(tmp_path: Path, db_url: str) -> Iterator[CloudProcess]:
+    process = CloudProcess(tmp_path / "data", free_port(), env={"SXWL_DATABASE_URL": db_url})
+    yield process
+    process.stop()
+
+
+def test_cli_session_against_a_served_cloud(cloud: CloudProcess, tmp_path: Path) -> None:
+    env = {**os.environ, "SXWL_CONFIG_DIR": str(tmp_path / "cfg")}
+    created = httpx.post(
+        cloud.url + "/api/v1/auth/register",
+        json={"email": "owner@example.com", "password": "correct horse", "role": "provider"},
+    )
+    assert created.status_code == 201
+
+    bad = sxwl(
+        "login",
+        "--url",
+        cloud.url,
+        "--email",
+        "owner@example.com",
+        "--password-stdin",
+        env=env,
+        stdin="wrong password\n",
+    )
+    assert bad.returncode == 1 and "email or password is incorrect" in bad.stderr
+
+    ok = sxwl(
+        "login",
+        "--url",
+        cloud.url,
+        "--email",
+        "owner@example.com",
+        "--password-stdin",
+        env=env,
+        stdin="correct horse\n",
+    )
+    assert ok.returncode == 0, ok.stderr
+    creds = tmp_path / "cfg" / "credentials.json"
+    assert stat.S_IMODE(creds.stat().st_mode) == 0o600
+
+    who = sxwl("whoami", env=env)
+    assert "owner@example.com" in who.stdout and "role=provider" in who.stdout
+
+    key = sxwl("access-key", "show", env=env).stdout.strip()
+    assert key.startswith("sxak_")
+    rotated = sxwl("access-key", "rotate", "--yes", env=env).stdout.strip()
+    assert rotated.startswith("sxak_") and rotated != key
+    assert sxwl("access-key", "show", env=env).stdout.strip() == rotated
+
+    out = sxwl("logout", env=env)
+    assert out.returncode == 0 and not creds.exists()
+    again = sxwl("whoami", env=env)
+    assert again.returncode == 1 and "sxwl login" in again.stderr
+    # The secret never reaches the log of the server.
+    assert "correct horse" not in cloud.log_path.read_text()
+    assert rotated not in cloud.log_path.read_text()
+
+
+def test_up_creates_demo_accounts_and_prints_their_logins(tmp_path: Path) -> None:
+    port = free_port()
+    env = {**os.environ, "SXWL_ARGON2_TIME_COST": "1", "SXWL_ARGON2_MEMORY_KIB": "1024", "COLUMNS": "200"}
+    log = (tmp_path / "up.log").open("w+")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "sxwl.cli", "up", "--port", str(port), "--data-dir", str(tmp_path / "data")],
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        url = f"http://127.0.0.1:{port}"
+        CloudProcess.wait_for(url, proc, Path(log.name))
+        text = Path(log.name).read_text()
+        assert url in text
+        logins = dict(re.findall(r"│ \w+\s+│ (\S+@demo\.example\.com)\s+│ (\S+)\s+│", text))
+        assert set(logins) == {"provider@demo.example.com", "user@demo.example.com", "admin@demo.example.com"}
+        for email, password in logins.items():
+            response = httpx.post(url + "/api/v1/auth/login", json={"email": email, "password": password})
+            assert response.status_code == 200, email
+        # The secret key was generated into the data dir, readable by the owner only.
+        assert stat.S_IMODE((tmp_path / "data" / "secret.key").stat().st_mode) == 0o600
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(10)
+        log.close()
