@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -12,7 +13,8 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 
 import sxwl
 from sxwl.cloud import errors, logs
-from sxwl.cloud.api import admin, auth, me
+from sxwl.cloud.api import admin, agent, auth, cpods, me
+from sxwl.cloud.background import liveness
 from sxwl.cloud.config import Settings
 from sxwl.cloud.context import CloudContext
 from sxwl.cloud.db import migrate
@@ -31,7 +33,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         log.info("cloud started", extra={"event": "start"})
+        loops = [asyncio.create_task(liveness.run(ctx), name="liveness")]
         yield
+        for task in loops:
+            task.cancel()
+        await asyncio.gather(*loops, return_exceptions=True)
         ctx.db.dispose()
 
     app = FastAPI(
@@ -47,7 +53,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     errors.install(app)
 
     api = APIRouter(prefix="/api/v1")
-    for router in (auth.router, me.router, admin.router):
+    for router in (auth.router, me.router, admin.router, cpods.router, agent.router):
         api.include_router(router)
     app.include_router(api)
 
@@ -63,6 +69,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
     console.install(app)
-    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
+    app.add_middleware(
+        BodyLimit,
+        max_bytes=settings.max_body_bytes,
+        per_path={"/api/v1/agent/heartbeat": settings.heartbeat_max_bytes},
+    )
     app.add_middleware(RequestContext, metrics=metrics)
     return app

@@ -46,6 +46,17 @@ class Settings(BaseSettings):
 
     log_level: str = "INFO"
 
+    # CPods: the interval an agent is told to heartbeat at (it may ask for another within the bounds),
+    # how many missed intervals make a CPod "unknown", and how much longer until it is "offline".
+    heartbeat_interval_s: float = Field(default=10.0, gt=0)
+    heartbeat_interval_min_s: float = Field(default=1.0, gt=0)
+    heartbeat_interval_max_s: float = Field(default=300.0, gt=0)
+    unknown_after_missed: int = Field(default=3, ge=1)
+    offline_grace_s: float = Field(default=60.0, ge=0)
+    liveness_check_s: float = Field(default=1.0, gt=0)
+    heartbeat_max_bytes: int = 16 * 1024 * 1024
+    heartbeat_max_nodes: int = Field(default=5000, ge=1)
+
     max_page_size: int = Field(default=200, ge=1)
 
     @field_validator("rate_login_ip", "rate_login_account", "rate_register_ip", "rate_register_account")

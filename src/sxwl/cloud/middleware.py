@@ -100,17 +100,19 @@ class BodyLimit:
     """Refuses bodies over ``max_bytes`` with 413, by Content-Length or while streaming,
     before the application reads them whole."""
 
-    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+    def __init__(self, app: ASGIApp, max_bytes: int, per_path: dict[str, int] | None = None) -> None:
         self.app = app
         self.max_bytes = max_bytes
+        self.per_path = per_path or {}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        limit = self.per_path.get(scope["path"], self.max_bytes)
         for name, value in scope.get("headers", []):
-            if name == b"content-length" and value.isdigit() and int(value) > self.max_bytes:
-                await self._refuse(send)
+            if name == b"content-length" and value.isdigit() and int(value) > limit:
+                await self._refuse(send, limit)
                 return
         received = 0
         refused = False
@@ -122,10 +124,10 @@ class BodyLimit:
             message = await receive()
             if message["type"] == "http.request":
                 received += len(message.get("body", b""))
-                if received > self.max_bytes:
+                if received > limit:
                     # Answer now and tell the app the client left, so it stops reading.
                     refused = True
-                    await self._refuse(send)
+                    await self._refuse(send, limit)
                     return {"type": "http.disconnect"}
             return message
 
@@ -135,11 +137,9 @@ class BodyLimit:
 
         await self.app(scope, limited_receive, guarded_send)
 
-    async def _refuse(self, send: Send) -> None:
+    async def _refuse(self, send: Send, limit: int) -> None:
         body = json.dumps(
-            error_body(
-                413, f"request body larger than {self.max_bytes} bytes", details={"max_bytes": self.max_bytes}
-            )
+            error_body(413, f"request body larger than {limit} bytes", details={"max_bytes": limit})
         ).encode()
         headers: list[Any] = [
             (b"content-type", b"application/json"),

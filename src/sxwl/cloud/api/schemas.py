@@ -8,6 +8,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from sxwl.cloud.services.accounts import MAX_PASSWORD, MIN_PASSWORD, normalize_email
+from sxwl.protocol import Node
 
 PHONE_PATTERN = r"^\+?[0-9][0-9 \-]{4,30}$"
 
@@ -86,3 +87,45 @@ class AccessKeyRecordOut(BaseModel):
     created_by: str | None
     revoked_at: datetime | None
     revoked_by: str | None
+
+
+class GpuSummaryOut(BaseModel):
+    product: str
+    memory_mib: int
+    total: int
+    allocatable: int
+    used: int
+    available: int
+
+
+class CPodOut(BaseModel):
+    id: str
+    name: str
+    owner_email: str
+    status: Literal["online", "unknown", "offline"]
+    revoked: bool
+    runtime: str
+    agent_version: str
+    created_at: datetime
+    last_heartbeat_at: datetime | None
+    heartbeat_interval_s: float
+    nodes: list[Node]
+    gpu_summary: list[GpuSummaryOut]
+
+
+class CPodRenameIn(Strict):
+    name: str = Field(min_length=1, max_length=64)
+
+
+class CPodEventOut(BaseModel):
+    at: datetime
+    kind: str
+    detail: str | None
+    actor: str | None
+
+
+class GpuTypeOut(BaseModel):
+    product: str
+    memory_mib: int
+    available: int
+    total: int

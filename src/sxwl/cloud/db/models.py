@@ -5,8 +5,9 @@ from __future__ import annotations
 import enum
 import uuid
 from datetime import datetime
+from typing import Any
 
-from sqlalchemy import Enum, ForeignKey, Index, String
+from sqlalchemy import JSON, BigInteger, Enum, Float, ForeignKey, Index, Integer, String, UniqueConstraint
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
 from sxwl.cloud.db.types import UTCDateTime, utcnow
@@ -90,3 +91,45 @@ class AccessKey(Base):
     user: Mapped[User] = relationship(back_populates="access_keys", foreign_keys=[user_id])
     created_by: Mapped[User | None] = relationship(foreign_keys=[created_by_id])
     revoked_by: Mapped[User | None] = relationship(foreign_keys=[revoked_by_id])
+
+
+class CPodStatus(enum.StrEnum):
+    ONLINE = "online"
+    UNKNOWN = "unknown"
+    OFFLINE = "offline"
+
+
+class CPod(Base):
+    """A cluster registered by a provider's agent. The node snapshot is one JSON document, replaced
+    whole by each accepted heartbeat (one row update, atomic on every engine)."""
+
+    __tablename__ = "cpods"
+    __table_args__ = (UniqueConstraint("owner_id", "cluster_uid", name="uq_cpods_owner_cluster"),)
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True, default=new_id)
+    owner_id: Mapped[str] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"), index=True)
+    name: Mapped[str] = mapped_column(String(64))
+    cluster_uid: Mapped[str] = mapped_column(String(128))
+    runtime: Mapped[str] = mapped_column(String(16))
+    agent_version: Mapped[str] = mapped_column(String(64))
+    token_hash: Mapped[str | None] = mapped_column(String(64), unique=True)
+    status: Mapped[CPodStatus] = mapped_column(str_enum(CPodStatus), default=CPodStatus.OFFLINE)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    last_heartbeat_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
+    last_seq: Mapped[int] = mapped_column(BigInteger, default=0)
+    heartbeat_interval_s: Mapped[float] = mapped_column(Float)
+    revoked_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
+    nodes: Mapped[list[dict[str, Any]]] = mapped_column(JSON, default=list)
+
+    owner: Mapped[User] = relationship()
+
+
+class CPodEvent(Base):
+    __tablename__ = "cpod_events"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    cpod_id: Mapped[str] = mapped_column(ForeignKey("cpods.id", ondelete="CASCADE"), index=True)
+    at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    kind: Mapped[str] = mapped_column(String(32))
+    detail: Mapped[str | None] = mapped_column(String(500))
+    actor_id: Mapped[str | None] = mapped_column(ForeignKey("users.id", ondelete="SET NULL"))

@@ -1,0 +1,1 @@
+"""What a CPod has: nodes, CPUs, memory and GPUs."""

@@ -1,0 +1,143 @@
+"""The agent's life: register once, then heartbeat until stopped, revoked or refused."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol, TypeVar
+
+import sxwl
+from sxwl.agent.client import CloudClient, Refused, Unreachable
+from sxwl.agent.state import SavedRegistration, StateDir
+from sxwl.protocol import Heartbeat, Node, RegisterRequest
+
+log = logging.getLogger("sxwl.agent")
+T = TypeVar("T")
+
+BACKOFF_BASE_S = 1.0
+BACKOFF_CAP_S = 60.0
+
+
+class Inventory(Protocol):
+    def nodes(self) -> list[Node]: ...
+
+    def close(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class AgentConfig:
+    api_url: str
+    access_key: str | None
+    runtime: str
+    state_dir: Path
+    cluster_uid: str
+    name: str | None = None
+    heartbeat_interval_s: float | None = None
+
+
+class Stopped(Exception):
+    pass
+
+
+def backoff_delay(failures: int) -> float:
+    """Exponential with full jitter: many CPods losing the cloud at once do not return in lockstep."""
+    ceiling = min(BACKOFF_CAP_S, BACKOFF_BASE_S * 2 ** min(failures, 16))
+    return random.uniform(ceiling / 2, ceiling)  # noqa: S311 - jitter, not cryptography
+
+
+class Agent:
+    def __init__(self, config: AgentConfig, inventory: Inventory, client: CloudClient | None = None) -> None:
+        self.config = config
+        self.inventory = inventory
+        self.client = client or CloudClient(config.api_url)
+        self.state = StateDir(config.state_dir)
+        self.stop_event = asyncio.Event()
+        self.interval = config.heartbeat_interval_s or 10.0
+        self.seq = 0
+
+    def stop(self) -> None:
+        self.stop_event.set()
+
+    async def _sleep(self, seconds: float) -> None:
+        try:
+            await asyncio.wait_for(self.stop_event.wait(), timeout=seconds)
+        except TimeoutError:
+            return
+        raise Stopped
+
+    async def _retrying(self, what: str, call: Callable[[], Awaitable[T]]) -> T:
+        failures = 0
+        while True:
+            if self.stop_event.is_set():
+                raise Stopped
+            try:
+                return await call()
+            except Unreachable as exc:
+                delay = backoff_delay(failures)
+                failures += 1
+                log.warning(
+                    "cloud %s unreachable during %s (%s); retrying in %.1f s",
+                    self.config.api_url,
+                    what,
+                    exc,
+                    delay,
+                )
+                await self._sleep(delay)
+
+    async def registration(self) -> SavedRegistration:
+        saved = self.state.load(self.config.api_url, self.config.cluster_uid)
+        if saved is not None:
+            log.info("using the saved token of CPod %s", saved.cpod_id)
+            return saved
+        if not self.config.access_key:
+            raise Refused(
+                "no saved CPod token: give the accessKey (--access-key or SXWL_ACCESS_KEY) to register",
+                "no_access_key",
+            )
+        key = self.config.access_key
+        request = RegisterRequest(
+            cluster_uid=self.config.cluster_uid,
+            name=self.config.name,
+            runtime="local" if self.config.runtime == "local" else "kubernetes",
+            agent_version=sxwl.__version__,
+            heartbeat_interval_s=self.config.heartbeat_interval_s,
+        )
+        reply = await self._retrying("registration", lambda: self.client.register(key, request))
+        saved = SavedRegistration(
+            self.config.api_url, reply.cpod_id, reply.cpod_token, self.config.cluster_uid
+        )
+        self.state.save(saved)
+        self.interval = reply.heartbeat_interval_s
+        self.seq = reply.last_seq
+        log.info("registered as CPod %s; heartbeat every %.1f s", reply.cpod_id, self.interval)
+        return saved
+
+    async def heartbeat_once(self, token: str) -> None:
+        nodes = await asyncio.to_thread(self.inventory.nodes)
+        for _ in range(2):
+            self.seq += 1
+            reply = await self._retrying(
+                "heartbeat", lambda: self.client.heartbeat(token, Heartbeat(seq=self.seq, nodes=nodes))
+            )
+            self.interval = reply.heartbeat_interval_s
+            if reply.accepted:
+                return
+            # The cloud holds a newer sequence number (say, from before a restart): continue after it.
+            self.seq = reply.last_seq
+
+    async def run(self) -> None:
+        """Returns when stopped; raises Refused when the cloud will not have this agent."""
+        try:
+            saved = await self.registration()
+            while True:
+                await self.heartbeat_once(saved.cpod_token)
+                await self._sleep(self.interval)
+        except Stopped:
+            log.info("stopping")
+        finally:
+            await self.client.close()
+            self.inventory.close()

@@ -1,0 +1,1 @@
+"""Loops the cloud runs beside the requests, each in its own module."""

@@ -1,0 +1,282 @@
+"""CPods: registration by accessKey, heartbeats, liveness, and what providers and users see."""
+
+from __future__ import annotations
+
+import hashlib
+from collections import defaultdict
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import select, true, update
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from sxwl.cloud.context import CloudContext
+from sxwl.cloud.db.models import AccessKey, CPod, CPodEvent, CPodStatus, Role, User
+from sxwl.cloud.db.types import utcnow
+from sxwl.cloud.errors import AppError, invalid
+from sxwl.cloud.security import ACCESS_KEY_PREFIX, new_token, token_hash
+from sxwl.protocol import Heartbeat, HeartbeatReply, RegisterRequest
+
+CPOD_TOKEN_PREFIX = "sxcp_"  # noqa: S105 - a prefix, not a secret
+
+
+def record(
+    session: Session, cpod_id: str, kind: str, detail: str | None = None, actor: User | None = None
+) -> None:
+    session.add(CPodEvent(cpod_id=cpod_id, kind=kind, detail=detail, actor_id=actor.id if actor else None))
+
+
+def provider_for_access_key(session: Session, key: str) -> User | None:
+    """The provider whose *active* accessKey this is; a rotated-away key finds nobody."""
+    if not key.startswith(ACCESS_KEY_PREFIX):
+        return None
+    return session.scalar(
+        select(User)
+        .join(AccessKey, AccessKey.user_id == User.id)
+        .where(AccessKey.key_hash == token_hash(key), AccessKey.revoked_at.is_(None))
+    )
+
+
+def clamp_interval(ctx: CloudContext, wanted: float | None) -> float:
+    s = ctx.settings
+    return min(max(wanted or s.heartbeat_interval_s, s.heartbeat_interval_min_s), s.heartbeat_interval_max_s)
+
+
+def default_name(cluster_uid: str) -> str:
+    return "cpod-" + hashlib.sha256(cluster_uid.encode()).hexdigest()[:6]
+
+
+def register(ctx: CloudContext, access_key: str, req: RegisterRequest) -> tuple[CPod, str]:
+    """The same provider and cluster_uid always get the same CPod; each registration issues a new
+    token (the previous one stops working) and lifts a revocation."""
+    for attempt in range(2):
+        try:
+            with ctx.db.session() as session:
+                owner = provider_for_access_key(session, access_key)
+                if owner is None:
+                    raise AppError(
+                        401,
+                        "accessKey is not valid (wrong, or rotated); copy the current one from the console",
+                        code="bad_access_key",
+                    )
+                return _register(ctx, session, owner, req)
+        except IntegrityError:
+            # Two registrations of a new cluster raced; the loser finds the winner's row next time.
+            if attempt == 1:
+                raise
+    raise AssertionError("unreachable")
+
+
+def _register(ctx: CloudContext, session: Session, owner: User, req: RegisterRequest) -> tuple[CPod, str]:
+    token = new_token(CPOD_TOKEN_PREFIX)
+    interval = clamp_interval(ctx, req.heartbeat_interval_s)
+    cpod = session.scalar(
+        select(CPod).where(CPod.owner_id == owner.id, CPod.cluster_uid == req.cluster_uid).with_for_update()
+    )
+    if cpod is None:
+        cpod = CPod(
+            owner_id=owner.id,
+            name=req.name or default_name(req.cluster_uid),
+            cluster_uid=req.cluster_uid,
+            runtime=req.runtime,
+            agent_version=req.agent_version,
+            token_hash=token_hash(token),
+            status=CPodStatus.OFFLINE,
+            heartbeat_interval_s=interval,
+            last_seq=0,
+            nodes=[],
+        )
+        session.add(cpod)
+        session.flush()
+        record(session, cpod.id, "registered", f"{req.runtime} agent {req.agent_version}")
+    else:
+        was_revoked = cpod.revoked_at is not None
+        cpod.token_hash = token_hash(token)
+        cpod.revoked_at = None
+        cpod.runtime = req.runtime
+        cpod.agent_version = req.agent_version
+        cpod.heartbeat_interval_s = interval
+        detail = "registered again after revocation" if was_revoked else "registered again (new agent token)"
+        record(session, cpod.id, "registered", f"{detail}; {req.runtime} agent {req.agent_version}")
+    return cpod, token
+
+
+def cpod_for_token(session: Session, token: str) -> CPod | None:
+    if not token.startswith(CPOD_TOKEN_PREFIX):
+        return None
+    return session.scalar(select(CPod).where(CPod.token_hash == token_hash(token), CPod.revoked_at.is_(None)))
+
+
+def heartbeat(ctx: CloudContext, session: Session, cpod: CPod, hb: Heartbeat) -> HeartbeatReply:
+    if len(hb.nodes) > ctx.settings.heartbeat_max_nodes:
+        raise invalid("nodes", f"at most {ctx.settings.heartbeat_max_nodes} nodes per heartbeat")
+    now = utcnow()
+    # Conditional on the sequence number: a delayed or replayed heartbeat never overwrites a newer one.
+    result = session.execute(
+        update(CPod)
+        .where(CPod.id == cpod.id, CPod.last_seq < hb.seq, CPod.revoked_at.is_(None))
+        .values(
+            nodes=[n.model_dump(exclude_none=True) for n in hb.nodes],
+            last_seq=hb.seq,
+            last_heartbeat_at=now,
+            status=CPodStatus.ONLINE,
+        )
+        .execution_options(synchronize_session=False)
+    )
+    accepted = result.rowcount == 1  # type: ignore[attr-defined]
+    if accepted and cpod.status != CPodStatus.ONLINE:
+        record(session, cpod.id, "online", f"{len(hb.nodes)} nodes reported")
+    return HeartbeatReply(
+        heartbeat_interval_s=cpod.heartbeat_interval_s,
+        accepted=accepted,
+        last_seq=hb.seq if accepted else cpod.last_seq,
+        status=CPodStatus.ONLINE.value if accepted else cpod.status.value,
+    )
+
+
+def sweep_liveness(ctx: CloudContext, now: datetime | None = None) -> list[tuple[str, CPodStatus]]:
+    """Moves CPods that missed heartbeats: online → unknown after N missed intervals, unknown →
+    offline after the grace. Each move is a conditional update, so replicas sweeping at once record
+    each transition once. Returns the transitions made."""
+    now = now or utcnow()
+    s = ctx.settings
+    moved: list[tuple[str, CPodStatus]] = []
+    with ctx.db.session() as session:
+        rows = session.execute(
+            select(CPod.id, CPod.status, CPod.last_heartbeat_at, CPod.heartbeat_interval_s).where(
+                CPod.status.in_([CPodStatus.ONLINE, CPodStatus.UNKNOWN]), CPod.revoked_at.is_(None)
+            )
+        ).all()
+        for cpod_id, status, last, interval in rows:
+            if last is None:
+                continue
+            missed = int((now - last).total_seconds() // interval)
+            if status == CPodStatus.ONLINE and missed >= s.unknown_after_missed:
+                target = CPodStatus.UNKNOWN
+            elif missed >= s.unknown_after_missed and now - last >= timedelta(
+                seconds=interval * s.unknown_after_missed + s.offline_grace_s
+            ):
+                target = CPodStatus.OFFLINE
+            else:
+                continue
+            changed = session.execute(
+                update(CPod)
+                .where(CPod.id == cpod_id, CPod.status == status, CPod.last_heartbeat_at == last)
+                .values(status=target)
+                .execution_options(synchronize_session=False)
+            )
+            if changed.rowcount == 1:  # type: ignore[attr-defined]
+                record(session, cpod_id, target.value, f"{missed} heartbeats missed")
+                moved.append((cpod_id, target))
+    return moved
+
+
+# ---- what people see -------------------------------------------------------------------------
+
+
+def gpu_summary(nodes: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Totals per GPU product over a CPod's nodes; not-ready nodes have nothing allocatable."""
+    totals: dict[tuple[str, int], dict[str, Any]] = {}
+    for node in nodes:
+        gpu = node.get("gpu")
+        if not gpu:
+            continue
+        key = (gpu["product"], gpu["memory_mib"])
+        entry = totals.setdefault(
+            key,
+            {
+                "product": key[0],
+                "memory_mib": key[1],
+                "total": 0,
+                "allocatable": 0,
+                "used": 0,
+                "available": 0,
+            },
+        )
+        used = gpu.get("used", 0)
+        entry["total"] += gpu["count"]
+        entry["used"] += used
+        if node.get("status") == "ready":
+            entry["allocatable"] += gpu["allocatable"]
+            entry["available"] += max(gpu["allocatable"] - used, 0)
+    return sorted(totals.values(), key=lambda e: (e["product"], e["memory_mib"]))
+
+
+def visible_to(user: User) -> Any:
+    """The WHERE clause of the CPods this user may see."""
+    return true() if user.role == Role.ADMIN else CPod.owner_id == user.id
+
+
+def list_for(session: Session, user: User) -> list[tuple[CPod, str]]:
+    if user.role == Role.USER:
+        raise AppError(403, "CPods are shown to their providers; see GET /api/v1/gpu-types for availability")
+    rows = session.execute(
+        select(CPod, User.email)
+        .join(User, CPod.owner_id == User.id)
+        .where(visible_to(user))
+        .order_by(CPod.created_at)
+    ).all()
+    return [(cpod, email) for cpod, email in rows]
+
+
+def get_for(session: Session, user: User, cpod_id: str, for_update: bool = False) -> CPod:
+    stmt = select(CPod).where(CPod.id == cpod_id)
+    cpod = session.scalar(stmt.with_for_update() if for_update else stmt)
+    if cpod is None:
+        raise AppError(404, f"no CPod {cpod_id}")
+    if user.role != Role.ADMIN and cpod.owner_id != user.id:
+        raise AppError(403, "this CPod belongs to another provider")
+    return cpod
+
+
+def rename(session: Session, user: User, cpod_id: str, name: str) -> CPod:
+    cpod = get_for(session, user, cpod_id, for_update=True)
+    if cpod.name != name:
+        record(session, cpod.id, "renamed", f"{cpod.name} → {name}", actor=user)
+        cpod.name = name
+    return cpod
+
+
+def revoke(session: Session, user: User, cpod_id: str) -> CPod:
+    """Its token stops working at once; the agent is told on its next call (401) and stops."""
+    cpod = get_for(session, user, cpod_id, for_update=True)
+    if cpod.revoked_at is None:
+        cpod.revoked_at = utcnow()
+        cpod.token_hash = None
+        cpod.status = CPodStatus.OFFLINE
+        record(session, cpod.id, "revoked", None, actor=user)
+    return cpod
+
+
+def events(session: Session, cpod_id: str, limit: int = 50) -> list[tuple[CPodEvent, str | None]]:
+    rows = session.execute(
+        select(CPodEvent, User.email)
+        .outerjoin(User, CPodEvent.actor_id == User.id)
+        .where(CPodEvent.cpod_id == cpod_id)
+        .order_by(CPodEvent.id.desc())
+        .limit(limit)
+    ).all()
+    return [(event, email) for event, email in rows]
+
+
+@dataclass(frozen=True)
+class GpuAvailability:
+    product: str
+    memory_mib: int
+    available: int
+    total: int
+
+
+def gpu_types(session: Session) -> list[GpuAvailability]:
+    """Free GPUs per product, summed over online CPods: what compute users may ask for."""
+    sums: dict[tuple[str, int], list[int]] = defaultdict(lambda: [0, 0])
+    for (nodes,) in session.execute(
+        select(CPod.nodes).where(CPod.status == CPodStatus.ONLINE, CPod.revoked_at.is_(None))
+    ):
+        for entry in gpu_summary(nodes):
+            pair = sums[(entry["product"], entry["memory_mib"])]
+            pair[0] += entry["available"]
+            pair[1] += entry["total"]
+    return [GpuAvailability(p, m, a, t) for (p, m), (a, t) in sorted(sums.items())]

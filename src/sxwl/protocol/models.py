@@ -1,0 +1,108 @@
+"""Register and heartbeat messages, and the Node inventory they carry.
+
+Both sides validate with these models, so a malformed heartbeat is refused by the cloud with the
+field named, and an agent never sends one."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+# Bumped on incompatible changes; the cloud accepts MIN_SUPPORTED..PROTOCOL_VERSION.
+PROTOCOL_VERSION = 1
+MIN_SUPPORTED_PROTOCOL = 1
+PROTOCOL_HEADER = "X-SXWL-Protocol"
+
+Runtime = Literal["local", "kubernetes"]
+
+
+class Wire(BaseModel):
+    # Unknown fields are ignored so a newer agent can add fields without breaking an older cloud.
+    model_config = ConfigDict(extra="ignore")
+
+
+class GpuDevice(Wire):
+    index: int = Field(ge=0)
+    uuid: str | None = Field(default=None, max_length=128)
+    utilization_pct: int | None = Field(default=None, ge=0, le=100)
+    memory_used_mib: int | None = Field(default=None, ge=0)
+    temperature_c: int | None = Field(default=None, ge=-50, le=200)
+
+
+class GpuInfo(Wire):
+    vendor: str = Field(min_length=1, max_length=32)
+    product: str = Field(min_length=1, max_length=128)
+    memory_mib: int = Field(ge=0)
+    count: int = Field(ge=0, le=1024)
+    allocatable: int = Field(ge=0, le=1024)
+    used: int = Field(default=0, ge=0, le=1024)
+    driver: str | None = Field(default=None, max_length=64)
+    cuda: str | None = Field(default=None, max_length=32)
+    devices: list[GpuDevice] = Field(default_factory=list, max_length=1024)
+
+    @model_validator(mode="after")
+    def _counts_fit(self) -> GpuInfo:
+        if self.allocatable > self.count:
+            raise ValueError(f"allocatable ({self.allocatable}) is more than count ({self.count})")
+        if self.used > self.count:
+            raise ValueError(f"used ({self.used}) is more than count ({self.count})")
+        return self
+
+
+class Node(Wire):
+    name: str = Field(min_length=1, max_length=253)
+    status: Literal["ready", "not_ready"]
+    cpu_cores: int = Field(ge=0)
+    memory_mib: int = Field(ge=0)
+    gpu: GpuInfo | None = None
+
+
+class JobReport(Wire):
+    job_id: str = Field(min_length=1, max_length=64)
+    attempt: int = Field(ge=1)
+    state: str = Field(min_length=1, max_length=32)
+
+
+class RegisterRequest(Wire):
+    cluster_uid: str = Field(min_length=8, max_length=128, pattern=r"^[A-Za-z0-9._:-]+$")
+    name: str | None = Field(default=None, min_length=1, max_length=64)
+    runtime: Runtime
+    agent_version: str = Field(min_length=1, max_length=64)
+    protocol_version: int = Field(default=PROTOCOL_VERSION, ge=1)
+    # The interval the agent would like; the cloud clamps it to its bounds and answers the one to use.
+    heartbeat_interval_s: float | None = Field(default=None, gt=0)
+
+
+class RegisterReply(Wire):
+    cpod_id: str
+    cpod_token: str
+    heartbeat_interval_s: float
+    protocol_version: int = PROTOCOL_VERSION
+    last_seq: int = 0
+
+
+class Heartbeat(Wire):
+    seq: int = Field(ge=0)
+    nodes: list[Node]
+    jobs: list[JobReport] = Field(default_factory=list)
+    # Optional self-check: a token used for another CPod's id is refused.
+    cpod_id: str | None = None
+
+    @field_validator("nodes")
+    @classmethod
+    def _unique_node_names(cls, nodes: list[Node]) -> list[Node]:
+        seen: set[str] = set()
+        for node in nodes:
+            if node.name in seen:
+                raise ValueError(f"duplicate node name {node.name!r}")
+            seen.add(node.name)
+        return nodes
+
+
+class HeartbeatReply(Wire):
+    heartbeat_interval_s: float
+    accepted: bool
+    # The newest seq the cloud holds: an agent whose seq was stale continues after it.
+    last_seq: int
+    status: Literal["online", "unknown", "offline"]
