@@ -9,6 +9,7 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
+from rich.table import Table
 
 from sxwl.cli import client, server
 from sxwl.cli.client import CliError, Credentials
@@ -20,6 +21,8 @@ app = typer.Typer(
 )
 admin_app = typer.Typer(help="Administration on the server's own database.", no_args_is_help=True)
 key_app = typer.Typer(help="A compute provider's accessKey.", no_args_is_help=True)
+cpods_app = typer.Typer(help="CPods: the GPU clusters providers register.", no_args_is_help=True)
+app.add_typer(cpods_app, name="cpods")
 app.add_typer(admin_app, name="admin")
 app.add_typer(key_app, name="access-key")
 out = Console()
@@ -54,11 +57,59 @@ def serve(
 
 @app.command()
 def up(port: Port = 8000, data_dir: DataDir = Path(".sxwl")) -> None:
-    """Run the cloud with demo accounts (a provider, a user, an admin) and print their logins."""
+    """Run the cloud with demo accounts (a provider, a user, an admin) and this machine as the demo
+    provider's CPod; print the console URL and the logins."""
     settings = server.settings_for(data_dir, port)
-    logins = server.ensure_demo_accounts(settings)
-    server.print_banner(settings.public_url, logins)
-    server.serve(settings, "127.0.0.1", port)
+    demo = server.ensure_demo_accounts(settings)
+    server.print_banner(settings.public_url, demo.logins)
+    agent = server.start_local_agent(settings, demo.provider_access_key)
+    try:
+        server.serve(settings, "127.0.0.1", port)
+    finally:
+        server.stop_process(agent)
+
+
+@cpods_app.command("list")
+def list_cpods() -> None:
+    """Your CPods (every CPod, with its owner, for an admin)."""
+    rows = client.call("GET", "/api/v1/cpods").json()
+    if not rows:
+        out.print(
+            "No CPod has registered yet. Deploy one with `3kctl deploy all --access-key=…` "
+            "(see `sxwl access-key show`)."
+        )
+        return
+    table = Table("id", "name", "status", "owner", "nodes", "GPUs (allocatable/total)", "last heartbeat")
+    for cpod in rows:
+        gpus = (
+            ", ".join(f"{g['product']} {g['allocatable']}/{g['total']}" for g in cpod["gpu_summary"]) or "-"
+        )
+        status = "revoked" if cpod["revoked"] else cpod["status"]
+        table.add_row(
+            cpod["id"][:12],
+            cpod["name"],
+            status,
+            cpod["owner_email"],
+            str(len(cpod["nodes"])),
+            gpus,
+            cpod["last_heartbeat_at"] or "never",
+        )
+    out.print(table)
+
+
+@app.command("gpu-types")
+def gpu_types() -> None:
+    """Free GPUs per product over all online CPods."""
+    rows = client.call("GET", "/api/v1/gpu-types").json()
+    if not rows:
+        out.print("No GPUs are online right now.")
+        return
+    table = Table("product", "memory (GiB)", "available", "total")
+    for row in rows:
+        table.add_row(
+            row["product"], f"{row['memory_mib'] / 1024:.0f}", str(row["available"]), str(row["total"])
+        )
+    out.print(table)
 
 
 @admin_app.command("create-user")

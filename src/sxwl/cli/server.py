@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import os
 import secrets
+import signal
+import subprocess
+import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import uvicorn
@@ -16,7 +20,7 @@ from sxwl.cloud.config import Settings
 from sxwl.cloud.context import CloudContext
 from sxwl.cloud.db import migrate
 from sxwl.cloud.db.models import Role
-from sxwl.cloud.services import accounts
+from sxwl.cloud.services import access_keys, accounts
 
 DEMO_ACCOUNTS = (
     ("provider@demo.example.com", Role.PROVIDER, "Demo Provider", "Demo GPU Co."),
@@ -40,23 +44,68 @@ def serve(settings: Settings, host: str, port: int) -> None:
     uvicorn.run(app, host=host, port=port, log_config=None, timeout_graceful_shutdown=5)
 
 
-def ensure_demo_accounts(settings: Settings) -> list[tuple[str, Role, str]]:
+@dataclass(frozen=True)
+class Demo:
+    logins: list[tuple[str, Role, str]]
+    provider_access_key: str
+
+
+def ensure_demo_accounts(settings: Settings) -> Demo:
     """Creates the demo accounts, or resets their passwords: fresh ones are printed on every start,
     so no password is ever written to disk."""
     ctx = CloudContext.from_settings(settings)
     migrate.upgrade(ctx.db.engine)
     logins = []
+    key = ""
     with ctx.db.session() as session:
         for email, role, name, company in DEMO_ACCOUNTS:
             password = secrets.token_urlsafe(9)
             user = accounts.find_by_email(session, email)
             if user is None:
-                accounts.create_user(ctx, session, accounts.NewAccount(email, password, role, name, company))
+                user = accounts.create_user(
+                    ctx, session, accounts.NewAccount(email, password, role, name, company)
+                )
             else:
                 accounts.set_password(ctx, session, user, password)
+            if role == Role.PROVIDER:
+                key = access_keys.reveal(ctx, session, user)
             logins.append((email, role, password))
     ctx.db.dispose()
-    return logins
+    return Demo(logins, key)
+
+
+def start_local_agent(settings: Settings, access_key: str) -> subprocess.Popen[bytes]:
+    """This machine as the demo provider's CPod. The accessKey goes through the environment, never
+    the command line (other users can read command lines)."""
+    state_dir = settings.data_dir / "agent"
+    log = (settings.data_dir / "agent.log").open("ab")
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "sxwl.agent",
+            "--api-url",
+            settings.public_url,
+            "--state-dir",
+            str(state_dir),
+            "--name",
+            "local-demo",
+        ],
+        env={**os.environ, "SXWL_ACCESS_KEY": access_key},
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+
+
+def stop_process(proc: subprocess.Popen[bytes], grace_s: float = 10) -> None:
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(grace_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
 
 
 def print_banner(url: str, logins: list[tuple[str, Role, str]]) -> None:
@@ -69,4 +118,6 @@ def print_banner(url: str, logins: list[tuple[str, Role, str]]) -> None:
         table.add_row(role.value, email, password)
     console.print(f"\n[bold green]算想云 console:[/] [link={url}]{url}[/link]\n")
     console.print(table)
-    console.print()
+    console.print(
+        "This machine runs as the demo provider's CPod (agent log: [bold]agent.log[/] in the data dir).\n"
+    )

@@ -1,0 +1,3 @@
+from sxwl.agent.main import main
+
+main()

@@ -1,0 +1,190 @@
+"""Read-only view models of the 算力详情 (compute details) and 可用算力 (available GPUs) pages.
+
+Everything here reads; renaming and revoking go through ``sxwl.cloud.services.cpods``."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from sxwl.cloud.db.models import CPod, CPodEvent, CPodStatus, User
+from sxwl.cloud.services import cpods
+from sxwl.cloud.web.i18n import translate
+
+# How many of a CPod's newest events the page shows.
+EVENTS_SHOWN = 20
+MIB_PER_GIB = 1024
+
+
+@dataclass(frozen=True)
+class NodeView:
+    name: str
+    status: str
+    gpu_product: str | None
+    gpu_memory_mib: int | None
+    gpus_total: int
+    gpus_allocatable: int
+    gpus_used: int
+    cpu_cores: int
+    memory_mib: int
+
+
+@dataclass(frozen=True)
+class GpuLine:
+    product: str
+    memory_mib: int
+    total: int
+    allocatable: int
+    used: int
+    available: int
+
+
+@dataclass(frozen=True)
+class EventView:
+    at: datetime
+    kind: str
+    detail: str | None
+    actor: str | None
+
+
+@dataclass(frozen=True)
+class CPodView:
+    id: str
+    name: str
+    owner_email: str
+    # online | unknown | offline | revoked (a revoked CPod shows as revoked whatever its last status)
+    status: str
+    runtime: str
+    agent_version: str
+    created_at: datetime
+    last_heartbeat_at: datetime | None
+    heartbeat_age_s: int | None
+    nodes: list[NodeView]
+    gpus: list[GpuLine]
+    events: list[EventView]
+
+    @property
+    def revoked(self) -> bool:
+        return self.status == "revoked"
+
+
+def gib(mib: int | None) -> str:
+    """MiB as GiB for people: whole numbers without decimals, otherwise one decimal."""
+    if mib is None:
+        return "—"
+    value = mib / MIB_PER_GIB
+    return f"{value:.0f}" if value == int(value) else f"{value:.1f}"
+
+
+def ago(lang: str, seconds: int | None) -> str:
+    """"12 s ago" in the console's language; the same rules as app.js uses while the page is open."""
+    if seconds is None:
+        return translate(lang, "compute.never")
+    seconds = max(seconds, 0)
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return translate(lang, f"compute.ago_{unit}").replace("{n}", str(seconds // size))
+    return translate(lang, "compute.ago_s").replace("{n}", str(seconds))
+
+
+def ago_formats(lang: str) -> dict[str, str]:
+    """The patterns app.js needs to keep "N s ago" ticking between refreshes."""
+    return {
+        unit: translate(lang, f"compute.ago_{unit}") for unit in ("s", "m", "h", "d")
+    } | {"never": translate(lang, "compute.never")}
+
+
+def node_view(node: dict[str, Any]) -> NodeView:
+    gpu = node.get("gpu") or {}
+    return NodeView(
+        name=str(node.get("name", "")),
+        status=str(node.get("status", "not_ready")),
+        gpu_product=gpu.get("product"),
+        gpu_memory_mib=gpu.get("memory_mib"),
+        gpus_total=int(gpu.get("count", 0)),
+        gpus_allocatable=int(gpu.get("allocatable", 0)),
+        gpus_used=int(gpu.get("used", 0)),
+        cpu_cores=int(node.get("cpu_cores", 0)),
+        memory_mib=int(node.get("memory_mib", 0)),
+    )
+
+
+def recent_events(session: Session, cpod_ids: list[str], limit: int = EVENTS_SHOWN) -> dict[str, list[EventView]]:
+    """The newest ``limit`` events of each CPod, newest first, in one query (the page refreshes every
+    few seconds, so not one query per CPod)."""
+    if not cpod_ids:
+        return {}
+    rank = (
+        func.row_number()
+        .over(partition_by=CPodEvent.cpod_id, order_by=CPodEvent.id.desc())
+        .label("rank")
+    )
+    ranked = (
+        select(CPodEvent.id, rank).where(CPodEvent.cpod_id.in_(cpod_ids)).subquery()
+    )
+    rows = session.execute(
+        select(CPodEvent, User.email)
+        .join(ranked, ranked.c.id == CPodEvent.id)
+        .outerjoin(User, CPodEvent.actor_id == User.id)
+        .where(ranked.c.rank <= limit)
+        .order_by(CPodEvent.cpod_id, CPodEvent.id.desc())
+    ).all()
+    result: dict[str, list[EventView]] = defaultdict(list)
+    for event, email in rows:
+        result[event.cpod_id].append(EventView(event.at, event.kind, event.detail, email))
+    return result
+
+
+def display_status(cpod: CPod) -> str:
+    return "revoked" if cpod.revoked_at is not None else cpod.status.value
+
+
+def cpod_views(session: Session, user: User, now: datetime) -> list[CPodView]:
+    """The CPods ``user`` may see (their own; every one for an admin), oldest first."""
+    rows = cpods.list_for(session, user)
+    events = recent_events(session, [cpod.id for cpod, _ in rows])
+    views = []
+    for cpod, email in rows:
+        last = cpod.last_heartbeat_at
+        views.append(
+            CPodView(
+                id=cpod.id,
+                name=cpod.name,
+                owner_email=email,
+                status=display_status(cpod),
+                runtime=cpod.runtime,
+                agent_version=cpod.agent_version,
+                created_at=cpod.created_at,
+                last_heartbeat_at=last,
+                heartbeat_age_s=max(int((now - last).total_seconds()), 0) if last else None,
+                nodes=[node_view(n) for n in cpod.nodes],
+                gpus=[GpuLine(**g) for g in cpods.gpu_summary(cpod.nodes)],
+                events=events.get(cpod.id, []),
+            )
+        )
+    return views
+
+
+def online_totals(views: list[CPodView]) -> list[GpuLine]:
+    """GPUs per product summed over the online CPods among ``views``."""
+    sums: dict[tuple[str, int], list[int]] = defaultdict(lambda: [0, 0, 0, 0])
+    for view in views:
+        if view.status != CPodStatus.ONLINE.value:
+            continue
+        for line in view.gpus:
+            entry = sums[(line.product, line.memory_mib)]
+            for i, value in enumerate((line.total, line.allocatable, line.used, line.available)):
+                entry[i] += value
+    return [GpuLine(p, m, *values) for (p, m), values in sorted(sums.items())]
+
+
+def status_counts(views: list[CPodView]) -> dict[str, int]:
+    counts = dict.fromkeys(("online", "unknown", "offline", "revoked"), 0)
+    for view in views:
+        counts[view.status] += 1
+    return counts

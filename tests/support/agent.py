@@ -1,0 +1,60 @@
+"""``sxwl-agent`` as a real process."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TypeVar
+
+T = TypeVar("T")
+
+
+class AgentProcess:
+    def __init__(self, api_url: str, state_dir: Path, access_key: str | None, *args: str) -> None:
+        self.log_path = state_dir.parent / f"{state_dir.name}-{time.monotonic_ns()}.log"
+        self._log = self.log_path.open("wb")
+        env = {k: v for k, v in os.environ.items() if k != "SXWL_ACCESS_KEY"}
+        if access_key is not None:
+            env["SXWL_ACCESS_KEY"] = access_key  # never on the command line
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "sxwl.agent", "--api-url", api_url, "--state-dir", str(state_dir), *args],
+            env=env,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+    @property
+    def log(self) -> str:
+        return self.log_path.read_text()
+
+    def signal(self, sig: signal.Signals) -> None:
+        os.killpg(self.proc.pid, sig)
+
+    def wait(self, timeout: float = 20) -> int:
+        code = self.proc.wait(timeout)
+        self._log.close()
+        return code
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.signal(signal.SIGKILL)
+            self.proc.wait()
+        self._log.close()
+
+
+def eventually(check: Callable[[], T | None], timeout: float = 20, what: str = "condition") -> T:
+    """Polls until ``check`` returns something truthy; fails with ``what`` after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        result = check()
+        if result:
+            return result
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.05)
