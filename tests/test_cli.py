@@ -14,6 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests.support.agent import eventually
 from tests.support.cloud import CloudProcess
 from tests.support.net import free_port
 
@@ -107,12 +108,42 @@ def test_up_creates_demo_accounts_and_prints_their_logins(tmp_path: Path) -> Non
         assert url in text
         logins = dict(re.findall(r"│ \w+\s+│ (\S+@demo\.example\.com)\s+│ (\S+)\s+│", text))
         assert set(logins) == {"provider@demo.example.com", "user@demo.example.com", "admin@demo.example.com"}
+        tokens = {}
         for email, password in logins.items():
             response = httpx.post(url + "/api/v1/auth/login", json={"email": email, "password": password})
             assert response.status_code == 200, email
+            tokens[email] = {"Authorization": f"Bearer {response.json()['access_token']}"}
         # The secret key was generated into the data dir, readable by the owner only.
         assert stat.S_IMODE((tmp_path / "data" / "secret.key").stat().st_mode) == 0o600
+
+        # This machine is the demo provider's CPod.
+        def online() -> list[dict[str, object]]:
+            cpods = httpx.get(url + "/api/v1/cpods", headers=tokens["provider@demo.example.com"]).json()
+            return [c for c in cpods if c["status"] == "online"]
+
+        (cpod,) = eventually(online, what="the local CPod online")
+        assert cpod["name"] == "local-demo"
+        assert cpod["nodes"][0]["cpu_cores"] == os.cpu_count()  # type: ignore[index]
+        assert agent_pids(tmp_path)
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(10)
+        proc.wait(20)
         log.close()
+    # Stopping `sxwl up` stops its agent too.
+    eventually(lambda: not agent_pids(tmp_path), what="the agent to stop with sxwl up")
+
+
+def agent_pids(marker: Path) -> list[int]:
+    """Processes running sxwl.agent with a state dir under ``marker`` (read from /proc, to assert on)."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().split(b"\0")
+            state = (entry / "stat").read_text().split()[2]
+        except OSError:
+            continue
+        if b"sxwl.agent" in cmdline and any(str(marker).encode() in part for part in cmdline) and state != "Z":
+            pids.append(int(entry.name))
+    return pids

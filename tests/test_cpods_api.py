@@ -295,3 +295,19 @@ def test_liveness_counts_missed_intervals(make_client: Callable[..., TestClient]
     assert status() == "online"
     kinds = [e["kind"] for e in client.get(f"/api/v1/cpods/{reg['cpod_id']}/events", headers=headers).json()]
     assert kinds == ["online", "offline", "unknown", "online", "registered"]
+
+
+def test_access_key_check_for_deployment_tools(client: TestClient) -> None:
+    headers, key = provider(client)
+    reg = register_cpod(client, key, name="rack-1")
+    beat(client, reg["cpod_token"], 1, [gpu_node("w1")])
+    ok = client.get("/api/v1/agent/access-key/check", headers={"Authorization": f"Bearer {key}"})
+    assert ok.status_code == 200
+    assert ok.json() == {
+        "provider": "owner@example.com",
+        "cpods": [{"id": reg["cpod_id"], "name": "rack-1", "status": "online", "revoked": False}],
+    }
+    for bearer in ("sxak_wrong", reg["cpod_token"], headers["Authorization"].split()[1]):
+        bad = client.get("/api/v1/agent/access-key/check", headers={"Authorization": f"Bearer {bearer}"})
+        assert bad.status_code == 401 and bad.json()["error"]["code"] == "bad_access_key"
+    assert client.get("/api/v1/agent/access-key/check").status_code == 401

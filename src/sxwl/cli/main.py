@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import getpass
+import signal
 import sys
 from pathlib import Path
 from typing import Annotated
@@ -63,6 +64,8 @@ def up(port: Port = 8000, data_dir: DataDir = Path(".sxwl")) -> None:
     demo = server.ensure_demo_accounts(settings)
     server.print_banner(settings.public_url, demo.logins)
     agent = server.start_local_agent(settings, demo.provider_access_key)
+    # uvicorn re-raises SIGTERM after its shutdown; turning it into SystemExit lets `finally` stop the agent.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     try:
         server.serve(settings, "127.0.0.1", port)
     finally:

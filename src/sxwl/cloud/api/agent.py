@@ -7,6 +7,7 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Header, Request
 
 from sxwl.cloud.api.deps import Ctx, bearer_token
+from sxwl.cloud.api.schemas import AccessKeyCheckOut, CPodBriefOut
 from sxwl.cloud.db.models import CPod, SessionKind
 from sxwl.cloud.errors import AppError
 from sxwl.cloud.services import cpods, sessions
@@ -75,6 +76,29 @@ def register(body: RegisterRequest, request: Request, ctx: Ctx) -> RegisterReply
         heartbeat_interval_s=cpod.heartbeat_interval_s,
         last_seq=cpod.last_seq,
     )
+
+
+@router.get("/access-key/check", response_model=AccessKeyCheckOut)
+def check_access_key(request: Request, ctx: Ctx) -> AccessKeyCheckOut:
+    """Lets deployment tools verify an accessKey before touching any host, and watch the provider's
+    CPods come online, with nothing but the accessKey."""
+    key = bearer_token(request)
+    with ctx.db.session() as session:
+        owner = cpods.provider_for_access_key(session, key or "")
+        if owner is None:
+            raise AppError(
+                401,
+                "accessKey is not valid (wrong, or rotated); copy the current one from the console",
+                code="bad_access_key",
+                headers={"WWW-Authenticate": "Bearer"},
+            )
+        return AccessKeyCheckOut(
+            provider=owner.email,
+            cpods=[
+                CPodBriefOut(id=c.id, name=c.name, status=c.status.value, revoked=c.revoked_at is not None)
+                for c, _ in cpods.list_for(session, owner)
+            ],
+        )
 
 
 @router.post("/heartbeat", response_model=HeartbeatReply)

@@ -129,3 +129,15 @@ class GpuTypeOut(BaseModel):
     memory_mib: int
     available: int
     total: int
+
+
+class CPodBriefOut(BaseModel):
+    id: str
+    name: str
+    status: Literal["online", "unknown", "offline"]
+    revoked: bool
+
+
+class AccessKeyCheckOut(BaseModel):
+    provider: str
+    cpods: list[CPodBriefOut]
