@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 
@@ -10,8 +14,12 @@ import sxwl
 from sxwl.protocol import (
     PROTOCOL_HEADER,
     PROTOCOL_VERSION,
+    AssignmentsReply,
     Heartbeat,
     HeartbeatReply,
+    JobStatus,
+    JobStatusReply,
+    LogAppendReply,
     RegisterReply,
     RegisterRequest,
 )
@@ -20,7 +28,7 @@ TIMEOUT = httpx.Timeout(15.0, connect=5.0)
 
 
 class Unreachable(Exception):
-    """The cloud did not answer, or answered 5xx: try again later."""
+    """The cloud did not answer, or answered 5xx/429: try again later."""
 
 
 class Refused(Exception):
@@ -29,6 +37,20 @@ class Refused(Exception):
     def __init__(self, message: str, code: str) -> None:
         super().__init__(message)
         self.code = code
+
+
+class Rejected(Exception):
+    """The cloud answered 4xx to one request: that request is wrong, the agent goes on."""
+
+
+class Stale(Exception):
+    """The cloud no longer wants this job attempt (409): stop it and report nothing more for it."""
+
+
+class LogGap(Exception):
+    def __init__(self, next_offset: int) -> None:
+        super().__init__(f"the cloud expects offset {next_offset}")
+        self.next_offset = next_offset
 
 
 class CloudClient:
@@ -44,25 +66,35 @@ class CloudClient:
     async def close(self) -> None:
         await self._http.aclose()
 
-    async def _post(self, path: str, token: str, body: dict[str, Any]) -> dict[str, Any]:
+    async def _call(self, method: str, path: str, token: str, **kwargs: Any) -> httpx.Response:
+        headers = {"Authorization": f"Bearer {token}", **kwargs.pop("headers", {})}
         try:
-            response = await self._http.post(path, json=body, headers={"Authorization": f"Bearer {token}"})
+            response = await self._http.request(method, path, headers=headers, **kwargs)
         except httpx.HTTPError as exc:
             raise Unreachable(f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__) from None
         if response.status_code >= 500 or response.status_code == 429:
             raise Unreachable(f"HTTP {response.status_code}")
-        if response.is_error:
-            error = _error(response)
-            raise Refused(
-                f"{error.get('message', response.text[:200])} (HTTP {response.status_code})",
-                str(error.get("code", response.status_code)),
-            )
-        data: dict[str, Any] = response.json()
-        return data
+        if not response.is_error:
+            return response
+        error = _error(response)
+        message = f"{error.get('message', response.text[:200])} (HTTP {response.status_code})"
+        code = str(error.get("code", response.status_code))
+        if response.status_code == 401 or code == "unsupported_protocol":
+            raise Refused(message, code)
+        if code == "stale_attempt":
+            raise Stale(message)
+        if code == "log_gap":
+            raise LogGap(int(error["details"]["next_offset"]))
+        raise Rejected(message)
 
     async def register(self, access_key: str, request: RegisterRequest) -> RegisterReply:
-        data = await self._post("/api/v1/agent/register", access_key, request.model_dump(exclude_none=True))
-        reply = RegisterReply.model_validate(data)
+        try:
+            response = await self._call(
+                "POST", "/api/v1/agent/register", access_key, json=request.model_dump(exclude_none=True)
+            )
+        except Rejected as exc:
+            raise Refused(str(exc), "rejected") from None
+        reply = RegisterReply.model_validate(response.json())
         if reply.protocol_version != PROTOCOL_VERSION:
             raise Refused(
                 f"cloud speaks protocol {reply.protocol_version}, this agent {PROTOCOL_VERSION}",
@@ -71,8 +103,61 @@ class CloudClient:
         return reply
 
     async def heartbeat(self, token: str, heartbeat: Heartbeat) -> HeartbeatReply:
-        data = await self._post("/api/v1/agent/heartbeat", token, heartbeat.model_dump(exclude_none=True))
-        return HeartbeatReply.model_validate(data)
+        try:
+            response = await self._call(
+                "POST", "/api/v1/agent/heartbeat", token, json=heartbeat.model_dump(exclude_none=True)
+            )
+        except Rejected as exc:
+            raise Refused(str(exc), "rejected") from None
+        return HeartbeatReply.model_validate(response.json())
+
+    async def assignments(self, token: str, wait_s: float) -> AssignmentsReply:
+        response = await self._call(
+            "GET",
+            "/api/v1/agent/assignments",
+            token,
+            params={"wait": wait_s},
+            timeout=httpx.Timeout(wait_s + 15.0, connect=5.0),
+        )
+        return AssignmentsReply.model_validate(response.json())
+
+    async def ack(self, token: str, command_id: int) -> None:
+        await self._call("POST", f"/api/v1/agent/commands/{command_id}/ack", token)
+
+    async def report(self, token: str, job_id: str, status: JobStatus) -> JobStatusReply:
+        response = await self._call(
+            "POST", f"/api/v1/agent/jobs/{job_id}/status", token, json=status.model_dump(exclude_none=True)
+        )
+        return JobStatusReply.model_validate(response.json())
+
+    async def append_log(self, token: str, job_id: str, attempt: int, offset: int, data: bytes) -> int:
+        response = await self._call(
+            "POST",
+            f"/api/v1/agent/jobs/{job_id}/logs",
+            token,
+            params={"attempt": attempt, "offset": offset},
+            content=data,
+            headers={"Content-Type": "application/octet-stream"},
+        )
+        return LogAppendReply.model_validate(response.json()).next_offset
+
+    async def upload_artifact(self, token: str, job_id: str, attempt: int, path: str, file: Path) -> None:
+        async def chunks() -> AsyncIterator[bytes]:
+            handle = await asyncio.to_thread(file.open, "rb")
+            try:
+                while chunk := await asyncio.to_thread(handle.read, 1024 * 1024):
+                    yield chunk
+            finally:
+                handle.close()
+
+        await self._call(
+            "PUT",
+            f"/api/v1/agent/jobs/{job_id}/artifacts/{quote(path)}",
+            token,
+            params={"attempt": attempt},
+            content=chunks(),
+            headers={"Content-Type": "application/octet-stream"},
+        )
 
 
 def _error(response: httpx.Response) -> dict[str, Any]:

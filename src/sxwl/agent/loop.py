@@ -1,17 +1,21 @@
-"""The agent's life: register once, then heartbeat until stopped, revoked or refused."""
+"""The agent's life: register once, then heartbeat, take work and run it until stopped or refused."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import random
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Protocol, TypeVar
 
 import sxwl
-from sxwl.agent.client import CloudClient, Refused, Unreachable
+from sxwl.agent.client import CloudClient, Refused, Rejected, Unreachable
+from sxwl.agent.jobsync import JobSync
+from sxwl.agent.runtimes.local import LocalRuntime
 from sxwl.agent.state import SavedRegistration, StateDir
 from sxwl.protocol import Heartbeat, Node, RegisterRequest
 
@@ -20,10 +24,14 @@ T = TypeVar("T")
 
 BACKOFF_BASE_S = 1.0
 BACKOFF_CAP_S = 60.0
+LONG_POLL_S = 25.0
+SUPERVISE_S = 0.5
 
 
 class Inventory(Protocol):
     def nodes(self) -> list[Node]: ...
+
+    def gpu_indexes(self) -> list[int]: ...
 
     def close(self) -> None: ...
 
@@ -37,6 +45,7 @@ class AgentConfig:
     cluster_uid: str
     name: str | None = None
     heartbeat_interval_s: float | None = None
+    stop_grace_s: float = 10.0
 
 
 class Stopped(Exception):
@@ -44,7 +53,7 @@ class Stopped(Exception):
 
 
 def backoff_delay(failures: int) -> float:
-    """Exponential with full jitter: many CPods losing the cloud at once do not return in lockstep."""
+    """Exponential with jitter: many CPods losing the cloud at once do not return in lockstep."""
     ceiling = min(BACKOFF_CAP_S, BACKOFF_BASE_S * 2 ** min(failures, 16))
     return random.uniform(ceiling / 2, ceiling)  # noqa: S311 - jitter, not cryptography
 
@@ -55,6 +64,7 @@ class Agent:
         self.inventory = inventory
         self.client = client or CloudClient(config.api_url)
         self.state = StateDir(config.state_dir)
+        self.runtime = LocalRuntime(config.state_dir, inventory.gpu_indexes(), config.stop_grace_s)
         self.stop_event = asyncio.Event()
         self.interval = config.heartbeat_interval_s or 10.0
         self.seq = 0
@@ -116,12 +126,24 @@ class Agent:
         log.info("registered as CPod %s; heartbeat every %.1f s", reply.cpod_id, self.interval)
         return saved
 
-    async def heartbeat_once(self, token: str) -> None:
-        nodes = await asyncio.to_thread(self.inventory.nodes)
+    def _nodes(self) -> list[Node]:
+        nodes = self.inventory.nodes()
+        used = len(self.runtime.used_gpus())
+        # The GPUs our own jobs hold are in use even when NVML shows them idle.
+        return [
+            n.model_copy(update={"gpu": n.gpu.model_copy(update={"used": used})}) if n.gpu else n
+            for n in nodes
+        ]
+
+    async def heartbeat_once(self, token: str, sync: JobSync) -> None:
+        nodes = await asyncio.to_thread(self._nodes)
         for _ in range(2):
             self.seq += 1
             reply = await self._retrying(
-                "heartbeat", lambda: self.client.heartbeat(token, Heartbeat(seq=self.seq, nodes=nodes))
+                "heartbeat",
+                partial(
+                    self.client.heartbeat, token, Heartbeat(seq=self.seq, nodes=nodes, jobs=sync.reports())
+                ),
             )
             self.interval = reply.heartbeat_interval_s
             if reply.accepted:
@@ -129,13 +151,59 @@ class Agent:
             # The cloud holds a newer sequence number (say, from before a restart): continue after it.
             self.seq = reply.last_seq
 
+    async def _heartbeats(self, token: str, sync: JobSync) -> None:
+        while True:
+            await self.heartbeat_once(token, sync)
+            await self._sleep(self.interval)
+
+    async def _assignments(self, token: str, sync: JobSync) -> None:
+        failures = 0
+        while True:
+            try:
+                reply = await self.client.assignments(token, LONG_POLL_S)
+                await sync.handle(reply)
+                failures = 0
+            except (Unreachable, Rejected) as exc:
+                delay = backoff_delay(failures)
+                failures += 1
+                log.warning("getting assignments failed (%s); retrying in %.1f s", exc, delay)
+                await self._sleep(delay)
+            if self.stop_event.is_set():
+                raise Stopped
+
+    async def _supervise(self, sync: JobSync) -> None:
+        while True:
+            try:
+                await sync.supervise_once()
+            except Unreachable as exc:
+                log.warning("cloud unreachable while reporting jobs (%s); the jobs keep running", exc)
+            await self._sleep(SUPERVISE_S)
+
     async def run(self) -> None:
-        """Returns when stopped; raises Refused when the cloud will not have this agent."""
+        """Returns when stopped; raises Refused when the cloud will not have this agent. Running jobs
+        are left running on stop: a restarted agent takes them back."""
         try:
             saved = await self.registration()
-            while True:
-                await self.heartbeat_once(saved.cpod_token)
-                await self._sleep(self.interval)
+            sync = JobSync(self.client, self.runtime, saved.cpod_token)
+            sync.lost = self.runtime.adopt()
+            tasks = [
+                asyncio.create_task(self._heartbeats(saved.cpod_token, sync), name="heartbeats"),
+                asyncio.create_task(self._assignments(saved.cpod_token, sync), name="assignments"),
+                asyncio.create_task(self._supervise(sync), name="supervise"),
+            ]
+            stopper = asyncio.create_task(self.stop_event.wait())
+            done, _ = await asyncio.wait([*tasks, stopper], return_when=asyncio.FIRST_COMPLETED)
+            for task in [*tasks, stopper]:
+                task.cancel()
+            for task in tasks:
+                with contextlib.suppress(asyncio.CancelledError, Stopped):
+                    await task
+            for task in done:
+                if task is not stopper and not task.cancelled() and task.exception() is not None:
+                    error = task.exception()
+                    if not isinstance(error, Stopped):
+                        raise error  # type: ignore[misc]
+            log.info("stopping")
         except Stopped:
             log.info("stopping")
         finally:

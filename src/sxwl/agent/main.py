@@ -13,6 +13,7 @@ import typer
 
 from sxwl.agent.client import Refused
 from sxwl.agent.inventory.local import LocalInventory
+from sxwl.agent.inventory.simulated import SimulatedGpus
 from sxwl.agent.loop import Agent, AgentConfig
 from sxwl.agent.state import local_cluster_uid
 
@@ -45,9 +46,22 @@ def run(
     state_dir: Annotated[Path, typer.Option(help="Where the CPod token is kept (mode 0600).")] = Path(
         ".sxwl-agent"
     ),
+    simulate_gpus: Annotated[
+        int,
+        typer.Option(
+            help="SIMULATION: declare this many fake GPUs (vendor 'simulated') instead of NVML's.", min=0
+        ),
+    ] = 0,
+    simulate_gpu_product: Annotated[str, typer.Option(help="SIMULATION: product name of the fake GPUs.")] = (
+        "SIMULATED-GPU"
+    ),
+    stop_grace: Annotated[
+        float, typer.Option(help="Seconds between SIGTERM and SIGKILL when a job is stopped.", min=0)
+    ] = 10.0,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Debug logging.")] = False,
 ) -> None:
-    """Register this machine as a CPod of 算想云 and report its CPUs, memory and GPUs."""
+    """Register this machine as a CPod of 算想云, report its CPUs, memory and GPUs, and run the jobs
+    the cloud assigns to it."""
     logging.basicConfig(
         level=logging.DEBUG if verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
@@ -65,9 +79,11 @@ def run(
         cluster_uid=local_cluster_uid(state_dir),
         name=name,
         heartbeat_interval_s=heartbeat_interval,
+        stop_grace_s=stop_grace,
     )
+    gpus = SimulatedGpus(simulate_gpus, simulate_gpu_product) if simulate_gpus else None
     try:
-        asyncio.run(_run(Agent(config, LocalInventory())))
+        asyncio.run(_run(Agent(config, LocalInventory(gpus))))
     except Refused as exc:
         hint = {
             "cpod_revoked": "this CPod was revoked on 算想云; the agent stops. To register again, remove "

@@ -13,8 +13,8 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 
 import sxwl
 from sxwl.cloud import errors, logs
-from sxwl.cloud.api import admin, agent, auth, cpods, me
-from sxwl.cloud.background import liveness
+from sxwl.cloud.api import admin, agent, auth, cpods, jobs, me
+from sxwl.cloud.background import liveness, scheduling
 from sxwl.cloud.config import Settings
 from sxwl.cloud.context import CloudContext
 from sxwl.cloud.db import migrate
@@ -33,7 +33,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         log.info("cloud started", extra={"event": "start"})
-        loops = [asyncio.create_task(liveness.run(ctx), name="liveness")]
+        ctx.notifier.bind(asyncio.get_running_loop())
+        loops = [
+            asyncio.create_task(liveness.run(ctx), name="liveness"),
+            asyncio.create_task(scheduling.run(ctx), name="scheduling"),
+        ]
         yield
         for task in loops:
             task.cancel()
@@ -53,7 +57,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     errors.install(app)
 
     api = APIRouter(prefix="/api/v1")
-    for router in (auth.router, me.router, admin.router, cpods.router, agent.router):
+    for router in (auth.router, me.router, admin.router, cpods.router, agent.router, jobs.router):
         api.include_router(router)
     app.include_router(api)
 
@@ -71,8 +75,13 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     console.install(app)
     app.add_middleware(
         BodyLimit,
-        max_bytes=settings.max_body_bytes,
-        per_path={"/api/v1/agent/heartbeat": settings.heartbeat_max_bytes},
+        limit_for=lambda path: (
+            settings.heartbeat_max_bytes
+            if path == "/api/v1/agent/heartbeat"
+            else settings.artifact_max_bytes
+            if path.startswith("/api/v1/agent/jobs/") and "/artifacts/" in path
+            else settings.max_body_bytes
+        ),
     )
     app.add_middleware(RequestContext, metrics=metrics)
     return app

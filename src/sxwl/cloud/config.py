@@ -57,6 +57,16 @@ class Settings(BaseSettings):
     heartbeat_max_bytes: int = 16 * 1024 * 1024
     heartbeat_max_nodes: int = Field(default=5000, ge=1)
 
+    # Jobs.
+    default_user_max_gpus: int = Field(default=0, ge=0)  # 0: no limit unless an admin sets one
+    job_max_attempts: int = Field(default=3, ge=1)
+    scheduler_interval_s: float = Field(default=1.0, gt=0)
+    scheduler_batch: int = Field(default=2000, ge=1)
+    longpoll_max_s: float = Field(default=30.0, gt=0)
+    log_chunk_max_bytes: int = Field(default=512 * 1024, ge=1)
+    log_read_max_bytes: int = Field(default=1024 * 1024, ge=1)
+    artifact_max_bytes: int = Field(default=1024 * 1024 * 1024, ge=1)
+
     max_page_size: int = Field(default=200, ge=1)
 
     @field_validator("rate_login_ip", "rate_login_account", "rate_register_ip", "rate_register_account")

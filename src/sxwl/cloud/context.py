@@ -6,8 +6,10 @@ from dataclasses import dataclass, field
 
 from sxwl.cloud.config import Settings
 from sxwl.cloud.db.engine import Database
+from sxwl.cloud.notify import Notifier
 from sxwl.cloud.ratelimit import RateLimiter
 from sxwl.cloud.security import Passwords, SecretBox
+from sxwl.cloud.storage import ArtifactStore, LocalArtifactStore
 
 
 @dataclass
@@ -25,9 +27,12 @@ class CloudContext:
     passwords: Passwords
     box: SecretBox
     limiters: Limiters = field(init=False)
+    notifier: Notifier = field(default_factory=Notifier)
+    artifacts: ArtifactStore = field(init=False)
 
     def __post_init__(self) -> None:
         s = self.settings
+        self.artifacts = LocalArtifactStore(s.data_dir / "artifacts")
         self.limiters = Limiters(
             login_ip=RateLimiter(s.rate_login_ip, "login attempts from this address"),
             login_account=RateLimiter(s.rate_login_account, "login attempts for this account"),

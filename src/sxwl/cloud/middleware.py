@@ -6,6 +6,7 @@ import json
 import logging
 import secrets
 import time
+from collections.abc import Callable
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
@@ -97,19 +98,18 @@ class RequestContext:
 
 
 class BodyLimit:
-    """Refuses bodies over ``max_bytes`` with 413, by Content-Length or while streaming,
+    """Refuses bodies over the path's limit with 413, by Content-Length or while streaming,
     before the application reads them whole."""
 
-    def __init__(self, app: ASGIApp, max_bytes: int, per_path: dict[str, int] | None = None) -> None:
+    def __init__(self, app: ASGIApp, limit_for: Callable[[str], int]) -> None:
         self.app = app
-        self.max_bytes = max_bytes
-        self.per_path = per_path or {}
+        self.limit_for = limit_for
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        limit = self.per_path.get(scope["path"], self.max_bytes)
+        limit = self.limit_for(scope["path"])
         for name, value in scope.get("headers", []):
             if name == b"content-length" and value.isdigit() and int(value) > limit:
                 await self._refuse(send, limit)

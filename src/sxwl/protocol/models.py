@@ -106,3 +106,56 @@ class HeartbeatReply(Wire):
     # The newest seq the cloud holds: an agent whose seq was stale continues after it.
     last_seq: int
     status: Literal["online", "unknown", "offline"]
+
+
+AgentJobState = Literal["starting", "running", "succeeded", "failed", "cancelled", "lost"]
+
+
+class Assignment(Wire):
+    """A job attempt given to a CPod: everything the runtime needs to start it."""
+
+    job_id: str
+    attempt: int = Field(ge=1)
+    name: str
+    owner_id: str
+    command: list[str] | str
+    image: str | None = None
+    env: dict[str, str] = Field(default_factory=dict)
+    gpu_product: str | None = None
+    gpus_per_node: int = Field(ge=0)
+    nodes: int = Field(ge=1)
+    node_names: list[str] = Field(default_factory=list)
+    max_runtime_s: int | None = Field(default=None, ge=1)
+
+
+class Command(Wire):
+    """Stop one job attempt; ``reason`` says why (cancelled by its user, fenced after a requeue)."""
+
+    id: int
+    kind: Literal["stop"]
+    job_id: str
+    attempt: int
+    cancel: bool = False
+    reason: str | None = None
+
+
+class AssignmentsReply(Wire):
+    assignments: list[Assignment] = Field(default_factory=list)
+    commands: list[Command] = Field(default_factory=list)
+
+
+class JobStatus(Wire):
+    attempt: int = Field(ge=1)
+    state: AgentJobState
+    exit_code: int | None = None
+    reason: str | None = Field(default=None, max_length=500)
+
+
+class JobStatusReply(Wire):
+    state: str
+    # Set when the cloud wants this attempt stopped (it was cancelled, or is stale).
+    stop: bool = False
+
+
+class LogAppendReply(Wire):
+    next_offset: int

@@ -4,9 +4,16 @@ from __future__ import annotations
 
 import os
 import socket
+from typing import Protocol
 
 from sxwl.agent.inventory.nvml import NvmlReader
-from sxwl.protocol import Node
+from sxwl.protocol import GpuInfo, Node
+
+
+class GpuReader(Protocol):
+    def read(self) -> GpuInfo | None: ...
+
+    def close(self) -> None: ...
 
 
 def memory_mib() -> int:
@@ -14,9 +21,13 @@ def memory_mib() -> int:
 
 
 class LocalInventory:
-    def __init__(self, gpus: NvmlReader | None = None, node_name: str | None = None) -> None:
-        self.gpus = gpus or NvmlReader()
+    def __init__(self, gpus: GpuReader | None = None, node_name: str | None = None) -> None:
+        self.gpus: GpuReader = gpus or NvmlReader()
         self.node_name = node_name or socket.gethostname()
+
+    def gpu_indexes(self) -> list[int]:
+        gpu = self.gpus.read()
+        return [d.index for d in gpu.devices] if gpu else []
 
     def nodes(self) -> list[Node]:
         return [

@@ -7,7 +7,7 @@ from typing import Annotated, Literal
 from fastapi import APIRouter, Query
 
 from sxwl.cloud.api.deps import Ctx, CurrentAdmin
-from sxwl.cloud.api.schemas import AdminCreateUserIn, UserOut, UserPageOut
+from sxwl.cloud.api.schemas import AdminCreateUserIn, UserLimitsIn, UserOut, UserPageOut
 from sxwl.cloud.db.models import Role
 from sxwl.cloud.services import accounts
 
@@ -38,3 +38,10 @@ def create_user(body: AdminCreateUserIn, admin: CurrentAdmin, ctx: Ctx) -> UserO
     new = accounts.NewAccount(body.email, body.password, Role(body.role), body.name, body.company, body.phone)
     with ctx.db.session() as session:
         return UserOut.model_validate(accounts.create_user(ctx, session, new, created_by=admin))
+
+
+@router.patch("/users/{user_id}/limits", response_model=UserOut)
+def set_limits(user_id: str, body: UserLimitsIn, admin: CurrentAdmin, ctx: Ctx) -> UserOut:
+    """Caps the GPUs one user's jobs may hold at once (null: the cloud's default)."""
+    with ctx.db.session() as session:
+        return UserOut.model_validate(accounts.set_max_gpus(session, user_id, body.max_gpus))

@@ -2,20 +2,27 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, Header, Request
+from fastapi import APIRouter, Depends, Header, Query, Request, Response
 
 from sxwl.cloud.api.deps import Ctx, bearer_token
 from sxwl.cloud.api.schemas import AccessKeyCheckOut, CPodBriefOut
-from sxwl.cloud.db.models import CPod, SessionKind
-from sxwl.cloud.errors import AppError
-from sxwl.cloud.services import cpods, sessions
+from sxwl.cloud.db.models import CPod, JobState, SessionKind
+from sxwl.cloud.errors import AppError, invalid
+from sxwl.cloud.services import cpods, dispatch, jobs, sessions
+from sxwl.cloud.storage import TooLarge, clean_artifact_path
 from sxwl.protocol import (
     PROTOCOL_HEADER,
     PROTOCOL_VERSION,
+    AssignmentsReply,
     Heartbeat,
     HeartbeatReply,
+    JobStatus,
+    JobStatusReply,
+    LogAppendReply,
     RegisterReply,
     RegisterRequest,
 )
@@ -107,3 +114,107 @@ def heartbeat(body: Heartbeat, cpod: CurrentCPod, ctx: Ctx) -> HeartbeatReply:
         raise AppError(403, "this token belongs to another CPod", code="wrong_cpod")
     with ctx.db.session() as session:
         return cpods.heartbeat(ctx, session, cpod, body)
+
+
+@router.get("/assignments", response_model=AssignmentsReply)
+async def assignments(
+    cpod: CurrentCPod,
+    ctx: Ctx,
+    wait: Annotated[float, Query(ge=0, description="seconds to hold the request")] = 0,
+) -> AssignmentsReply:
+    """Long-poll: answers as soon as this CPod has a new job attempt or a command, else after ``wait``."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + min(wait, ctx.settings.longpoll_max_s)
+    event = ctx.notifier.waiter(cpod.id)
+    try:
+        while True:
+            event.clear()  # cleared before reading, so a wake-up during the read is not lost
+            reply = await asyncio.to_thread(dispatch.pending, ctx, cpod.id)
+            remaining = deadline - loop.time()
+            if reply.assignments or reply.commands or remaining <= 0:
+                return reply
+            # Re-read at least every second: another replica may have made the assignment.
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(event.wait(), timeout=min(remaining, 1.0))
+    finally:
+        ctx.notifier.forget(cpod.id, event)
+
+
+@router.post("/commands/{command_id}/ack", status_code=204)
+def ack_command(command_id: int, cpod: CurrentCPod, ctx: Ctx) -> Response:
+    with ctx.db.session() as session:
+        jobs.ack_command(session, cpod.id, command_id)
+    return Response(status_code=204)
+
+
+@router.post("/jobs/{job_id}/status", response_model=JobStatusReply)
+def job_status(job_id: str, body: JobStatus, cpod: CurrentCPod, ctx: Ctx) -> JobStatusReply:
+    with ctx.db.session() as session:
+        job = jobs.report_status(
+            ctx, session, cpod, job_id, body.attempt, JobState(body.state), body.exit_code, body.reason
+        )
+        return JobStatusReply(state=job.state.value, stop=job.cancel_requested_at is not None)
+
+
+@router.post("/jobs/{job_id}/logs", response_model=LogAppendReply)
+async def job_logs(
+    job_id: str,
+    request: Request,
+    cpod: CurrentCPod,
+    ctx: Ctx,
+    attempt: Annotated[int, Query(ge=1)],
+    offset: Annotated[int, Query(ge=0)],
+) -> LogAppendReply:
+    """Appends a chunk of output at a byte offset; bytes already stored are skipped, so retries are safe."""
+    data = await _read_limited(request, ctx.settings.log_chunk_max_bytes)
+
+    def append() -> int:
+        with ctx.db.session() as session:
+            job = jobs.job_for_agent(session, cpod, job_id, attempt)
+            return jobs.append_log(session, job, attempt, offset, data)
+
+    return LogAppendReply(next_offset=await asyncio.to_thread(append))
+
+
+@router.put("/jobs/{job_id}/artifacts/{path:path}", status_code=201)
+async def upload_artifact(
+    job_id: str,
+    path: str,
+    request: Request,
+    cpod: CurrentCPod,
+    ctx: Ctx,
+    attempt: Annotated[int, Query(ge=1)],
+) -> dict[str, object]:
+    try:
+        clean = clean_artifact_path(path)
+    except ValueError as exc:
+        raise invalid("path", str(exc)) from None
+
+    def check() -> None:
+        with ctx.db.session() as session:
+            jobs.job_for_agent(session, cpod, job_id, attempt)
+
+    await asyncio.to_thread(check)
+    try:
+        size, digest = await ctx.artifacts.put(
+            job_id, clean, request.stream(), ctx.settings.artifact_max_bytes
+        )
+    except TooLarge:
+        raise AppError(413, f"artifact larger than {ctx.settings.artifact_max_bytes} bytes") from None
+
+    def save() -> None:
+        with ctx.db.session() as session:
+            job = jobs.job_for_agent(session, cpod, job_id, attempt)
+            jobs.record_artifact(session, job, attempt, clean, size, digest)
+
+    await asyncio.to_thread(save)
+    return {"path": clean, "size": size, "sha256": digest}
+
+
+async def _read_limited(request: Request, limit: int) -> bytes:
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > limit:
+            raise AppError(413, f"log chunk larger than {limit} bytes", details={"max_bytes": limit})
+    return bytes(body)

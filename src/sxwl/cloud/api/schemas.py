@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from datetime import datetime
 from typing import Literal
 
@@ -67,6 +68,7 @@ class UserOut(BaseModel):
     company: str | None
     phone: str | None
     created_at: datetime
+    max_gpus: int | None = None
 
 
 class UserPageOut(BaseModel):
@@ -141,3 +143,98 @@ class CPodBriefOut(BaseModel):
 class AccessKeyCheckOut(BaseModel):
     provider: str
     cpods: list[CPodBriefOut]
+
+
+ENV_NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"
+RESERVED_ENV = ("SXWL_", "CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES")
+
+
+class JobIn(Strict):
+    name: str = Field(default="job", min_length=1, max_length=100)
+    command: list[str] | str
+    image: str | None = Field(default=None, max_length=500)
+    env: dict[str, str] = Field(default_factory=dict, max_length=200)
+    gpu_product: str | None = Field(default=None, min_length=1, max_length=128)
+    gpus_per_node: int = Field(default=0, ge=0, le=64)
+    nodes: int = Field(default=1, ge=1, le=256)
+    max_runtime_s: int | None = Field(default=None, ge=1, le=30 * 24 * 3600)
+    cpod_id: str | None = Field(default=None, max_length=32)
+    priority: int = Field(default=0, ge=-100, le=100)
+
+    @field_validator("command")
+    @classmethod
+    def _command(cls, value: list[str] | str) -> list[str] | str:
+        if isinstance(value, str):
+            if not value.strip():
+                raise ValueError("must not be empty")
+            if len(value) > 100_000:
+                raise ValueError("is longer than 100000 characters")
+            return value
+        if not value or not value[0].strip():
+            raise ValueError("must not be empty")
+        if sum(len(v) for v in value) > 100_000:
+            raise ValueError("is longer than 100000 characters")
+        return value
+
+    @field_validator("env")
+    @classmethod
+    def _env(cls, value: dict[str, str]) -> dict[str, str]:
+        for key, item in value.items():
+            if not re.match(ENV_NAME, key):
+                raise ValueError(f"{key!r} is not a valid variable name")
+            if key.startswith(RESERVED_ENV):
+                raise ValueError(f"{key} is set by the platform")
+            if len(item) > 32_768:
+                raise ValueError(f"value of {key} is longer than 32768 characters")
+        return value
+
+
+class JobOut(BaseModel):
+    id: str
+    name: str
+    owner_email: str
+    state: str
+    attempt: int
+    cpod_id: str | None
+    node_names: list[str]
+    command: list[str] | str
+    image: str | None
+    env: dict[str, str]
+    gpu_product: str | None
+    gpus_per_node: int
+    nodes: int
+    max_runtime_s: int | None
+    priority: int
+    created_at: datetime
+    assigned_at: datetime | None
+    started_at: datetime | None
+    finished_at: datetime | None
+    exit_code: int | None
+    reason: str | None
+    queue_position: int | None
+    cancel_requested: bool
+
+
+class JobPageOut(BaseModel):
+    items: list[JobOut]
+    total: int
+    page: int
+    per_page: int
+
+
+class JobEventOut(BaseModel):
+    at: datetime
+    attempt: int
+    kind: str
+    detail: str | None
+
+
+class ArtifactOut(BaseModel):
+    path: str
+    size: int
+    sha256: str
+    attempt: int
+
+
+class UserLimitsIn(Strict):
+    max_gpus: int | None = Field(ge=0, le=100_000)

@@ -7,7 +7,18 @@ import uuid
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import JSON, BigInteger, Enum, Float, ForeignKey, Index, Integer, String, UniqueConstraint
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Enum,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    LargeBinary,
+    String,
+    UniqueConstraint,
+)
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
 from sxwl.cloud.db.types import UTCDateTime, utcnow
@@ -50,6 +61,8 @@ class User(Base):
     phone: Mapped[str | None] = mapped_column(String(32))
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
     password_changed_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    # Concurrent GPUs this user's jobs may hold; None means the cloud's default.
+    max_gpus: Mapped[int | None] = mapped_column(Integer)
 
     access_keys: Mapped[list[AccessKey]] = relationship(
         back_populates="user", foreign_keys="AccessKey.user_id", order_by="AccessKey.created_at.desc()"
@@ -120,6 +133,8 @@ class CPod(Base):
     heartbeat_interval_s: Mapped[float] = mapped_column(Float)
     revoked_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
     nodes: Mapped[list[dict[str, Any]]] = mapped_column(JSON, default=list)
+    # The job attempts the agent said it holds in its last heartbeat: "<job_id>:<attempt>".
+    reported_jobs: Mapped[list[str]] = mapped_column(JSON, default=list)
 
     owner: Mapped[User] = relationship()
 
@@ -133,3 +148,124 @@ class CPodEvent(Base):
     kind: Mapped[str] = mapped_column(String(32))
     detail: Mapped[str | None] = mapped_column(String(500))
     actor_id: Mapped[str | None] = mapped_column(ForeignKey("users.id", ondelete="SET NULL"))
+
+
+class JobState(enum.StrEnum):
+    QUEUED = "queued"
+    ASSIGNED = "assigned"
+    STARTING = "starting"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    LOST = "lost"
+
+
+TERMINAL_STATES = frozenset({JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED})
+ACTIVE_STATES = frozenset({JobState.ASSIGNED, JobState.STARTING, JobState.RUNNING})
+
+
+class Job(Base):
+    __tablename__ = "jobs"
+    __table_args__ = (
+        Index("ix_jobs_state_priority", "state", "priority", "created_at"),
+        Index("ix_jobs_owner_created", "owner_id", "created_at"),
+        Index("ix_jobs_cpod_state", "cpod_id", "state"),
+    )
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True, default=new_id)
+    owner_id: Mapped[str] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"))
+    name: Mapped[str] = mapped_column(String(100))
+    command: Mapped[Any] = mapped_column(JSON)  # a list of argv strings, or one shell string
+    image: Mapped[str | None] = mapped_column(String(500))
+    env: Mapped[dict[str, str]] = mapped_column(JSON, default=dict)
+    gpu_product: Mapped[str | None] = mapped_column(String(128))
+    gpus_per_node: Mapped[int] = mapped_column(Integer)
+    nodes: Mapped[int] = mapped_column(Integer)
+    max_runtime_s: Mapped[int | None] = mapped_column(Integer)
+    pinned_cpod_id: Mapped[str | None] = mapped_column(String(32))
+    priority: Mapped[int] = mapped_column(Integer, default=0)
+    max_attempts: Mapped[int] = mapped_column(Integer, default=3)
+
+    state: Mapped[JobState] = mapped_column(str_enum(JobState), default=JobState.QUEUED)
+    attempt: Mapped[int] = mapped_column(Integer, default=0)
+    cpod_id: Mapped[str | None] = mapped_column(ForeignKey("cpods.id", ondelete="SET NULL"))
+    node_names: Mapped[list[str]] = mapped_column(JSON, default=list)
+    reason: Mapped[str | None] = mapped_column(String(500))
+    exit_code: Mapped[int | None] = mapped_column(Integer)
+    cancel_requested_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    assigned_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
+    started_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
+    finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
+
+    owner: Mapped[User] = relationship()
+
+
+class JobEvent(Base):
+    __tablename__ = "job_events"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
+    at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    attempt: Mapped[int] = mapped_column(Integer)
+    kind: Mapped[str] = mapped_column(String(32))
+    detail: Mapped[str | None] = mapped_column(String(1000))
+
+
+class LogChunk(Base):
+    """A job attempt's output, stored by byte offset so appends are idempotent."""
+
+    __tablename__ = "log_chunks"
+    __table_args__ = (UniqueConstraint("job_id", "attempt", "offset", name="uq_log_chunks_position"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"))
+    attempt: Mapped[int] = mapped_column(Integer)
+    offset: Mapped[int] = mapped_column(BigInteger)
+    data: Mapped[bytes] = mapped_column(LargeBinary)
+
+
+class Artifact(Base):
+    __tablename__ = "artifacts"
+    __table_args__ = (UniqueConstraint("job_id", "path", name="uq_artifacts_job_path"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
+    attempt: Mapped[int] = mapped_column(Integer)
+    path: Mapped[str] = mapped_column(String(1024))
+    size: Mapped[int] = mapped_column(BigInteger)
+    sha256: Mapped[str] = mapped_column(String(64))
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+
+
+class AgentCommand(Base):
+    """An instruction for one CPod's agent (stop a job attempt), delivered by long-poll until acked."""
+
+    __tablename__ = "agent_commands"
+    __table_args__ = (Index("ix_agent_commands_pending", "cpod_id", "acked_at"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    cpod_id: Mapped[str] = mapped_column(ForeignKey("cpods.id", ondelete="CASCADE"))
+    kind: Mapped[str] = mapped_column(String(16))
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"))
+    attempt: Mapped[int] = mapped_column(Integer)
+    reason: Mapped[str | None] = mapped_column(String(200))
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    acked_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
+
+
+class JobAttempt(Base):
+    """One placement of a job on a CPod: fencing checks it, and GPU time is counted from it."""
+
+    __tablename__ = "job_attempts"
+
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True)
+    attempt: Mapped[int] = mapped_column(Integer, primary_key=True)
+    cpod_id: Mapped[str | None] = mapped_column(ForeignKey("cpods.id", ondelete="SET NULL"), index=True)
+    node_names: Mapped[list[str]] = mapped_column(JSON, default=list)
+    gpus: Mapped[int] = mapped_column(Integer)
+    assigned_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    started_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
+    finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
+    outcome: Mapped[str | None] = mapped_column(String(16))

@@ -151,3 +151,11 @@ def list_users(
         stmt.order_by(User.created_at.desc(), User.id).offset((page - 1) * per_page).limit(per_page)
     ).all()
     return UserPage(list(items), total, page, per_page)
+
+
+def set_max_gpus(session: Session, user_id: str, max_gpus: int | None) -> User:
+    user = session.get(User, user_id)
+    if user is None:
+        raise AppError(404, f"no user {user_id}")
+    user.max_gpus = max_gpus
+    return user

@@ -17,6 +17,7 @@ from sxwl.cloud.db.models import AccessKey, CPod, CPodEvent, CPodStatus, Role, U
 from sxwl.cloud.db.types import utcnow
 from sxwl.cloud.errors import AppError, invalid
 from sxwl.cloud.security import ACCESS_KEY_PREFIX, new_token, token_hash
+from sxwl.cloud.services import jobs
 from sxwl.protocol import Heartbeat, HeartbeatReply, RegisterRequest
 
 CPOD_TOKEN_PREFIX = "sxcp_"  # noqa: S105 - a prefix, not a secret
@@ -122,12 +123,15 @@ def heartbeat(ctx: CloudContext, session: Session, cpod: CPod, hb: Heartbeat) ->
             last_seq=hb.seq,
             last_heartbeat_at=now,
             status=CPodStatus.ONLINE,
+            reported_jobs=[f"{j.job_id}:{j.attempt}" for j in hb.jobs],
         )
         .execution_options(synchronize_session=False)
     )
     accepted = result.rowcount == 1  # type: ignore[attr-defined]
     if accepted and cpod.status != CPodStatus.ONLINE:
         record(session, cpod.id, "online", f"{len(hb.nodes)} nodes reported")
+    if accepted:
+        ctx.notifier.wake_scheduler()  # capacity may have changed
     return HeartbeatReply(
         heartbeat_interval_s=cpod.heartbeat_interval_s,
         accepted=accepted,
@@ -170,6 +174,8 @@ def sweep_liveness(ctx: CloudContext, now: datetime | None = None) -> list[tuple
             if changed.rowcount == 1:  # type: ignore[attr-defined]
                 record(session, cpod_id, target.value, f"{missed} heartbeats missed")
                 moved.append((cpod_id, target))
+                if target == CPodStatus.OFFLINE:
+                    jobs.requeue_cpod_jobs(ctx, session, cpod_id, f"CPod {cpod_id} went offline")
     return moved
 
 
@@ -239,7 +245,7 @@ def rename(session: Session, user: User, cpod_id: str, name: str) -> CPod:
     return cpod
 
 
-def revoke(session: Session, user: User, cpod_id: str) -> CPod:
+def revoke(ctx: CloudContext, session: Session, user: User, cpod_id: str) -> CPod:
     """Its token stops working at once; the agent is told on its next call (401) and stops."""
     cpod = get_for(session, user, cpod_id, for_update=True)
     if cpod.revoked_at is None:
@@ -247,6 +253,7 @@ def revoke(session: Session, user: User, cpod_id: str) -> CPod:
         cpod.token_hash = None
         cpod.status = CPodStatus.OFFLINE
         record(session, cpod.id, "revoked", None, actor=user)
+        jobs.requeue_cpod_jobs(ctx, session, cpod.id, f"CPod {cpod.id} was revoked")
     return cpod
 
 

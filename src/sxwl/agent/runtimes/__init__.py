@@ -1,0 +1,1 @@
+"""Where a CPod runs jobs: ``local`` (processes on this machine)."""

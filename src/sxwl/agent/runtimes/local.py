@@ -1,0 +1,233 @@
+"""The ``local`` runtime: each job attempt is a process group in its own directory under the
+state dir, with its own GPUs (``CUDA_VISIBLE_DEVICES``); no two jobs share a GPU."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from sxwl.agent.runtimes.launcher import EXIT_FILE
+from sxwl.protocol import Assignment
+
+log = logging.getLogger("sxwl.agent.local")
+
+Outcome = Literal["succeeded", "failed", "cancelled"]
+# Variables a job inherits from the agent's environment; everything else (the accessKey, say) stays out.
+INHERITED_ENV = ("PATH", "LANG", "LC_ALL", "TZ", "LD_LIBRARY_PATH", "CUDA_HOME", "NVIDIA_DRIVER_CAPABILITIES")
+
+
+@dataclass
+class LocalJob:
+    """What the agent keeps about one attempt, in ``job.json`` beside its output."""
+
+    job_id: str
+    attempt: int
+    name: str
+    gpus: list[int]
+    max_runtime_s: int | None
+    started_at: float
+    pid: int
+    pid_start: str
+    log_offset: int = 0  # bytes of output.log the cloud has acknowledged
+    stop_reason: str | None = None  # why the agent stopped it: cancelled, timeout, fenced
+    stop_cancel: bool = False
+    stop_at: float | None = None
+    outcome: Outcome | None = None
+    exit_code: int | None = None
+    reported: bool = False  # the final state reached the cloud
+    reported_state: str | None = None  # the last non-final state the cloud acknowledged
+    fenced: bool = False  # the cloud called this attempt stale: stop it, report nothing more
+    artifacts_uploaded: list[str] = field(default_factory=list)
+
+    @property
+    def key(self) -> str:
+        return f"{self.job_id}:{self.attempt}"
+
+
+def process_start_time(pid: int) -> str | None:
+    """The kernel's start time of a process: a pid reused by another process does not match it."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return fields[19] if fields[0] != "Z" else None
+
+
+class LocalRuntime:
+    def __init__(self, state_dir: Path, gpu_indexes: list[int], stop_grace_s: float = 10.0) -> None:
+        self.root = state_dir / "jobs"
+        self.gpu_indexes = gpu_indexes
+        self.stop_grace_s = stop_grace_s
+        self.jobs: dict[str, LocalJob] = {}
+
+    # ---- state on disk ---------------------------------------------------------------------------
+
+    def workdir(self, job_id: str, attempt: int) -> Path:
+        return self.root / f"{job_id}-{attempt}"
+
+    def save(self, job: LocalJob) -> None:
+        path = self.workdir(job.job_id, job.attempt) / "job.json"
+        temp = path.with_suffix(".tmp")
+        temp.write_text(json.dumps(asdict(job)))
+        os.replace(temp, path)
+
+    def adopt(self) -> list[LocalJob]:
+        """After a restart: jobs still running are taken back; jobs whose process vanished without an
+        exit status (the machine rebooted, say) are returned as lost."""
+        lost: list[LocalJob] = []
+        if not self.root.exists():
+            return lost
+        for path in sorted(self.root.glob("*/job.json")):
+            job = LocalJob(**json.loads(path.read_text()))
+            if job.reported:
+                continue
+            finished = (path.parent / EXIT_FILE).exists() or job.outcome is not None
+            if finished or process_start_time(job.pid) == job.pid_start:
+                self.jobs[job.key] = job
+                log.info("re-adopted job %s attempt %d", job.job_id, job.attempt)
+            else:
+                job.reported = True
+                self.save(job)
+                lost.append(job)
+                log.warning("job %s attempt %d vanished while the agent was away", job.job_id, job.attempt)
+        return lost
+
+    # ---- GPUs ------------------------------------------------------------------------------------
+
+    def used_gpus(self) -> set[int]:
+        return {g for job in self.jobs.values() if job.outcome is None for g in job.gpus}
+
+    def free_gpus(self) -> list[int]:
+        used = self.used_gpus()
+        return [g for g in self.gpu_indexes if g not in used]
+
+    # ---- lifecycle -------------------------------------------------------------------------------
+
+    def knows(self, job_id: str, attempt: int) -> bool:
+        return self.workdir(job_id, attempt).exists()
+
+    def start(self, assignment: Assignment) -> LocalJob:
+        """Starts the attempt once: a second delivery of the same assignment does nothing."""
+        key = f"{assignment.job_id}:{assignment.attempt}"
+        if key in self.jobs:
+            return self.jobs[key]
+        free = self.free_gpus()
+        if len(free) < assignment.gpus_per_node:
+            raise RuntimeError(f"needs {assignment.gpus_per_node} GPUs, {len(free)} free")
+        gpus = free[: assignment.gpus_per_node]
+        workdir = self.workdir(assignment.job_id, assignment.attempt)
+        (workdir / "output").mkdir(parents=True, exist_ok=True)
+        (workdir / "work").mkdir(exist_ok=True)
+        argv = (
+            ["/bin/sh", "-c", assignment.command]
+            if isinstance(assignment.command, str)
+            else assignment.command
+        )
+        env = {k: os.environ[k] for k in INHERITED_ENV if k in os.environ}
+        env.update(assignment.env)
+        env.update(
+            HOME=str(workdir / "work"),
+            PYTHONUNBUFFERED="1",
+            CUDA_VISIBLE_DEVICES=",".join(map(str, gpus)),
+            SXWL_JOB_ID=assignment.job_id,
+            SXWL_JOB_NAME=assignment.name,
+            SXWL_ATTEMPT=str(assignment.attempt),
+            SXWL_OUTPUT_DIR=str(workdir / "output"),
+        )
+        (workdir / "launch.json").write_text(
+            json.dumps({"argv": argv, "env": env, "cwd": str(workdir / "work")})
+        )
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "sxwl.agent.runtimes.launcher", str(workdir)],
+            start_new_session=True,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=(workdir / "launcher.log").open("ab"),
+        )
+        job = LocalJob(
+            job_id=assignment.job_id,
+            attempt=assignment.attempt,
+            name=assignment.name,
+            gpus=gpus,
+            max_runtime_s=assignment.max_runtime_s,
+            started_at=time.time(),
+            pid=proc.pid,
+            pid_start=process_start_time(proc.pid) or "",
+        )
+        self.jobs[job.key] = job
+        self.save(job)
+        log.info(
+            "started job %s attempt %d (pid %d, GPUs %s)", job.job_id, job.attempt, proc.pid, gpus or "none"
+        )
+        return job
+
+    def stop(self, job_id: str, attempt: int, reason: str, cancel: bool) -> LocalJob | None:
+        """SIGTERM to the job's process group now, SIGKILL after the grace (see ``poll``)."""
+        job = self.jobs.get(f"{job_id}:{attempt}")
+        if job is None or job.outcome is not None or job.stop_at is not None:
+            return job
+        job.stop_reason, job.stop_cancel, job.stop_at = reason, cancel, time.time()
+        self.save(job)
+        self._signal(job, signal.SIGTERM)
+        return job
+
+    def _signal(self, job: LocalJob, sig: signal.Signals) -> None:
+        if process_start_time(job.pid) == job.pid_start:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(job.pid, sig)
+
+    def poll(self) -> list[LocalJob]:
+        """Advances every job: records exits, enforces max runtime and the stop grace. Returns the
+        jobs that finished in this call."""
+        finished = []
+        now = time.time()
+        for job in list(self.jobs.values()):
+            if job.outcome is not None:
+                continue
+            workdir = self.workdir(job.job_id, job.attempt)
+            exit_file = workdir / EXIT_FILE
+            alive = process_start_time(job.pid) == job.pid_start
+            if exit_file.exists() or not alive:
+                code = int(exit_file.read_text()) if exit_file.exists() else None
+                self._finish(job, code)
+                finished.append(job)
+                continue
+            if job.max_runtime_s and job.stop_at is None and now - job.started_at > job.max_runtime_s:
+                self.stop(
+                    job.job_id, job.attempt, f"max runtime of {job.max_runtime_s} s exceeded", cancel=False
+                )
+            elif job.stop_at is not None and now - job.stop_at > self.stop_grace_s:
+                self._signal(job, signal.SIGKILL)
+        return finished
+
+    def _finish(self, job: LocalJob, code: int | None) -> None:
+        job.exit_code = code
+        if job.stop_reason is not None:
+            job.outcome = "cancelled" if job.stop_cancel else "failed"
+        else:
+            job.outcome = "succeeded" if code == 0 else "failed"
+        self.save(job)
+        log.info("job %s attempt %d ended: %s (exit %s)", job.job_id, job.attempt, job.outcome, code)
+
+    def done(self, job: LocalJob) -> None:
+        """The cloud has the final state: forget the job; its directory goes, output already uploaded."""
+        job.reported = True
+        self.save(job)
+        self.jobs.pop(job.key, None)
+        shutil.rmtree(self.workdir(job.job_id, job.attempt) / "work", ignore_errors=True)
+
+    def log_path(self, job: LocalJob) -> Path:
+        return self.workdir(job.job_id, job.attempt) / "output.log"
+
+    def output_dir(self, job: LocalJob) -> Path:
+        return self.workdir(job.job_id, job.attempt) / "output"

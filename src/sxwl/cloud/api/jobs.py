@@ -1,0 +1,149 @@
+"""Jobs as their users see them: submit, list, follow, cancel, download results."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Query, Response
+from fastapi.responses import FileResponse
+from sqlalchemy.orm import Session
+
+from sxwl.cloud.api.deps import Ctx, CurrentUser
+from sxwl.cloud.api.schemas import ArtifactOut, JobEventOut, JobIn, JobOut, JobPageOut
+from sxwl.cloud.db.models import Job, JobState
+from sxwl.cloud.errors import AppError, invalid
+from sxwl.cloud.services import jobs
+from sxwl.cloud.storage import clean_artifact_path
+
+router = APIRouter(prefix="/jobs", tags=["jobs"])
+
+
+def job_out(session: Session, job: Job) -> JobOut:
+    return JobOut(
+        id=job.id,
+        name=job.name,
+        owner_email=job.owner.email,
+        state=job.state.value,
+        attempt=job.attempt,
+        cpod_id=job.cpod_id,
+        node_names=job.node_names,
+        command=job.command,
+        image=job.image,
+        env=job.env,
+        gpu_product=job.gpu_product,
+        gpus_per_node=job.gpus_per_node,
+        nodes=job.nodes,
+        max_runtime_s=job.max_runtime_s,
+        priority=job.priority,
+        created_at=job.created_at,
+        assigned_at=job.assigned_at,
+        started_at=job.started_at,
+        finished_at=job.finished_at,
+        exit_code=job.exit_code,
+        reason=job.reason,
+        queue_position=jobs.queue_position(session, job),
+        cancel_requested=job.cancel_requested_at is not None,
+    )
+
+
+@router.post("", status_code=201, response_model=JobOut)
+def submit(body: JobIn, user: CurrentUser, ctx: Ctx) -> JobOut:
+    spec = jobs.JobSpec(**body.model_dump())
+    with ctx.db.session() as session:
+        job = jobs.submit(ctx, session, session.merge(user), spec)
+        out = job_out(session, job)
+    ctx.notifier.wake_scheduler()
+    return out
+
+
+@router.get("", response_model=JobPageOut)
+def list_jobs(
+    user: CurrentUser,
+    ctx: Ctx,
+    state: Annotated[list[JobState] | None, Query()] = None,
+    q: Annotated[str, Query(max_length=100)] = "",
+    page: Annotated[int, Query(ge=1)] = 1,
+    per_page: Annotated[int, Query(ge=1, le=200)] = 50,
+    all: Annotated[bool, Query(description="admins: every user's jobs")] = False,
+) -> JobPageOut:
+    with ctx.db.session() as session:
+        result = jobs.list_for(session, user, page, per_page, state, q, everyone=all)
+        return JobPageOut(
+            items=[job_out(session, j) for j in result.items],
+            total=result.total,
+            page=page,
+            per_page=per_page,
+        )
+
+
+@router.get("/{job_id}", response_model=JobOut)
+def get_job(job_id: str, user: CurrentUser, ctx: Ctx) -> JobOut:
+    with ctx.db.session() as session:
+        return job_out(session, jobs.get_for(session, user, job_id))
+
+
+@router.post("/{job_id}/cancel", response_model=JobOut)
+def cancel(job_id: str, user: CurrentUser, ctx: Ctx) -> JobOut:
+    """Queued jobs end at once; running ones are stopped by their agent (SIGTERM, then SIGKILL)."""
+    with ctx.db.session() as session:
+        return job_out(session, jobs.cancel(ctx, session, session.merge(user), job_id))
+
+
+@router.get("/{job_id}/events", response_model=list[JobEventOut])
+def job_events(job_id: str, user: CurrentUser, ctx: Ctx) -> list[JobEventOut]:
+    with ctx.db.session() as session:
+        job = jobs.get_for(session, user, job_id)
+        return [
+            JobEventOut(at=e.at, attempt=e.attempt, kind=e.kind, detail=e.detail)
+            for e in jobs.events(session, job)
+        ]
+
+
+@router.get("/{job_id}/logs")
+def job_logs(
+    job_id: str,
+    user: CurrentUser,
+    ctx: Ctx,
+    offset: Annotated[int, Query(ge=0)] = 0,
+    attempt: Annotated[int | None, Query(ge=1, description="default: the latest")] = None,
+) -> Response:
+    """Output from byte ``offset``; ``X-Next-Offset`` is where to continue, ``X-Log-Complete`` says
+    whether more can come."""
+    with ctx.db.session() as session:
+        job = jobs.get_for(session, user, job_id)
+        chosen = attempt or max(job.attempt, 1)
+        if chosen > max(job.attempt, 1):
+            raise invalid("attempt", f"job has {job.attempt} attempt(s)")
+        piece = jobs.read_log(ctx, session, job, chosen, offset)
+    return Response(
+        piece.data,
+        media_type="text/plain; charset=utf-8",
+        headers={
+            "X-Next-Offset": str(piece.next_offset),
+            "X-Log-Complete": "true" if piece.complete else "false",
+            "X-Attempt": str(chosen),
+        },
+    )
+
+
+@router.get("/{job_id}/artifacts", response_model=list[ArtifactOut])
+def list_artifacts(job_id: str, user: CurrentUser, ctx: Ctx) -> list[ArtifactOut]:
+    with ctx.db.session() as session:
+        job = jobs.get_for(session, user, job_id)
+        return [
+            ArtifactOut(path=a.path, size=a.size, sha256=a.sha256, attempt=a.attempt)
+            for a in jobs.artifacts(session, job)
+        ]
+
+
+@router.get("/{job_id}/artifacts/{path:path}")
+def download_artifact(job_id: str, path: str, user: CurrentUser, ctx: Ctx) -> FileResponse:
+    try:
+        clean = clean_artifact_path(path)
+    except ValueError as exc:
+        raise invalid("path", str(exc)) from None
+    with ctx.db.session() as session:
+        job = jobs.get_for(session, user, job_id)
+        if clean not in {a.path for a in jobs.artifacts(session, job)}:
+            raise AppError(404, f"job {job_id} has no artifact {clean}")
+    return FileResponse(ctx.artifacts.local_path(job_id, clean), filename=clean.rsplit("/", 1)[-1])

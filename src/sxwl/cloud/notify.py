@@ -1,0 +1,47 @@
+"""Wake-ups inside one cloud process: the scheduler after a submit or a freed GPU, and the long-polls
+of a CPod after an assignment or a command. Services run in worker threads, so every signal is
+handed to the event loop thread-safely. Other replicas notice the same changes by re-reading the
+database at least once a second."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import defaultdict
+
+
+class Notifier:
+    def __init__(self) -> None:
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self.scheduler = asyncio.Event()
+        self._waiters: dict[str, set[asyncio.Event]] = defaultdict(set)
+
+    def bind(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+
+    def _soon(self, callback: object, *args: object) -> None:
+        if self._loop is None or self._loop.is_closed():
+            return
+        self._loop.call_soon_threadsafe(callback, *args)  # type: ignore[arg-type]
+
+    def wake_scheduler(self) -> None:
+        self._soon(self.scheduler.set)
+
+    def wake_cpod(self, cpod_id: str) -> None:
+        self._soon(self._set_waiters, cpod_id)
+
+    def _set_waiters(self, cpod_id: str) -> None:
+        for event in self._waiters.get(cpod_id, ()):
+            event.set()
+
+    def waiter(self, cpod_id: str) -> asyncio.Event:
+        """An event set when this CPod gets work; release it with ``forget``."""
+        event = asyncio.Event()
+        self._waiters[cpod_id].add(event)
+        return event
+
+    def forget(self, cpod_id: str, event: asyncio.Event) -> None:
+        waiters = self._waiters.get(cpod_id)
+        if waiters is not None:
+            waiters.discard(event)
+            if not waiters:
+                del self._waiters[cpod_id]

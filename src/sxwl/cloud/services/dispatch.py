@@ -1,0 +1,54 @@
+"""What a CPod's agent is told on its long-poll: new job attempts, and commands to stop attempts."""
+
+from __future__ import annotations
+
+from sqlalchemy import select
+
+from sxwl.cloud.context import CloudContext
+from sxwl.cloud.db.models import AgentCommand, Job, JobState
+from sxwl.protocol import Assignment, AssignmentsReply, Command
+
+
+def pending(ctx: CloudContext, cpod_id: str) -> AssignmentsReply:
+    """Assigned attempts stay pending until the agent reports them starting; commands until acked."""
+    with ctx.db.session() as session:
+        jobs = session.scalars(
+            select(Job)
+            .where(Job.cpod_id == cpod_id, Job.state == JobState.ASSIGNED)
+            .order_by(Job.assigned_at)
+        ).all()
+        commands = session.scalars(
+            select(AgentCommand)
+            .where(AgentCommand.cpod_id == cpod_id, AgentCommand.acked_at.is_(None))
+            .order_by(AgentCommand.id)
+        ).all()
+        return AssignmentsReply(
+            assignments=[
+                Assignment(
+                    job_id=j.id,
+                    attempt=j.attempt,
+                    name=j.name,
+                    owner_id=j.owner_id,
+                    command=j.command,
+                    image=j.image,
+                    env=j.env,
+                    gpu_product=j.gpu_product,
+                    gpus_per_node=j.gpus_per_node,
+                    nodes=j.nodes,
+                    node_names=j.node_names,
+                    max_runtime_s=j.max_runtime_s,
+                )
+                for j in jobs
+            ],
+            commands=[
+                Command(
+                    id=c.id,
+                    kind="stop",
+                    job_id=c.job_id,
+                    attempt=c.attempt,
+                    cancel=c.kind == "cancel",
+                    reason=c.reason,
+                )
+                for c in commands
+            ],
+        )
