@@ -144,6 +144,10 @@ def agent_pids(marker: Path) -> list[int]:
             state = (entry / "stat").read_text().split()[2]
         except OSError:
             continue
-        if b"sxwl.agent" in cmdline and any(str(marker).encode() in part for part in cmdline) and state != "Z":
+        if (
+            b"sxwl.agent" in cmdline
+            and any(str(marker).encode() in part for part in cmdline)
+            and state != "Z"
+        ):
             pids.append(int(entry.name))
     return pids

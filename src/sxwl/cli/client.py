@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -60,6 +61,15 @@ class Credentials:
             raise CliError(f"{path} is damaged: run `sxwl login` again") from None
 
 
+class ApiError(CliError):
+    """An error answer of the API, with its status and details for callers that explain them."""
+
+    def __init__(self, message: str, status: int, details: Any) -> None:
+        super().__init__(message)
+        self.status = status
+        self.details = details
+
+
 def error_message(response: httpx.Response) -> str:
     try:
         error = response.json()["error"]
@@ -78,10 +88,33 @@ def request(method: str, url: str, token: str | None = None, **kwargs: Any) -> h
     if response.status_code == 401 and token:
         raise CliError("the saved sign-in is no longer valid: run `sxwl login` again")
     if response.is_error:
-        raise CliError(error_message(response))
+        try:
+            details = response.json()["error"].get("details")
+        except (ValueError, KeyError, TypeError, AttributeError):
+            details = None
+        raise ApiError(error_message(response), response.status_code, details)
     return response
 
 
 def call(method: str, path: str, **kwargs: Any) -> httpx.Response:
     creds = Credentials.load()
     return request(method, creds.url.rstrip("/") + path, creds.token, **kwargs)
+
+
+def download(creds: Credentials, path: str, target: Path, advance: Callable[[int], object]) -> None:
+    """Streams a file to ``target`` (written under a temporary name, renamed when complete)."""
+    temp = target.with_name(target.name + ".part")
+    headers = {"Authorization": f"Bearer {creds.token}"}
+    try:
+        with httpx.stream("GET", creds.url.rstrip("/") + path, headers=headers, timeout=TIMEOUT) as response:
+            if response.is_error:
+                response.read()
+                raise CliError(error_message(response))
+            with temp.open("wb") as handle:
+                for chunk in response.iter_bytes():
+                    handle.write(chunk)
+                    advance(len(chunk))
+    except httpx.HTTPError as exc:
+        temp.unlink(missing_ok=True)
+        raise CliError(f"download of {path} failed: {exc}") from None
+    os.replace(temp, target)

@@ -12,7 +12,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from sxwl.cli import client, server
+from sxwl.cli import client, jobs, server
 from sxwl.cli.client import CliError, Credentials
 
 app = typer.Typer(
@@ -24,6 +24,7 @@ admin_app = typer.Typer(help="Administration on the server's own database.", no_
 key_app = typer.Typer(help="A compute provider's accessKey.", no_args_is_help=True)
 cpods_app = typer.Typer(help="CPods: the GPU clusters providers register.", no_args_is_help=True)
 app.add_typer(cpods_app, name="cpods")
+app.add_typer(jobs.app, name="jobs")
 app.add_typer(admin_app, name="admin")
 app.add_typer(key_app, name="access-key")
 out = Console()

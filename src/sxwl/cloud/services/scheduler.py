@@ -3,11 +3,14 @@ job with one conditional update (DESIGN invariant 3), and say why the rest waits
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import itertools
 from collections import defaultdict
+from collections.abc import Iterator
 from dataclasses import dataclass
 
-from sqlalchemy import select, update
+from sqlalchemy import select, text, update
 from sqlalchemy.orm import Session
 
 from sxwl.cloud.context import CloudContext
@@ -74,9 +77,40 @@ def fair_order(queued: list[Job], usage: dict[str, int]) -> list[Job]:
     return ordered
 
 
+SCHEDULER_LOCK_ID = 0x5857_4C53  # "SXWL": the PostgreSQL advisory lock that one pass holds
+
+
 def schedule_once(ctx: CloudContext) -> list[Assigned]:
+    """Passes run one at a time, across threads and replicas: a pass that read capacity before
+    another pass committed would hand out the same free GPUs twice."""
+    with _one_pass_at_a_time(ctx):
+        assigned = _pass(ctx)
+    for item in assigned:
+        ctx.notifier.wake_cpod(item.cpod_id)
+    return assigned
+
+
+@contextlib.contextmanager
+def _one_pass_at_a_time(ctx: CloudContext) -> Iterator[None]:
+    """A file lock beside a SQLite database; on PostgreSQL the pass's transaction takes an advisory
+    lock instead (see ``_pass``)."""
+    database = ctx.db.engine.url.database if ctx.db.engine.dialect.name == "sqlite" else None
+    if not database:
+        yield
+        return
+    with open(f"{database}.scheduler-lock", "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _pass(ctx: CloudContext) -> list[Assigned]:
     assigned: list[Assigned] = []
     with ctx.db.session() as session:
+        if session.get_bind().dialect.name == "postgresql":
+            session.execute(text("SELECT pg_advisory_xact_lock(:id)"), {"id": SCHEDULER_LOCK_ID})
         queued = list(
             session.scalars(
                 select(Job)
@@ -149,8 +183,6 @@ def schedule_once(ctx: CloudContext) -> list[Assigned]:
             take(pool, placement, job.gpus_per_node)
             usage[job.owner_id] = usage.get(job.owner_id, 0) + total
             assigned.append(Assigned(job.id, placement.cpod_id, attempt))
-    for item in assigned:
-        ctx.notifier.wake_cpod(item.cpod_id)
     return assigned
 
 

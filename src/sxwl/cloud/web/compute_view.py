@@ -4,6 +4,7 @@ Everything here reads; renaming and revoking go through ``sxwl.cloud.services.cp
 
 from __future__ import annotations
 
+import re
 from collections import defaultdict
 from dataclasses import dataclass
 from datetime import datetime
@@ -82,7 +83,7 @@ def gib(mib: int | None) -> str:
 
 
 def ago(lang: str, seconds: int | None) -> str:
-    """"12 s ago" in the console's language; the same rules as app.js uses while the page is open."""
+    """ "12 s ago" in the console's language; the same rules as app.js uses while the page is open."""
     if seconds is None:
         return translate(lang, "compute.never")
     seconds = max(seconds, 0)
@@ -94,9 +95,50 @@ def ago(lang: str, seconds: int | None) -> str:
 
 def ago_formats(lang: str) -> dict[str, str]:
     """The patterns app.js needs to keep "N s ago" ticking between refreshes."""
-    return {
-        unit: translate(lang, f"compute.ago_{unit}") for unit in ("s", "m", "h", "d")
-    } | {"never": translate(lang, "compute.never")}
+    return {unit: translate(lang, f"compute.ago_{unit}") for unit in ("s", "m", "h", "d")} | {
+        "never": translate(lang, "compute.never")
+    }
+
+
+def event_name(lang: str, kind: str) -> str:
+    """A CPod event's kind in the console's language; a kind this console does not know, as it is."""
+    key = f"event.{kind}"
+    text = translate(lang, key)
+    return kind if text == key else text
+
+
+_AGENT = re.compile(r"^(?P<runtime>local|kubernetes) agent (?P<version>.+)$")
+_COUNTED = re.compile(r"^(?P<n>\d+) (?P<what>nodes reported|heartbeats missed)$")
+_AGAIN = {
+    "registered again (new agent token)": "event.detail.again",
+    "registered again after revocation": "event.detail.again_revoked",
+}
+
+
+# Kinds whose details the service writes itself; a rename's detail carries names people chose.
+_SERVICE_DETAILS = {"registered", "online", "unknown", "offline"}
+
+
+def event_detail(lang: str, kind: str, detail: str | None) -> str:
+    """The detail the CPod service records (English, for logs and the API), in the console's language.
+    A detail of a shape this console does not know is shown as it is."""
+    if not detail:
+        return "—"
+    if kind not in _SERVICE_DETAILS:
+        return detail
+    parts = []
+    for part in detail.split("; "):
+        if part in _AGAIN:
+            parts.append(translate(lang, _AGAIN[part]))
+        elif agent := _AGENT.match(part):
+            parts.append(translate(lang, "event.detail.agent", **agent.groupdict()))
+        elif counted := _COUNTED.match(part):
+            key = "event.detail." + ("nodes" if counted["what"].startswith("nodes") else "missed")
+            n = int(counted["n"])
+            parts.append(translate(lang, key + "_one") if n == 1 else translate(lang, key, n=n))
+        else:
+            parts.append(part)
+    return ("；" if lang == "zh" else "; ").join(parts)
 
 
 def node_view(node: dict[str, Any]) -> NodeView:
@@ -114,19 +156,15 @@ def node_view(node: dict[str, Any]) -> NodeView:
     )
 
 
-def recent_events(session: Session, cpod_ids: list[str], limit: int = EVENTS_SHOWN) -> dict[str, list[EventView]]:
+def recent_events(
+    session: Session, cpod_ids: list[str], limit: int = EVENTS_SHOWN
+) -> dict[str, list[EventView]]:
     """The newest ``limit`` events of each CPod, newest first, in one query (the page refreshes every
     few seconds, so not one query per CPod)."""
     if not cpod_ids:
         return {}
-    rank = (
-        func.row_number()
-        .over(partition_by=CPodEvent.cpod_id, order_by=CPodEvent.id.desc())
-        .label("rank")
-    )
-    ranked = (
-        select(CPodEvent.id, rank).where(CPodEvent.cpod_id.in_(cpod_ids)).subquery()
-    )
+    rank = func.row_number().over(partition_by=CPodEvent.cpod_id, order_by=CPodEvent.id.desc()).label("rank")
+    ranked = select(CPodEvent.id, rank).where(CPodEvent.cpod_id.in_(cpod_ids)).subquery()
     rows = session.execute(
         select(CPodEvent, User.email)
         .join(ranked, ranked.c.id == CPodEvent.id)

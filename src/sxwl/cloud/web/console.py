@@ -1,4 +1,4 @@
-"""Console pages: sign-up, sign-in, account and accessKey, 算力详情, admin user list."""
+"""Console pages: sign-up, sign-in, account and accessKey, 算力详情 and 可用算力, admin user list."""
 
 from __future__ import annotations
 
@@ -9,17 +9,19 @@ from typing import Any
 from urllib.parse import quote
 
 from fastapi import APIRouter, FastAPI, Request
-from fastapi.responses import HTMLResponse, RedirectResponse, Response
+from fastapi.responses import HTMLResponse, PlainTextResponse, RedirectResponse, Response
 from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
 from pydantic import ValidationError
 
 from sxwl.cloud.api.deps import CSRF_COOKIE, SESSION_COOKIE, Principal, client_ip, console_principal, csrf_ok
-from sxwl.cloud.api.schemas import LoginIn, PasswordChangeIn, RegisterIn
+from sxwl.cloud.api.schemas import CPodRenameIn, LoginIn, PasswordChangeIn, RegisterIn
 from sxwl.cloud.context import CloudContext
 from sxwl.cloud.db.models import Role, SessionKind, User
+from sxwl.cloud.db.types import utcnow
 from sxwl.cloud.errors import AppError
-from sxwl.cloud.services import access_keys, accounts, sessions
+from sxwl.cloud.services import access_keys, accounts, cpods, sessions
+from sxwl.cloud.web import compute_view
 from sxwl.cloud.web.i18n import DEFAULT_LANGUAGE, LANGUAGES, translate
 
 HERE = Path(__file__).parent
@@ -27,7 +29,7 @@ templates = Jinja2Templates(directory=HERE / "templates")
 router = APIRouter(include_in_schema=False)
 
 LANG_COOKIE = "sxwl_lang"
-NOTICES = {"registered", "logged_out", "password_changed"}
+NOTICES = {"registered", "logged_out", "password_changed", "cpod_renamed", "cpod_revoked"}
 SECURITY_HEADERS = {
     "Cache-Control": "no-store",
     "X-Content-Type-Options": "nosniff",
@@ -45,7 +47,13 @@ def _format_dt(value: datetime | None) -> str:
     return value.strftime("%Y-%m-%d %H:%M UTC") if value else "—"
 
 
+def _format_dt_seconds(value: datetime | None) -> str:
+    return value.strftime("%Y-%m-%d %H:%M:%S UTC") if value else "—"
+
+
 templates.env.filters["dt"] = _format_dt
+templates.env.filters["dt_s"] = _format_dt_seconds
+templates.env.globals["gib"] = compute_view.gib
 
 
 def _ctx(request: Request) -> CloudContext:
@@ -307,18 +315,163 @@ async def change_password(request: Request) -> Response:
     return response
 
 
-@router.get("/compute")
-def compute_page(request: Request) -> Response:
+# ---- 算力详情 (providers and admins) and 可用算力 (everyone signed in) ---------------------------
+
+# (CPod id, message, the name as typed) of a rename that failed, shown in place on that CPod's card.
+RenameError = tuple[str, str, str]
+NO_RENAME_ERROR: RenameError = ("", "", "")
+
+
+def _compute_values(request: Request, principal: Principal) -> dict[str, Any]:
+    """What the live part of 算力详情 shows, for the page and for its fragment."""
+    lang = language(request)
+    with _ctx(request).db.session() as session:
+        views = compute_view.cpod_views(session, principal.user, utcnow())
+    return {
+        "views": views,
+        "totals": compute_view.online_totals(views),
+        "counts": compute_view.status_counts(views),
+        "is_admin": principal.user.role == Role.ADMIN,
+        "ago": lambda seconds: compute_view.ago(lang, seconds),
+        "event_name": lambda kind: compute_view.event_name(lang, kind),
+        "event_detail": lambda kind, detail: compute_view.event_detail(lang, kind, detail),
+        "rename_error": NO_RENAME_ERROR,
+    }
+
+
+def _compute(
+    request: Request,
+    principal: Principal,
+    status: int = 200,
+    errors: FormErrors | None = None,
+    rename_error: RenameError = NO_RENAME_ERROR,
+) -> Response:
+    ctx = _ctx(request)
+    values = _compute_values(request, principal)
+    key = None
+    if principal.user.role == Role.PROVIDER:
+        with ctx.db.session() as session:
+            key = access_keys.reveal(ctx, session, principal.user)
+    cloud_url = ctx.settings.public_url or str(request.base_url).rstrip("/")
+    return render(
+        request,
+        "compute.html",
+        principal,
+        status=status,
+        path="/compute",  # also after a form post, so the nav and the language link point at the page
+        access_key=key,
+        cloud_url=cloud_url,
+        ago_formats=compute_view.ago_formats(language(request)),
+        errors=errors or {},
+        **(values | {"rename_error": rename_error}),
+    )
+
+
+def _compute_principal(request: Request) -> Principal | Response:
+    """Providers (their own CPods) and admins (every CPod); compute users get 403."""
     principal = signed_in(request)
     if isinstance(principal, Response):
         return principal
-    if principal.user.role != Role.PROVIDER:
+    if principal.user.role not in (Role.PROVIDER, Role.ADMIN):
         return error_page(request, 403, principal)
-    ctx = _ctx(request)
-    with ctx.db.session() as session:
-        key = access_keys.reveal(ctx, session, principal.user)
-    cloud_url = ctx.settings.public_url or str(request.base_url).rstrip("/")
-    return render(request, "compute.html", principal, access_key=key, cloud_url=cloud_url)
+    return principal
+
+
+@router.get("/compute")
+def compute_page(request: Request) -> Response:
+    principal = _compute_principal(request)
+    if isinstance(principal, Response):
+        return principal
+    return _compute(request, principal)
+
+
+@router.get("/compute/fragment")
+def compute_fragment(request: Request) -> Response:
+    """The live part of 算力详情 alone, for app.js to swap in every few seconds."""
+    principal = console_principal(_ctx(request), request)
+    if principal is None:
+        return _signed_out_fragment()
+    if principal.user.role not in (Role.PROVIDER, Role.ADMIN):
+        return error_page(request, 403, principal)
+    return render(request, "_compute_live.html", principal, **_compute_values(request, principal))
+
+
+def _signed_out_fragment() -> Response:
+    # Not a redirect: fetch() would follow it and swap the login page in. app.js reloads instead.
+    return PlainTextResponse("sign in required", status_code=401, headers=SECURITY_HEADERS)
+
+
+async def _cpod_form(request: Request, cpod_id: str) -> tuple[Principal, dict[str, str]] | Response:
+    """The signed-in provider or admin posting a form about a CPod they may change, CSRF checked."""
+    principal = _compute_principal(request)
+    if isinstance(principal, Response):
+        return principal
+    form = {k: str(v) for k, v in (await request.form()).items()}
+    if not csrf_ok(request, form.get("csrf_token")):
+        return _compute(request, principal, 403, {"form": translate(language(request), "error.csrf")})
+    try:
+        with _ctx(request).db.session() as session:
+            cpods.get_for(session, principal.user, cpod_id)
+    except AppError as exc:
+        return error_page(request, exc.status, principal)
+    return principal, form
+
+
+@router.post("/compute/cpods/{cpod_id}/rename")
+async def rename_cpod(cpod_id: str, request: Request) -> Response:
+    checked = await _cpod_form(request, cpod_id)
+    if isinstance(checked, Response):
+        return checked
+    principal, form = checked
+    typed = form.get("name", "")
+    try:
+        body = CPodRenameIn.model_validate({"name": typed})
+    except ValidationError as exc:
+        too_long = any(e["type"] == "string_too_long" for e in exc.errors())
+        message = translate(language(request), "error.cpod_name_long" if too_long else "error.required")
+        return _compute(request, principal, 422, rename_error=(cpod_id, message, typed))
+    try:
+        with _ctx(request).db.session() as session:
+            cpods.rename(session, principal.user, cpod_id, body.name)
+    except AppError as exc:
+        return error_page(request, exc.status, principal)
+    return redirect(f"/compute?notice=cpod_renamed#cpod-{cpod_id}")
+
+
+@router.post("/compute/cpods/{cpod_id}/revoke")
+async def revoke_cpod(cpod_id: str, request: Request) -> Response:
+    checked = await _cpod_form(request, cpod_id)
+    if isinstance(checked, Response):
+        return checked
+    principal, _ = checked
+    try:
+        with _ctx(request).db.session() as session:
+            cpods.revoke(_ctx(request), session, principal.user, cpod_id)
+    except AppError as exc:
+        return error_page(request, exc.status, principal)
+    return redirect(f"/compute?notice=cpod_revoked#cpod-{cpod_id}")
+
+
+def _gpus_values(request: Request) -> dict[str, Any]:
+    with _ctx(request).db.session() as session:
+        return {"gpu_types": cpods.gpu_types(session)}
+
+
+@router.get("/gpus")
+def gpus_page(request: Request) -> Response:
+    """可用算力: free GPUs per product over every online CPod; no CPod or provider is named."""
+    principal = signed_in(request)
+    if isinstance(principal, Response):
+        return principal
+    return render(request, "gpus.html", principal, **_gpus_values(request))
+
+
+@router.get("/gpus/fragment")
+def gpus_fragment(request: Request) -> Response:
+    principal = console_principal(_ctx(request), request)
+    if principal is None:
+        return _signed_out_fragment()
+    return render(request, "_gpus_live.html", principal, **_gpus_values(request))
 
 
 @router.get("/admin/users")

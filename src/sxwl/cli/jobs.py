@@ -1,0 +1,296 @@
+"""``sxwl jobs``: submit, follow and collect training jobs."""
+
+from __future__ import annotations
+
+import sys
+import time
+from functools import partial
+from pathlib import Path, PurePosixPath
+from typing import Annotated, Any
+
+import typer
+import yaml
+from rich.console import Console
+from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
+from rich.table import Table
+
+from sxwl.cli import client
+from sxwl.cli.client import CliError, Credentials
+
+app = typer.Typer(
+    help="Training jobs: submit, list, follow logs, cancel, download results.", no_args_is_help=True
+)
+out = Console()
+TERMINAL = {"succeeded", "failed", "cancelled"}
+STATE_STYLE = {
+    "succeeded": "green",
+    "failed": "red",
+    "cancelled": "yellow",
+    "running": "cyan",
+    "queued": "blue",
+}
+
+
+def load_job_file(path: Path) -> tuple[dict[str, Any], dict[str, int]]:
+    """The job file's mapping, and the line of each top-level key (to point at it in errors)."""
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise CliError(f"{path}: {exc.strerror}", exit_code=2) from None
+    try:
+        node = yaml.compose(text)
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f":{mark.line + 1}:{mark.column + 1}" if mark else ""
+        raise CliError(
+            f"{path}{where}: not valid YAML: {getattr(exc, 'problem', exc)}", exit_code=2
+        ) from None
+    if not isinstance(data, dict):
+        raise CliError(
+            f"{path}: expected a mapping of job fields (name, command, gpus_per_node, …)", exit_code=2
+        )
+    lines = {}
+    if isinstance(node, yaml.MappingNode):
+        lines = {k.value: k.start_mark.line + 1 for k, _ in node.value if isinstance(k, yaml.ScalarNode)}
+    return data, lines
+
+
+def parse_env(pairs: list[str]) -> dict[str, str]:
+    env = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise CliError(f"--env {pair!r}: expected KEY=VALUE", exit_code=2)
+        env[key] = value
+    return env
+
+
+def state_text(state: str) -> str:
+    return f"[{STATE_STYLE.get(state, 'white')}]{state}[/]"
+
+
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def submit(
+    ctx: typer.Context,
+    file: Annotated[
+        Path | None, typer.Option("-f", "--file", help="A job file (YAML); flags override it.")
+    ] = None,
+    name: Annotated[str | None, typer.Option("--name", help="Job name.")] = None,
+    gpus: Annotated[int | None, typer.Option("--gpus", help="GPUs per node.")] = None,
+    gpu_product: Annotated[
+        str | None, typer.Option("--gpu-product", help="e.g. NVIDIA-A100-SXM4-80GB.")
+    ] = None,
+    nodes: Annotated[int | None, typer.Option("--nodes", help="Number of nodes.")] = None,
+    image: Annotated[str | None, typer.Option("--image", help="Container image (kubernetes CPods).")] = None,
+    env: Annotated[list[str] | None, typer.Option("--env", help="KEY=VALUE, repeatable.")] = None,
+    max_runtime: Annotated[
+        int | None, typer.Option("--max-runtime", help="Seconds before it is stopped.")
+    ] = None,
+    cpod: Annotated[str | None, typer.Option("--cpod", help="Run only on this CPod id.")] = None,
+) -> None:
+    """Submit a job: `sxwl jobs submit --gpus 1 -- python train.py` or `sxwl jobs submit -f job.yaml`."""
+    body, lines = load_job_file(file) if file else ({}, {})
+    command = list(ctx.args)
+    if command and command[0] == "--":
+        command = command[1:]
+    overrides: dict[str, Any] = {
+        "name": name,
+        "gpus_per_node": gpus,
+        "gpu_product": gpu_product,
+        "nodes": nodes,
+        "image": image,
+        "max_runtime_s": max_runtime,
+        "cpod_id": cpod,
+        "command": command or None,
+    }
+    body.update({k: v for k, v in overrides.items() if v is not None})
+    if env:
+        body["env"] = {**body.get("env", {}), **parse_env(env)}
+    if "command" not in body:
+        raise CliError("no command: give one after `--` or in the job file's `command`", exit_code=2)
+    try:
+        job = client.call("POST", "/api/v1/jobs", json=body).json()
+    except client.ApiError as exc:
+        raise CliError(_explain(exc, file, lines), exit_code=2 if exc.status == 422 else 1) from None
+    out.print(f"submitted job [bold]{job['id']}[/] ({job['name']}): {state_text(job['state'])}")
+    out.print(f"follow it with: sxwl jobs logs {job['id']} -f")
+
+
+def _explain(exc: client.ApiError, file: Path | None, lines: dict[str, int]) -> str:
+    if exc.status != 422 or not isinstance(exc.details, list):
+        return str(exc)
+    parts = []
+    for detail in exc.details:
+        field = str(detail.get("field", ""))
+        top = field.split(".")[0]
+        where = f"{file}:{lines[top]}: " if file and top in lines else ""
+        parts.append(f"{where}{field}: {detail.get('message')}")
+    return "invalid job: " + "; ".join(parts)
+
+
+@app.command("list")
+def list_jobs(
+    state: Annotated[
+        list[str] | None, typer.Option("--state", help="Only these states (repeatable).")
+    ] = None,
+    page: Annotated[int, typer.Option(help="Page number.")] = 1,
+    all_users: Annotated[bool, typer.Option("--all", help="Admins: every user's jobs.")] = False,
+) -> None:
+    """Your jobs, newest first."""
+    params: dict[str, Any] = {"page": page, "per_page": 50, "all": all_users}
+    if state:
+        params["state"] = state
+    result = client.call("GET", "/api/v1/jobs", params=params).json()
+    if not result["items"]:
+        out.print("No jobs yet. Submit one with `sxwl jobs submit --gpus 1 -- python train.py`.")
+        return
+    table = Table("id", "name", "state", "GPUs", "created", "reason / exit")
+    for job in result["items"]:
+        detail = job["reason"] or ("" if job["exit_code"] is None else f"exit {job['exit_code']}")
+        if job["queue_position"]:
+            detail = f"#{job['queue_position']} in queue; {detail}"
+        table.add_row(
+            job["id"][:12],
+            job["name"],
+            state_text(job["state"]),
+            f"{job['nodes']}×{job['gpus_per_node']}",
+            job["created_at"][:19].replace("T", " "),
+            detail,
+        )
+    out.print(table)
+    pages = -(-result["total"] // result["per_page"])
+    if pages > 1:
+        out.print(
+            f"page {result['page']} of {pages} ({result['total']} jobs); next: --page {result['page'] + 1}"
+        )
+
+
+def resolve(job_id: str) -> dict[str, Any]:
+    """A job by id or by a unique id prefix (as `list` shows them)."""
+    try:
+        job: dict[str, Any] = client.call("GET", f"/api/v1/jobs/{job_id}").json()
+        return job
+    except client.ApiError as exc:
+        if exc.status != 404:
+            raise CliError(str(exc)) from None
+    matches = [
+        j
+        for j in client.call("GET", "/api/v1/jobs", params={"q": job_id, "per_page": 5}).json()["items"]
+        if j["id"].startswith(job_id)
+    ]
+    if len(matches) != 1:
+        raise CliError(
+            f"no job {job_id}" if not matches else f"{job_id} matches several jobs; give more of the id"
+        )
+    found: dict[str, Any] = matches[0]
+    return found
+
+
+@app.command()
+def show(job_id: Annotated[str, typer.Argument(help="Job id (or a unique prefix).")]) -> None:
+    """A job's details and its timeline."""
+    job = resolve(job_id)
+    table = Table(show_header=False, box=None)
+    for key in (
+        "id",
+        "name",
+        "state",
+        "attempt",
+        "reason",
+        "exit_code",
+        "queue_position",
+        "cpod_id",
+        "node_names",
+        "gpu_product",
+        "gpus_per_node",
+        "nodes",
+        "image",
+        "command",
+        "max_runtime_s",
+        "created_at",
+        "started_at",
+        "finished_at",
+    ):
+        value = job.get(key)
+        if value not in (None, [], ""):
+            table.add_row(key, state_text(value) if key == "state" else str(value))
+    out.print(table)
+    events = client.call("GET", f"/api/v1/jobs/{job['id']}/events").json()
+    timeline = Table("time", "attempt", "event", "detail", title="timeline", title_justify="left")
+    for e in events:
+        timeline.add_row(e["at"][:19].replace("T", " "), str(e["attempt"]), e["kind"], e["detail"] or "")
+    out.print(timeline)
+
+
+@app.command()
+def logs(
+    job_id: Annotated[str, typer.Argument(help="Job id (or a unique prefix).")],
+    follow: Annotated[bool, typer.Option("-f", "--follow", help="Keep printing until the job ends.")] = False,
+    attempt: Annotated[int | None, typer.Option(help="Which attempt (default: the latest).")] = None,
+) -> None:
+    """Print a job's output."""
+    job = resolve(job_id)
+    offset = 0
+    while True:
+        params: dict[str, Any] = {"offset": offset}
+        if attempt:
+            params["attempt"] = attempt
+        response = client.call("GET", f"/api/v1/jobs/{job['id']}/logs", params=params)
+        sys.stdout.buffer.write(response.content)
+        sys.stdout.flush()
+        offset = int(response.headers["X-Next-Offset"])
+        if not follow or response.headers.get("X-Log-Complete") == "true":
+            return
+        if not response.content:
+            time.sleep(1.0)
+
+
+@app.command()
+def cancel(job_id: Annotated[str, typer.Argument(help="Job id (or a unique prefix).")]) -> None:
+    """Cancel a job: queued ones end at once, running ones get SIGTERM, then SIGKILL."""
+    job = resolve(job_id)
+    try:
+        result = client.call("POST", f"/api/v1/jobs/{job['id']}/cancel").json()
+    except client.ApiError as exc:
+        raise CliError(str(exc)) from None
+    note = " (stopping on its CPod)" if result["cancel_requested"] and result["state"] not in TERMINAL else ""
+    out.print(f"job {result['id']}: {state_text(result['state'])}{note}")
+
+
+@app.command()
+def artifacts(
+    job_id: Annotated[str, typer.Argument(help="Job id (or a unique prefix).")],
+    download: Annotated[
+        Path | None, typer.Option("--download", help="Save every artifact under DIR.")
+    ] = None,
+) -> None:
+    """List a job's artifacts (files it wrote to $SXWL_OUTPUT_DIR), or download them."""
+    job = resolve(job_id)
+    items = client.call("GET", f"/api/v1/jobs/{job['id']}/artifacts").json()
+    if not items:
+        out.print("No artifacts. A job's artifacts are the files it writes to $SXWL_OUTPUT_DIR.")
+        return
+    if download is None:
+        table = Table("path", "size", "sha256")
+        for item in items:
+            table.add_row(item["path"], f"{item['size']:,}", item["sha256"][:16])
+        out.print(table)
+        return
+    creds = Credentials.load()
+    columns = (TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn())
+    with Progress(*columns, console=out) as progress:
+        for item in items:
+            relative = PurePosixPath(item["path"])
+            if relative.is_absolute() or ".." in relative.parts:
+                raise CliError(f"refusing the unsafe artifact path {item['path']!r}")
+            target = download / relative
+            target.parent.mkdir(parents=True, exist_ok=True)
+            task = progress.add_task(item["path"], total=item["size"])
+            client.download(
+                creds,
+                f"/api/v1/jobs/{job['id']}/artifacts/{item['path']}",
+                target,
+                partial(progress.advance, task),
+            )
+    out.print(f"saved {len(items)} file(s) under {download}")

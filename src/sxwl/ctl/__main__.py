@@ -1,0 +1,3 @@
+from sxwl.ctl.main import main
+
+main()
