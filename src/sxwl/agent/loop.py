@@ -52,9 +52,9 @@ class Stopped(Exception):
     pass
 
 
-def backoff_delay(failures: int) -> float:
+def backoff_delay(failures: int, cap: float = BACKOFF_CAP_S) -> float:
     """Exponential with jitter: many CPods losing the cloud at once do not return in lockstep."""
-    ceiling = min(BACKOFF_CAP_S, BACKOFF_BASE_S * 2 ** min(failures, 16))
+    ceiling = min(cap, BACKOFF_BASE_S * 2 ** min(failures, 16))
     return random.uniform(ceiling / 2, ceiling)  # noqa: S311 - jitter, not cryptography
 
 
@@ -79,7 +79,7 @@ class Agent:
             return
         raise Stopped
 
-    async def _retrying(self, what: str, call: Callable[[], Awaitable[T]]) -> T:
+    async def _retrying(self, what: str, call: Callable[[], Awaitable[T]], cap: float = BACKOFF_CAP_S) -> T:
         failures = 0
         while True:
             if self.stop_event.is_set():
@@ -87,7 +87,7 @@ class Agent:
             try:
                 return await call()
             except Unreachable as exc:
-                delay = backoff_delay(failures)
+                delay = backoff_delay(failures, cap)
                 failures += 1
                 log.warning(
                     "cloud %s unreachable during %s (%s); retrying in %.1f s",
@@ -144,6 +144,8 @@ class Agent:
                 partial(
                     self.client.heartbeat, token, Heartbeat(seq=self.seq, nodes=nodes, jobs=sync.reports())
                 ),
+                # Retry at least once per interval, so a returning cloud hears from us in time.
+                cap=max(self.interval, BACKOFF_BASE_S),
             )
             self.interval = reply.heartbeat_interval_s
             if reply.accepted:

@@ -9,6 +9,7 @@ import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from types import FrameType
 
 import uvicorn
 from rich.console import Console
@@ -38,10 +39,24 @@ def settings_for(data_dir: Path, port: int | None = None, host: str = "127.0.0.1
     return settings
 
 
+class Server(uvicorn.Server):
+    """Tells the cloud it is stopping as soon as the signal arrives, before uvicorn waits for open
+    connections: long-polls end at once and liveness stops blaming CPods for the cloud's own exit."""
+
+    def __init__(self, config: uvicorn.Config, ctx: CloudContext) -> None:
+        super().__init__(config)
+        self.ctx = ctx
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        self.ctx.notifier.shutdown()
+        super().handle_exit(sig, frame)
+
+
 def serve(settings: Settings, host: str, port: int) -> None:
     logs.configure(settings.log_level)
     app = create_app(settings)
-    uvicorn.run(app, host=host, port=port, log_config=None, timeout_graceful_shutdown=5)
+    config = uvicorn.Config(app, host=host, port=port, log_config=None, timeout_graceful_shutdown=5)
+    Server(config, app.state.ctx).run()
 
 
 @dataclass(frozen=True)

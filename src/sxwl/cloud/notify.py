@@ -14,6 +14,17 @@ class Notifier:
         self._loop: asyncio.AbstractEventLoop | None = None
         self.scheduler = asyncio.Event()
         self._waiters: dict[str, set[asyncio.Event]] = defaultdict(set)
+        # Set when the process starts shutting down: long-polls answer at once and background loops
+        # stop judging CPods, which cannot reach a server that no longer accepts requests.
+        self.stopping = False
+
+    def shutdown(self) -> None:
+        """Called on the event loop's thread when the server is asked to exit."""
+        self.stopping = True
+        self.scheduler.set()
+        for waiters in self._waiters.values():
+            for event in waiters:
+                event.set()
 
     def bind(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop

@@ -36,6 +36,11 @@ ARCH_ALIASES = {"amd64": "amd64", "x86_64": "amd64", "arm64": "arm64", "aarch64"
 NAME_RE = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
 HOSTNAME_RE = re.compile(r"^(?=.{1,253}$)[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(\.[A-Za-z0-9-]{1,63})*$")
 CPOD_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+# `etcd: [master[1:3]]` (the contract's own example) is not valid YAML: `[` cannot start or sit in a
+# plain scalar inside a flow sequence. Such unquoted range names are quoted before parsing.
+BARE_RANGE_RE = re.compile(
+    r"(?P<pre>[\[,]\s*|-\s+|:\s+)(?P<tok>[A-Za-z0-9][A-Za-z0-9._-]*\[\d+:\d+\][A-Za-z0-9._-]*)(?=\s*[\],#]|\s*$)"
+)
 RANGE_RE = re.compile(r"^(?P<prefix>[^\[\]]*)\[(?P<a>\d+):(?P<b>\d+)\](?P<suffix>[^\[\]]*)$")
 VERSION_RE = re.compile(r"^v?\d+\.\d+\.\d+$")
 MAX_RANGE = 1000
@@ -170,6 +175,15 @@ def expand(member: str) -> list[str]:
     return [f"{match['prefix']}{i:0{width}d}{match['suffix']}" for i in range(start, end + 1)]
 
 
+def quote_ranges(text: str) -> str:
+    """Quotes bare ``name[a:b]`` tokens so that ``[master[1:3]]`` parses; lines and the tokens'
+    own columns stay where they were."""
+    return "\n".join(
+        BARE_RANGE_RE.sub(lambda m: f'{m["pre"]}"{m["tok"]}"', line) if "[" in line and ":" in line else line
+        for line in text.split("\n")
+    )
+
+
 def _mark(node: Node) -> Mark:
     return Mark(node.start_mark.line + 1, node.start_mark.column + 1)
 
@@ -256,7 +270,7 @@ class _Validator:
             self.error("the config file is empty", "run `3kctl init -o FILE` for a commented sample")
             return None
         try:
-            root = yaml.compose(self.text, Loader=yaml.SafeLoader)
+            root = yaml.compose(quote_ranges(self.text), Loader=yaml.SafeLoader)
         except yaml.MarkedYAMLError as exc:
             self.yaml_error(exc)
             return None

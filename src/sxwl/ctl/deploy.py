@@ -26,13 +26,30 @@ AGENT_CHART = "sxwl-agent"
 REDACTED = "********"
 
 
+# Short column titles keep the host × check table within a terminal; --json has the full names.
+SHORT = {
+    "reachable": "ssh",
+    "memory": "mem",
+    "hostname": "name",
+    "machine-id": "id",
+    "modules": "kmod",
+    "nvidia": "gpu",
+    "runtime": "cri",
+}
+SHORT_ROLES = {"control-plane": "cp", "etcd": "etcd", "worker": "worker", "registry": "reg"}
+
+
 def preflight_table(report: Report, title: str = "preflight") -> Table:
     checks = list(next(iter(report.hosts)).checks) if report.hosts else []
-    table = Table("host", "roles", *checks, title=title)
+    table = Table(title=title, caption=preflight_legend(checks))
+    table.add_column("host", no_wrap=True)
+    table.add_column("roles", no_wrap=True)
+    for check in checks:
+        table.add_column(SHORT.get(check, check), justify="center", no_wrap=True)
     for host in report.hosts:
         table.add_row(
             host.host,
-            ",".join(host.roles),
+            ",".join(SHORT_ROLES.get(r, r) for r in host.roles),
             *(
                 {"ok": "[green]✓[/]", "warn": "[yellow]⚠[/]", "fail": "[red]✗[/]", "skip": "[dim]-[/]"}[
                     host.checks[c].status
@@ -41,6 +58,11 @@ def preflight_table(report: Report, title: str = "preflight") -> Table:
             ),
         )
     return table
+
+
+def preflight_legend(checks: list[str]) -> str:
+    names = ", ".join(f"{SHORT[c]}={c}" for c in checks if c in SHORT)
+    return f"✓ ok  ⚠ warning  ✗ must fix  - not checked;  {names}; cp=control-plane, reg=registry"
 
 
 def preflight_text(report: Report) -> str:

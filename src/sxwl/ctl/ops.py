@@ -207,7 +207,7 @@ def add_steps(ctx: Context, names: list[str]) -> list[Step]:
 
     def run_add(ctx: Context, log: TextIO) -> None:
         ctx.call(ctx.tools.kk, log, command(ctx), "kk add nodes")
-        ledger = Ledger(ctx.work.ledger)
+        ledger = ctx.ledger or Ledger(ctx.work.ledger)
         section = ledger.section(DEPLOY)
         section["hosts"] = [
             *section.get("hosts", []),

@@ -59,6 +59,7 @@ class Context:
     assume_yes: bool = False
     state: dict[str, Any] = field(default_factory=dict)  # the ledger section of the running command
     extra: dict[str, Any] = field(default_factory=dict)  # what a command decided before its steps
+    ledger: Ledger | None = None  # the running command's ledger (steps may record more in it)
 
     @cached_property
     def manifest(self) -> Manifest:
@@ -204,6 +205,7 @@ def execute(ctx: Context, section: str, steps: list[Step], *, resume: bool, dry_
     state["config"] = str(ctx.config.path.resolve())
     state["started_at"] = now()
     ctx.state = state
+    ctx.ledger = ledger
     ledger.save()
     ctx.work.logs.mkdir(parents=True, exist_ok=True)
     columns = (SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn())

@@ -131,7 +131,7 @@ async def assignments(
             event.clear()  # cleared before reading, so a wake-up during the read is not lost
             reply = await asyncio.to_thread(dispatch.pending, ctx, cpod.id)
             remaining = deadline - loop.time()
-            if reply.assignments or reply.commands or remaining <= 0:
+            if reply.assignments or reply.commands or remaining <= 0 or ctx.notifier.stopping:
                 return reply
             # Re-read at least every second: another replica may have made the assignment.
             with contextlib.suppress(TimeoutError):

@@ -6,15 +6,17 @@ import asyncio
 import logging
 
 from sxwl.cloud.context import CloudContext
+from sxwl.cloud.db.types import utcnow
 from sxwl.cloud.services import cpods
 
 log = logging.getLogger("sxwl.liveness")
 
 
 async def run(ctx: CloudContext) -> None:
-    while True:
+    started = utcnow()
+    while not ctx.notifier.stopping:
         try:
-            for cpod_id, status in await asyncio.to_thread(cpods.sweep_liveness, ctx):
+            for cpod_id, status in await asyncio.to_thread(cpods.sweep_liveness, ctx, None, started):
                 log.info("cpod %s is now %s", cpod_id, status.value, extra={"event": "cpod_" + status.value})
         except Exception:
             # One failed sweep (say, the database restarting) must not end liveness for good.

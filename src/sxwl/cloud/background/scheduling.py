@@ -14,7 +14,7 @@ log = logging.getLogger("sxwl.scheduler")
 
 async def run(ctx: CloudContext) -> None:
     wake = ctx.notifier.scheduler
-    while True:
+    while not ctx.notifier.stopping:
         wake.clear()
         try:
             assigned = await asyncio.to_thread(scheduler.schedule_once, ctx)

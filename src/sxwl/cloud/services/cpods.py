@@ -140,10 +140,14 @@ def heartbeat(ctx: CloudContext, session: Session, cpod: CPod, hb: Heartbeat) ->
     )
 
 
-def sweep_liveness(ctx: CloudContext, now: datetime | None = None) -> list[tuple[str, CPodStatus]]:
+def sweep_liveness(
+    ctx: CloudContext, now: datetime | None = None, watching_since: datetime | None = None
+) -> list[tuple[str, CPodStatus]]:
     """Moves CPods that missed heartbeats: online → unknown after N missed intervals, unknown →
-    offline after the grace. Each move is a conditional update, so replicas sweeping at once record
-    each transition once. Returns the transitions made."""
+    offline after the grace. Intervals are counted from the later of the last heartbeat and
+    ``watching_since`` (when this cloud process started), so the cloud's own downtime is never
+    blamed on the CPods. Each move is a conditional update, so replicas sweeping at once record each
+    transition once. Returns the transitions made."""
     now = now or utcnow()
     s = ctx.settings
     moved: list[tuple[str, CPodStatus]] = []
@@ -156,10 +160,11 @@ def sweep_liveness(ctx: CloudContext, now: datetime | None = None) -> list[tuple
         for cpod_id, status, last, interval in rows:
             if last is None:
                 continue
-            missed = int((now - last).total_seconds() // interval)
+            since = max(last, watching_since) if watching_since else last
+            missed = int((now - since).total_seconds() // interval)
             if status == CPodStatus.ONLINE and missed >= s.unknown_after_missed:
                 target = CPodStatus.UNKNOWN
-            elif missed >= s.unknown_after_missed and now - last >= timedelta(
+            elif missed >= s.unknown_after_missed and now - since >= timedelta(
                 seconds=interval * s.unknown_after_missed + s.offline_grace_s
             ):
                 target = CPodStatus.OFFLINE

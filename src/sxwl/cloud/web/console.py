@@ -1,4 +1,6 @@
-"""Console pages: sign-up, sign-in, account and accessKey, 算力详情 and 可用算力, admin user list."""
+"""Console pages: sign-up, sign-in, account and accessKey, 算力详情 and 可用算力, admin user list.
+
+The job pages (任务) are in ``jobs_pages``, on the helpers of this module."""
 
 from __future__ import annotations
 
@@ -29,7 +31,16 @@ templates = Jinja2Templates(directory=HERE / "templates")
 router = APIRouter(include_in_schema=False)
 
 LANG_COOKIE = "sxwl_lang"
-NOTICES = {"registered", "logged_out", "password_changed", "cpod_renamed", "cpod_revoked"}
+NOTICES = {
+    "registered",
+    "logged_out",
+    "password_changed",
+    "cpod_renamed",
+    "cpod_revoked",
+    "job_submitted",
+    "job_cancelled",
+    "job_cancel_requested",
+}
 SECURITY_HEADERS = {
     "Cache-Control": "no-store",
     "X-Content-Type-Options": "nosniff",
@@ -56,7 +67,7 @@ templates.env.filters["dt_s"] = _format_dt_seconds
 templates.env.globals["gib"] = compute_view.gib
 
 
-def _ctx(request: Request) -> CloudContext:
+def ctx_of(request: Request) -> CloudContext:
     ctx: CloudContext = request.app.state.ctx
     return ctx
 
@@ -103,7 +114,7 @@ def redirect(url: str) -> RedirectResponse:
 
 
 def home_for(role: Role) -> str:
-    return {Role.PROVIDER: "/compute", Role.ADMIN: "/admin/users"}.get(role, "/account")
+    return {Role.PROVIDER: "/compute", Role.ADMIN: "/admin/users", Role.USER: "/jobs"}.get(role, "/account")
 
 
 def safe_next(target: str | None) -> str | None:
@@ -114,7 +125,7 @@ def safe_next(target: str | None) -> str | None:
 
 
 def signed_in(request: Request) -> Principal | Response:
-    principal = console_principal(_ctx(request), request)
+    principal = console_principal(ctx_of(request), request)
     if principal is None:
         return redirect(f"/login?next={quote(request.url.path)}")
     return principal
@@ -167,7 +178,7 @@ def start_console_session(request: Request, ctx: CloudContext, response: Respons
 
 @router.get("/")
 def index(request: Request) -> Response:
-    principal = console_principal(_ctx(request), request)
+    principal = console_principal(ctx_of(request), request)
     return redirect(home_for(principal.user.role) if principal else "/login")
 
 
@@ -181,7 +192,7 @@ def switch_language(code: str, request: Request, next: str | None = None) -> Res
 
 @router.get("/login")
 def login_page(request: Request, next: str | None = None) -> Response:
-    principal = console_principal(_ctx(request), request)
+    principal = console_principal(ctx_of(request), request)
     if principal:
         return redirect(safe_next(next) or home_for(principal.user.role))
     return render(request, "login.html", next=safe_next(next) or "", form={}, errors={})
@@ -189,7 +200,7 @@ def login_page(request: Request, next: str | None = None) -> Response:
 
 @router.post("/login")
 async def login_submit(request: Request) -> Response:
-    ctx, lang = _ctx(request), language(request)
+    ctx, lang = ctx_of(request), language(request)
     form = {k: str(v) for k, v in (await request.form()).items()}
     target = safe_next(form.get("next"))
     values: dict[str, Any] = {"next": target or "", "form": {"email": form.get("email", "")}}
@@ -221,7 +232,7 @@ def register_page(request: Request, role: str = "provider") -> Response:
 
 @router.post("/register")
 async def register_submit(request: Request) -> Response:
-    ctx, lang = _ctx(request), language(request)
+    ctx, lang = ctx_of(request), language(request)
     form = {k: str(v) for k, v in (await request.form()).items()}
     role = form.get("role") if form.get("role") in ("provider", "user") else "provider"
     shown = {k: form.get(k, "") for k in ("email", "name", "company", "phone")} | {"role": role}
@@ -249,7 +260,7 @@ async def register_submit(request: Request) -> Response:
 
 @router.post("/logout")
 async def logout(request: Request) -> Response:
-    ctx = _ctx(request)
+    ctx = ctx_of(request)
     form = await request.form()
     principal = console_principal(ctx, request)
     if principal and csrf_ok(request, str(form.get("csrf_token", ""))):
@@ -271,7 +282,7 @@ def account_page(request: Request) -> Response:
 def _account(
     request: Request, principal: Principal, status: int = 200, errors: FormErrors | None = None
 ) -> Response:
-    ctx = _ctx(request)
+    ctx = ctx_of(request)
     history = []
     if principal.user.role == Role.PROVIDER:
         with ctx.db.session() as session:
@@ -294,7 +305,7 @@ async def change_password(request: Request) -> Response:
     principal = signed_in(request)
     if isinstance(principal, Response):
         return principal
-    ctx, lang = _ctx(request), language(request)
+    ctx, lang = ctx_of(request), language(request)
     form = {k: str(v) for k, v in (await request.form()).items()}
     if not csrf_ok(request, form.get("csrf_token")):
         return _account(request, principal, 403, {"form": translate(lang, "error.csrf")})
@@ -325,7 +336,7 @@ NO_RENAME_ERROR: RenameError = ("", "", "")
 def _compute_values(request: Request, principal: Principal) -> dict[str, Any]:
     """What the live part of 算力详情 shows, for the page and for its fragment."""
     lang = language(request)
-    with _ctx(request).db.session() as session:
+    with ctx_of(request).db.session() as session:
         views = compute_view.cpod_views(session, principal.user, utcnow())
     return {
         "views": views,
@@ -346,7 +357,7 @@ def _compute(
     errors: FormErrors | None = None,
     rename_error: RenameError = NO_RENAME_ERROR,
 ) -> Response:
-    ctx = _ctx(request)
+    ctx = ctx_of(request)
     values = _compute_values(request, principal)
     key = None
     if principal.user.role == Role.PROVIDER:
@@ -388,15 +399,15 @@ def compute_page(request: Request) -> Response:
 @router.get("/compute/fragment")
 def compute_fragment(request: Request) -> Response:
     """The live part of 算力详情 alone, for app.js to swap in every few seconds."""
-    principal = console_principal(_ctx(request), request)
+    principal = console_principal(ctx_of(request), request)
     if principal is None:
-        return _signed_out_fragment()
+        return signed_out_fragment()
     if principal.user.role not in (Role.PROVIDER, Role.ADMIN):
         return error_page(request, 403, principal)
     return render(request, "_compute_live.html", principal, **_compute_values(request, principal))
 
 
-def _signed_out_fragment() -> Response:
+def signed_out_fragment() -> Response:
     # Not a redirect: fetch() would follow it and swap the login page in. app.js reloads instead.
     return PlainTextResponse("sign in required", status_code=401, headers=SECURITY_HEADERS)
 
@@ -410,7 +421,7 @@ async def _cpod_form(request: Request, cpod_id: str) -> tuple[Principal, dict[st
     if not csrf_ok(request, form.get("csrf_token")):
         return _compute(request, principal, 403, {"form": translate(language(request), "error.csrf")})
     try:
-        with _ctx(request).db.session() as session:
+        with ctx_of(request).db.session() as session:
             cpods.get_for(session, principal.user, cpod_id)
     except AppError as exc:
         return error_page(request, exc.status, principal)
@@ -431,7 +442,7 @@ async def rename_cpod(cpod_id: str, request: Request) -> Response:
         message = translate(language(request), "error.cpod_name_long" if too_long else "error.required")
         return _compute(request, principal, 422, rename_error=(cpod_id, message, typed))
     try:
-        with _ctx(request).db.session() as session:
+        with ctx_of(request).db.session() as session:
             cpods.rename(session, principal.user, cpod_id, body.name)
     except AppError as exc:
         return error_page(request, exc.status, principal)
@@ -445,15 +456,15 @@ async def revoke_cpod(cpod_id: str, request: Request) -> Response:
         return checked
     principal, _ = checked
     try:
-        with _ctx(request).db.session() as session:
-            cpods.revoke(_ctx(request), session, principal.user, cpod_id)
+        with ctx_of(request).db.session() as session:
+            cpods.revoke(ctx_of(request), session, principal.user, cpod_id)
     except AppError as exc:
         return error_page(request, exc.status, principal)
     return redirect(f"/compute?notice=cpod_revoked#cpod-{cpod_id}")
 
 
 def _gpus_values(request: Request) -> dict[str, Any]:
-    with _ctx(request).db.session() as session:
+    with ctx_of(request).db.session() as session:
         return {"gpu_types": cpods.gpu_types(session)}
 
 
@@ -468,9 +479,9 @@ def gpus_page(request: Request) -> Response:
 
 @router.get("/gpus/fragment")
 def gpus_fragment(request: Request) -> Response:
-    principal = console_principal(_ctx(request), request)
+    principal = console_principal(ctx_of(request), request)
     if principal is None:
-        return _signed_out_fragment()
+        return signed_out_fragment()
     return render(request, "_gpus_live.html", principal, **_gpus_values(request))
 
 
@@ -482,7 +493,7 @@ def admin_users(request: Request, page: int = 1, role: str = "", q: str = "") ->
     if principal.user.role != Role.ADMIN:
         return error_page(request, 403, principal)
     role_filter = Role(role) if role in {r.value for r in Role} else None
-    with _ctx(request).db.session() as session:
+    with ctx_of(request).db.session() as session:
         result = accounts.list_users(session, max(page, 1), 25, role_filter, q[:320])
     return render(
         request,
@@ -504,6 +515,9 @@ def error_page(request: Request, status: int, principal: Principal | None = None
 
 
 def install(app: FastAPI) -> None:
+    from sxwl.cloud.web import jobs_pages  # imports this module: not at the top
+
     app.include_router(router)
+    app.include_router(jobs_pages.router)
     app.mount("/static", StaticFiles(directory=HERE / "static"), name="static")
     app.state.html_error = error_page

@@ -1,5 +1,6 @@
 // Console behaviour that needs script: accessKey reveal/copy/rotate, copy buttons on commands,
-// confirmation dialogs, and the live parts of 算力详情 / 可用算力 that refresh without a reload.
+// confirmation dialogs, the live parts of 算力详情 / 可用算力 / 任务 that refresh without a reload,
+// and a job's live log.
 (function () {
   "use strict";
   const csrf = document.querySelector('meta[name="csrf-token"]')?.content || "";
@@ -71,11 +72,12 @@
     }
   }
 
-  document.querySelectorAll(".copy-code").forEach((button) => {
-    button.addEventListener("click", async () => {
-      const pre = button.parentElement.querySelector("pre");
-      await copyText(pre.textContent.trim(), button);
-    });
+  // Delegated, so copy buttons in parts that a refresh swapped in work too.
+  document.addEventListener("click", async (event) => {
+    const button = event.target.closest?.(".copy-code");
+    if (!button) return;
+    const pre = button.parentElement.querySelector("pre");
+    try { await copyText(pre.textContent.trim(), button); } catch (err) { /* no clipboard: nothing to do */ }
   });
   // Buttons that open a confirmation <dialog>; the dialog's own form posts (with its CSRF field) or,
   // through formmethod="dialog" / Escape, just closes.
@@ -224,8 +226,126 @@
     tick();
     setInterval(tick, 1000);
     setInterval(refresh, every);
+    box.addEventListener("live:refresh", refresh);  // "something changed": refresh now, not at the next tick
     document.addEventListener("visibilitychange", () => { if (!document.hidden) refresh(); });
   }
 
   document.querySelectorAll("[data-live-src]").forEach(startLive);
+
+  // ---- a job's live log -----------------------------------------------------------------------
+  // Polls GET /api/v1/jobs/{id}/logs?offset=N and appends what comes. X-Next-Offset is where to go
+  // on; X-Log-Complete says nothing more will come for that attempt. The latest attempt is followed
+  // until the job has ended (a queued or lost job gets a new attempt, whose log replaces the shown
+  // one); an older attempt chosen in the selector is read to its end once.
+  const TERMINAL = new Set(["succeeded", "failed", "cancelled"]);
+  const KEEP_CHARS = 2_000_000;  // beyond this the oldest output is dropped from the page
+
+  function startLog(pre) {
+    const src = pre.dataset.logSrc;
+    const status = document.getElementById("log-status");
+    const trimmed = document.getElementById("log-trimmed");
+    const liveBox = pre.closest("[data-live-src]");
+    let offset = 0;
+    let chosen = "";  // "" follows the latest attempt; a number reads that attempt
+    let served = null;  // the attempt the shown text belongs to
+    let decoder = new TextDecoder();
+    let timer = null;
+    let generation = 0;
+    let received = false;
+
+    const jobState = () => document.getElementById("job-state")?.dataset.state || "";
+    const atBottom = () => pre.scrollHeight - pre.scrollTop - pre.clientHeight < 24;
+
+    function show(state) {
+      pre.dataset.logState = state;  // live | complete | error: also for tests and CSS
+      if (state === "error") pre.dataset.placeholder = pre.dataset.error;
+      else if (state === "complete") pre.dataset.placeholder = pre.dataset.empty;
+      else pre.dataset.placeholder = pre.dataset.waiting;
+      if (!status) return;
+      status.hidden = state === "error";
+      status.textContent = state === "complete" ? status.dataset.doneLabel : status.dataset.liveLabel;
+      status.className = "badge log-status " + (state === "complete" ? "log-complete" : "log-live");
+    }
+
+    function reset() {
+      pre.textContent = "";
+      offset = 0;
+      decoder = new TextDecoder();
+      received = false;
+      if (trimmed) trimmed.hidden = true;
+    }
+
+    function append(text) {
+      if (!text) return;
+      const stick = atBottom();
+      pre.append(document.createTextNode(text));
+      received = true;
+      if (pre.textContent.length > KEEP_CHARS) {
+        pre.textContent = pre.textContent.slice(-KEEP_CHARS / 2);
+        if (trimmed) trimmed.hidden = false;
+      }
+      if (stick) pre.scrollTop = pre.scrollHeight;
+    }
+
+    function schedule(ms) {
+      clearTimeout(timer);
+      timer = setTimeout(poll, ms);
+    }
+
+    async function poll() {
+      const mine = generation;
+      let wait = 1000;
+      try {
+        const url = `${src}?offset=${offset}` + (chosen ? `&attempt=${chosen}` : "");
+        const response = await fetch(url, { credentials: "same-origin", cache: "no-store" });
+        if (mine !== generation) return;  // another attempt was chosen meanwhile
+        if (response.status === 401) { window.location.reload(); return; }
+        if (!response.ok) { show("error"); schedule(5000); return; }
+        const attempt = response.headers.get("X-Attempt");
+        if (served !== null && attempt !== served) reset();  // a new attempt began: its own log
+        served = attempt;
+        const bytes = new Uint8Array(await response.arrayBuffer());
+        if (mine !== generation) return;
+        const complete = response.headers.get("X-Log-Complete") === "true";
+        const next = Number(response.headers.get("X-Next-Offset"));
+        offset = Number.isFinite(next) ? next : offset + bytes.length;
+        append(decoder.decode(bytes, { stream: !complete }));
+        if (complete && (chosen || TERMINAL.has(jobState()))) {
+          show("complete");
+          pre.dataset.complete = "true";
+          if (liveBox) liveBox.dispatchEvent(new Event("live:refresh"));  // state and artifacts too
+          return;
+        }
+        show("live");
+        if (complete) {
+          // Ended (or not begun) here but the page does not know the job's end yet: look again soon.
+          wait = 1500;
+          if (liveBox && received) liveBox.dispatchEvent(new Event("live:refresh"));
+        } else if (bytes.length) {
+          wait = 150;  // more may be waiting
+        }
+      } catch (err) {
+        show("error");
+        wait = 3000;
+      }
+      schedule(wait);
+    }
+
+    document.addEventListener("change", (event) => {
+      if (event.target.id !== "log-attempt") return;
+      chosen = event.target.value;
+      generation += 1;
+      served = null;
+      delete pre.dataset.complete;
+      reset();
+      clearTimeout(timer);
+      poll();
+    });
+
+    show("live");
+    poll();
+  }
+
+  const jobLog = document.getElementById("job-log");
+  if (jobLog) startLog(jobLog);
 })();

@@ -1,0 +1,287 @@
+"""Console pages of jobs (任务): the list, the submit form, one job with its live log, cancel.
+
+Compute users see their own jobs; admins too, and every user's with the list's toggle. Providers
+run no jobs and get 403 here. Everything goes through the same services as the REST API."""
+
+from __future__ import annotations
+
+from typing import Any
+from urllib.parse import urlencode
+
+from fastapi import APIRouter, Request
+from fastapi.responses import Response
+
+from sxwl.cloud.api.deps import Principal, console_principal, csrf_ok
+from sxwl.cloud.db.models import Role
+from sxwl.cloud.db.types import utcnow
+from sxwl.cloud.errors import AppError
+from sxwl.cloud.services import cpods
+from sxwl.cloud.services import jobs as job_service
+from sxwl.cloud.web import jobs_view
+from sxwl.cloud.web.console import (
+    ctx_of,
+    error_page,
+    language,
+    redirect,
+    render,
+    signed_in,
+    signed_out_fragment,
+)
+from sxwl.cloud.web.i18n import translate
+
+router = APIRouter(include_in_schema=False)
+
+# How often the pages fetch their live fragment, in milliseconds (the log has its own, faster poll).
+LIST_REFRESH_MS = 5000
+JOB_REFRESH_MS = 3000
+CLI_EXAMPLE = "sxwl jobs submit --gpus 1 -- python train.py"
+
+
+def _jobs_principal(request: Request) -> Principal | Response:
+    """Compute users and admins; providers get 403 (they run no jobs)."""
+    principal = signed_in(request)
+    if isinstance(principal, Response):
+        return principal
+    if principal.user.role == Role.PROVIDER:
+        return error_page(request, 403, principal)
+    return principal
+
+
+def _fragment_principal(request: Request) -> Principal | Response:
+    principal = console_principal(ctx_of(request), request)
+    if principal is None:
+        return signed_out_fragment()
+    if principal.user.role == Role.PROVIDER:
+        return error_page(request, 403, principal)
+    return principal
+
+
+def _helpers(lang: str) -> dict[str, Any]:
+    return {
+        "state_name": lambda state: jobs_view.state_name(lang, state),
+        "duration": lambda seconds: jobs_view.duration(lang, seconds),
+        "cli_example": CLI_EXAMPLE,
+    }
+
+
+# ---- the list -------------------------------------------------------------------------------
+
+
+def _list_query(request: Request) -> dict[str, Any]:
+    params = request.query_params
+    view = params.get("view", "all")
+    try:
+        page = max(int(params.get("page", "1")), 1)
+    except ValueError:
+        page = 1
+    return {
+        "view": view if view in jobs_view.VIEWS else "all",
+        "q": params.get("q", "").strip()[:100],
+        "page": page,
+        "everyone": params.get("all") == "1",
+    }
+
+
+def _list_values(request: Request, principal: Principal) -> dict[str, Any]:
+    lang = language(request)
+    query = _list_query(request)
+    everyone = query["everyone"] and principal.user.role == Role.ADMIN
+    with ctx_of(request).db.session() as session:
+        listing = jobs_view.job_list(
+            session, principal.user, lang, utcnow(), query["view"], query["q"], query["page"], everyone
+        )
+
+    def link(**changes: Any) -> str:
+        """This list's URL with some parameters changed (a tab resets the page)."""
+        values = {"view": query["view"], "q": query["q"], "page": query["page"], "all": everyone} | changes
+        kept = {
+            k: ("1" if v is True else v)
+            for k, v in values.items()
+            if v not in ("", None, False) and not (k == "view" and v == "all") and not (k == "page" and v == 1)
+        }
+        return "/jobs" + ("?" + urlencode(kept) if kept else "")
+
+    return {
+        "listing": listing,
+        "view": query["view"],
+        "q": query["q"],
+        "everyone": everyone,
+        "is_admin": principal.user.role == Role.ADMIN,
+        "views": list(jobs_view.VIEWS),
+        "link": link,
+        **_helpers(lang),
+    }
+
+
+@router.get("/jobs")
+def jobs_page(request: Request) -> Response:
+    principal = _jobs_principal(request)
+    if isinstance(principal, Response):
+        return principal
+    values = _list_values(request, principal)
+    query = request.url.query
+    return render(
+        request,
+        "jobs.html",
+        principal,
+        fragment_src="/jobs/fragment" + (f"?{query}" if query else ""),
+        refresh_ms=LIST_REFRESH_MS,
+        **values,
+    )
+
+
+@router.get("/jobs/fragment")
+def jobs_fragment(request: Request) -> Response:
+    principal = _fragment_principal(request)
+    if isinstance(principal, Response):
+        return principal
+    return render(request, "_jobs_live.html", principal, **_list_values(request, principal))
+
+
+# ---- the submit form ------------------------------------------------------------------------
+
+
+def _form(
+    request: Request,
+    principal: Principal,
+    form: dict[str, str] | None = None,
+    errors: dict[str, str] | None = None,
+    status: int = 200,
+) -> Response:
+    with ctx_of(request).db.session() as session:
+        gpu_types = cpods.gpu_types(session)
+    shown = jobs_view.FORM_DEFAULTS | (form or {})
+    return render(
+        request,
+        "job_new.html",
+        principal,
+        status=status,
+        path="/jobs/new",
+        form=shown,
+        errors=errors or {},
+        gpu_types=gpu_types,
+        known_products={g.product for g in gpu_types},
+        max_runtime_min=jobs_view.MAX_RUNTIME_MIN,
+        cli_example=CLI_EXAMPLE,
+    )
+
+
+@router.get("/jobs/new")
+def new_job_page(request: Request) -> Response:
+    principal = _jobs_principal(request)
+    if isinstance(principal, Response):
+        return principal
+    return _form(request, principal)
+
+
+@router.post("/jobs/new")
+async def submit_job(request: Request) -> Response:
+    principal = _jobs_principal(request)
+    if isinstance(principal, Response):
+        return principal
+    ctx, lang = ctx_of(request), language(request)
+    raw = await request.form()
+    form = {k: str(raw.get(k, "")) for k in jobs_view.FORM_FIELDS}
+    if not csrf_ok(request, str(raw.get("csrf_token", ""))):
+        return _form(request, principal, form, {"form": translate(lang, "error.csrf")}, 403)
+    body, errors = jobs_view.validate_form(lang, form)
+    if body is None:
+        return _form(request, principal, form, errors, 422)
+    try:
+        with ctx.db.session() as session:
+            job = job_service.submit(
+                ctx, session, session.merge(principal.user), job_service.JobSpec(**body.model_dump())
+            )
+            job_id = job.id
+    except AppError as exc:
+        if exc.status == 422:
+            return _form(request, principal, form, jobs_view.submit_errors(lang, exc), 422)
+        return error_page(request, exc.status, principal)
+    ctx.notifier.wake_scheduler()
+    return redirect(f"/jobs/{job_id}?notice=job_submitted")
+
+
+# ---- one job --------------------------------------------------------------------------------
+
+
+def _job_values(request: Request, principal: Principal, job_id: str) -> dict[str, Any] | AppError:
+    lang = language(request)
+    try:
+        with ctx_of(request).db.session() as session:
+            detail = jobs_view.job_detail(session, principal.user, lang, job_id, utcnow())
+            owner_email = detail.job.owner.email
+    except AppError as exc:
+        return exc
+    return {
+        "d": detail,
+        "job": detail.job,
+        "owner_email": owner_email,
+        "is_admin": principal.user.role == Role.ADMIN,
+        "mine": detail.job.owner_id == principal.user.id,
+        **_helpers(lang),
+    }
+
+
+def _job(
+    request: Request,
+    principal: Principal,
+    job_id: str,
+    status: int = 200,
+    alert: str | None = None,
+    conflict: bool = False,
+) -> Response:
+    values = _job_values(request, principal, job_id)
+    if isinstance(values, AppError):
+        return error_page(request, values.status, principal)
+    return render(
+        request,
+        "job.html",
+        principal,
+        status=status,
+        path=f"/jobs/{job_id}",
+        alert=alert,
+        conflict=conflict,
+        refresh_ms=JOB_REFRESH_MS,
+        **values,
+    )
+
+
+@router.get("/jobs/{job_id}")
+def job_page(job_id: str, request: Request) -> Response:
+    principal = _jobs_principal(request)
+    if isinstance(principal, Response):
+        return principal
+    return _job(request, principal, job_id)
+
+
+@router.get("/jobs/{job_id}/fragment")
+def job_fragment(job_id: str, request: Request) -> Response:
+    principal = _fragment_principal(request)
+    if isinstance(principal, Response):
+        return principal
+    values = _job_values(request, principal, job_id)
+    if isinstance(values, AppError):
+        return error_page(request, values.status, principal)
+    return render(request, "_job_live.html", principal, **values)
+
+
+@router.post("/jobs/{job_id}/cancel")
+async def cancel_job(job_id: str, request: Request) -> Response:
+    principal = _jobs_principal(request)
+    if isinstance(principal, Response):
+        return principal
+    ctx, lang = ctx_of(request), language(request)
+    form = await request.form()
+    if not csrf_ok(request, str(form.get("csrf_token", ""))):
+        return _job(request, principal, job_id, 403, translate(lang, "error.csrf"))
+    try:
+        with ctx.db.session() as session:
+            job = job_service.cancel(ctx, session, session.merge(principal.user), job_id)
+            done = job.state.value == "cancelled"
+    except AppError as exc:
+        if exc.status == 409:
+            return _job(request, principal, job_id, 409, conflict=True)
+        return error_page(request, exc.status, principal)
+    if done:
+        ctx.notifier.wake_scheduler()  # its place in the queue is free
+    return redirect(f"/jobs/{job_id}?notice={'job_cancelled' if done else 'job_cancel_requested'}")
