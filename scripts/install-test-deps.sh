@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
 # Installs the Debian packages the test suite starts for real: PostgreSQL, Chromium (driven by
-# Playwright) and a CJK font so screenshots of the zh-CN console are legible.
+# Playwright), a CJK font so screenshots of the zh-CN console are legible, and openssh-server + sudo
+# for 3kctl's loopback SSH hosts (tests/ctl).
 set -euo pipefail
 
 missing=()
 compgen -G "/usr/lib/postgresql/*/bin/initdb" >/dev/null || missing+=(postgresql)
 command -v chromium >/dev/null || missing+=(chromium)
 fc-list 2>/dev/null | grep -qi "wenquanyi\|noto sans cjk" || missing+=(fonts-wqy-microhei)
+[ -x /usr/sbin/sshd ] || missing+=(openssh-server)
+command -v sudo >/dev/null || missing+=(sudo)
 
 [ ${#missing[@]} -eq 0 ] && exit 0
 echo "installing test dependencies: ${missing[*]}"

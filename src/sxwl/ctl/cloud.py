@@ -50,7 +50,7 @@ def check_access_key(cloud: str, access_key: str) -> KeyCheck:
     if response.status_code == 401:
         raise AccessKeyRefused(
             f"the cloud at {cloud} refused this accessKey (wrong, or rotated since it was copied): copy the "
-            "current accessKey from the console (账户信息 / Account) and pass it with --access-key"
+            "current accessKey from the console (账户 / Account page) and pass it with --access-key"
         )
     if response.status_code == 404:
         raise CtlError(f"{url} does not exist: is {cloud} an 算想云 cloud (check --cloud)?")

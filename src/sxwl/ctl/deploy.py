@@ -1,6 +1,11 @@
 """The steps of ``3kctl deploy all``: config → preflight → artifact → KubeKey (registry, images,
 Kubernetes) → kubeconfig → platform charts (node feature discovery, GPU operator) → the sxwl-agent
-chart with the accessKey in a Secret → wait until the cloud shows the CPod online."""
+chart with the accessKey in a Secret → wait until the cloud shows the CPod online.
+
+What the sxwl-agent chart (deploy/helm/sxwl-agent) is given: ``--set-string cloud.url=URL``,
+``existingSecret=sxwl-agent`` (a Secret in ``sxwl-system`` with the keys ``SXWL_API_URL`` and
+``SXWL_ACCESS_KEY``, applied from stdin by the agent-secret step so the key is never on a command
+line), ``cpod.name=NAME``, and ``image.repository`` / ``image.tag`` from the manifest's values."""
 
 from __future__ import annotations
 
@@ -9,6 +14,7 @@ import shlex
 import time
 from typing import TextIO
 
+from rich import box
 from rich.console import Console
 from rich.table import Table
 
@@ -17,7 +23,7 @@ from sxwl.ctl.artifact import Chart, verify
 from sxwl.ctl.cloud import check_access_key
 from sxwl.ctl.preflight import FACTS_SCRIPT, SYMBOL, Report, run_preflight
 from sxwl.ctl.runner import Command
-from sxwl.ctl.ssh import run_sync
+from sxwl.ctl.ssh import SshPool, run_sync
 from sxwl.ctl.steps import Context, Step, StepFailed
 
 AGENT_NAMESPACE = "sxwl-system"
@@ -41,7 +47,9 @@ SHORT_ROLES = {"control-plane": "cp", "etcd": "etcd", "worker": "worker", "regis
 
 def preflight_table(report: Report, title: str = "preflight") -> Table:
     checks = list(next(iter(report.hosts)).checks) if report.hosts else []
-    table = Table(title=title, caption=preflight_legend(checks))
+    table = Table(
+        title=title, caption=preflight_legend(checks), box=box.SIMPLE_HEAD, padding=0, pad_edge=False
+    )
     table.add_column("host", no_wrap=True)
     table.add_column("roles", no_wrap=True)
     for check in checks:
@@ -75,6 +83,16 @@ def preflight_text(report: Report) -> str:
     return "\n".join(lines)
 
 
+def host_outputs(pool: SshPool) -> str:
+    """What every host answered, kept in the step's log."""
+    parts = []
+    for host, results in pool.results.items():
+        for result in results:
+            status = f"exit {result.exit_status}" if result.error is None else result.error
+            parts.append(f"--- {host}: {status}\n{result.stdout}{result.stderr}")
+    return "\n".join(parts) + "\n"
+
+
 def failures_text(report: Report) -> str:
     return "\n".join(
         f"  ✗ {host} {name}: {c.detail}\n      fix: {c.fix}" for host, name, c in report.failures()
@@ -97,7 +115,7 @@ def run_config(ctx: Context, log: TextIO) -> None:
 def ssh_line(ctx: Context, host_name: str, command: str) -> str:
     host = ctx.config.host(host_name)
     key = f" -i {host.private_key_path}" if host.private_key_path else ""
-    return f"ssh{key} -p {host.port} {host.user}@{host.internal_address} {command}"
+    return f"ssh{key} -p {host.port} {host.user}@{host.address} {command}"
 
 
 def plan_preflight(ctx: Context) -> list[str]:
@@ -108,12 +126,13 @@ def plan_preflight(ctx: Context) -> list[str]:
 
 
 def run_preflight_step(ctx: Context, log: TextIO) -> None:
-    async def go() -> Report:
+    async def go() -> tuple[Report, str]:
         async with ctx.pool() as pool:
-            return await run_preflight(pool, ctx.config)
+            report = await run_preflight(pool, ctx.config)
+            return report, host_outputs(pool)
 
-    report = run_sync(go())
-    log.write(preflight_text(report) + "\n")
+    report, outputs = run_sync(go())
+    log.write(preflight_text(report) + "\n\n" + outputs)
     if not report.ok:
         ctx.console.print(preflight_table(report))
         raise StepFailed("preflight found problems (✗):\n" + failures_text(report))

@@ -181,7 +181,7 @@ def ssh_setup(
         mark = "[green]✓[/]" if result.ok else "[red]✗[/]"
         table.add_row(
             host.name,
-            f"{host.user}@{host.internal_address}:{host.port}",
+            f"{host.user}@{host.address}:{host.port}",
             f"{mark} {result.status}",
             result.detail,
         )
@@ -210,7 +210,9 @@ def print_report(report: Report, as_json: bool) -> None:
         if check.fix:
             out.print(f"    fix: {escape(check.fix)}", highlight=False)
     verdict = (
-        "[green]all hosts ready[/]" if report.ok else f"[red]{len(report.failures())} problems to fix[/]"
+        "[green]all hosts ready[/]"
+        if report.ok
+        else f"[red]{len(report.failures())} problem{'s' if len(report.failures()) != 1 else ''} to fix[/]"
     )
     out.print(f"{verdict} ({len(report.hosts)} hosts in {report.wall_s:.1f}s)")
 
@@ -247,7 +249,7 @@ def preflight(
 
 def verified_key(access_key: str | None, cloud: str, dry_run: bool) -> tuple[str, str]:
     if not access_key:
-        raise UsageError("--access-key is required: copy it from the console (账户信息 / Account)")
+        raise UsageError("--access-key is required: copy it from the console (账户 / Account page)")
     try:
         check = check_access_key(cloud, access_key)
     except CtlError as exc:

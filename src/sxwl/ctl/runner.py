@@ -7,7 +7,8 @@ here, each selected only by an environment variable that tests set:
   test machine allows). It records every argv in ``<dir>/kk-calls.jsonl``, copies the cluster file
   it is given to ``<dir>/cluster-<n>.yaml``, and on ``create cluster`` leaves ``<dir>/admin.conf``
   (a copy of ``SXWL_3KCTL_FAKE_KK_KUBECONFIG`` when set) where the kubeconfig step fetches it over
-  SSH. ``SXWL_3KCTL_FAKE_KK_FAIL="create cluster"`` makes that sub-command fail.
+  SSH. ``SXWL_3KCTL_FAKE_KK_FAIL="create cluster"`` makes that sub-command fail, and
+  ``SXWL_3KCTL_FAKE_KK_SLEEP="create cluster=30"`` makes it take 30 s (to interrupt it).
 - ``SXWL_3KCTL_FAKE_KUBE=<dir>``: ``RecordedKube`` for helm and kubectl until the test control
   plane is wired in. Records to ``<dir>/kube-calls.jsonl``; answers from ``<dir>/responses.json``
   (a list of ``{"match": "substring of the command line", "stdout": "...", "rc": 0}``, first match
@@ -30,6 +31,7 @@ from typing import Protocol, TextIO
 FAKE_KK_ENV = "SXWL_3KCTL_FAKE_KK"
 FAKE_KK_FAIL_ENV = "SXWL_3KCTL_FAKE_KK_FAIL"
 FAKE_KK_KUBECONFIG_ENV = "SXWL_3KCTL_FAKE_KK_KUBECONFIG"
+FAKE_KK_SLEEP_ENV = "SXWL_3KCTL_FAKE_KK_SLEEP"
 FAKE_KUBE_ENV = "SXWL_3KCTL_FAKE_KUBE"
 
 
@@ -165,6 +167,11 @@ class FakeKubeKey:
             shutil.copyfile(source, copy)
             record["cluster_file"] = copy.name
         _append_json(self.dir / "kk-calls.jsonl", record)
+        slow, _, seconds = os.environ.get(FAKE_KK_SLEEP_ENV, "").partition("=")
+        if slow and sub.startswith(slow):
+            log.write(f"fake kk: `{sub}` sleeps {seconds}s\n")
+            log.flush()
+            time.sleep(float(seconds or 30))
         fail = os.environ.get(FAKE_KK_FAIL_ENV, "")
         if fail and sub.startswith(fail):
             message = f"fake kk: `{sub}` fails because {FAKE_KK_FAIL_ENV}={fail!r}\n"

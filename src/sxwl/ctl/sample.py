@@ -11,7 +11,7 @@ SAMPLE_CONFIG = """\
 
 hosts:
   # One line per server. internalAddress: the address the other nodes reach it on.
-  # Optional per host: address (public address), arch (amd64 | arm64),
+  # Optional per host: address (where SSH and KubeKey connect; default internalAddress), arch (amd64 | arm64),
   # password (only for `3kctl ssh setup`; remove it afterwards).
   - {name: master1, internalAddress: 192.168.1.1, port: 22, user: root, privateKeyPath: "/root/.ssh/id_rsa"}
   - {name: master2, internalAddress: 192.168.1.2, port: 22, user: root, privateKeyPath: "/root/.ssh/id_rsa"}

@@ -1,4 +1,5 @@
-"""SSH to the provider's hosts on asyncssh: parallel sessions under a concurrency limit, timeouts,
+"""SSH to the provider's hosts on asyncssh (to each host's ``address``, as KubeKey does; it defaults to
+``internalAddress``): parallel sessions under a concurrency limit, timeouts,
 host keys trusted on first use and recorded in the work dir (a changed key is an error), sudo when
 the login user is not root, and the output of every command kept per host."""
 
@@ -96,8 +97,8 @@ class KnownHosts:
         line = f"{pattern} {key.export_public_key('openssh').decode().strip()}\n"
         with self.path.open("a") as handle:
             handle.write(line)
-        count = sum(len(v) for v in self._keys.values())
-        self._keys.setdefault(pattern, []).append((count + 1, key))
+        number = len(self.path.read_text().splitlines())
+        self._keys.setdefault(pattern, []).append((number, key))
 
 
 class _TofuClient(asyncssh.SSHClient):
@@ -107,34 +108,31 @@ class _TofuClient(asyncssh.SSHClient):
         self.changed: tuple[str, str, int | None] | None = None
 
     def validate_host_public_key(self, host: str, addr: str, port: int, key: asyncssh.SSHKey) -> bool:
-        recorded = self.known.trusted(self.host.internal_address, self.host.port)
+        recorded = self.known.trusted(self.host.address, self.host.port)
         if recorded:  # known host and not one of its keys: refuse
             self.changed = (
                 ", ".join(fingerprint(k) for k in recorded),
                 fingerprint(key),
-                self.known.recorded_line(self.host.internal_address, self.host.port),
+                self.known.recorded_line(self.host.address, self.host.port),
             )
             return False
-        self.known.record(self.host.internal_address, self.host.port, key)
+        self.known.record(self.host.address, self.host.port, key)
         return True
 
 
 def describe_failure(host: Host, exc: BaseException, key_path: Path | None, timeout: float) -> str:
-    where = f"{host.user}@{host.internal_address}:{host.port}"
+    where = f"{host.user}@{host.address}:{host.port}"
     if isinstance(exc, HostKeyChanged):
         return str(exc)
     if isinstance(exc, ConnectionRefusedError):
-        return (
-            f"connection refused by {host.internal_address}:{host.port}: is sshd running, and is the "
-            "port right?"
-        )
+        return f"connection refused by {host.address}:{host.port}: is sshd running, and is the port right?"
     if isinstance(exc, TimeoutError | asyncio.TimeoutError):
         return (
-            f"unreachable: no SSH answer from {host.internal_address}:{host.port} within {timeout:g}s; "
+            f"unreachable: no SSH answer from {host.address}:{host.port} within {timeout:g}s; "
             "check the address, the network and the firewall"
         )
     if isinstance(exc, socket.gaierror):
-        return f"cannot resolve {host.internal_address}: use an IP address or fix DNS / /etc/hosts"
+        return f"cannot resolve {host.address}: use an IP address or fix DNS / /etc/hosts"
     if isinstance(exc, asyncssh.PermissionDenied):
         if key_path is not None:
             return (
@@ -147,7 +145,7 @@ def describe_failure(host: Host, exc: BaseException, key_path: Path | None, time
     if isinstance(exc, asyncssh.DisconnectError):
         return f"{where} closed the connection: {exc.reason}"
     if isinstance(exc, OSError):
-        return f"unreachable: {host.internal_address}:{host.port}: {exc.strerror or exc}"
+        return f"unreachable: {host.address}:{host.port}: {exc.strerror or exc}"
     return f"{where}: {type(exc).__name__}: {exc}"
 
 
@@ -202,7 +200,7 @@ class SshPool:
 
     async def _open(self, host: Host, password: str | None) -> asyncssh.SSHClientConnection:
         client = _TofuClient(self.known, host)
-        trusted = self.known.trusted(host.internal_address, host.port)
+        trusted = self.known.trusted(host.address, host.port)
         options: dict[str, Any] = {
             "username": host.user,
             "port": host.port,
@@ -223,7 +221,7 @@ class SshPool:
             options["server_host_key_algs"] = "default"
         try:
             conn, _ = await asyncio.wait_for(
-                asyncssh.create_connection(lambda: client, host.internal_address, **options),
+                asyncssh.create_connection(lambda: client, host.address, **options),
                 self.connect_timeout + 5,
             )
         except asyncssh.HostKeyNotVerifiable:
@@ -231,7 +229,7 @@ class SshPool:
                 raise
             was, now, line = client.changed
             raise HostKeyChanged(
-                f"HOST KEY CHANGED for {host.name} ({host.internal_address}:{host.port}): recorded {was} "
+                f"HOST KEY CHANGED for {host.name} ({host.address}:{host.port}): recorded {was} "
                 f"(line {line} of {self.known.path}), now offers {now}. If this server was reinstalled, "
                 f"delete that line and run again; otherwise someone may be intercepting the connection"
             ) from None
