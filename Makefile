@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test lint test-deps bench clean
+.PHONY: run test lint test-deps bench clean 3kctl-zipapp k8s-bins test-k8s
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -23,11 +23,24 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 
-test: $(STAMP) test-deps lint
+test: $(STAMP) test-deps k8s-bins lint
 	$(BIN)/pytest
+
+# Kubernetes control plane for tests (docs/k8s-testing.md): built once per pinned version into .cache/k8s/.
+k8s-bins:
+	bash scripts/k8s-test-bins.sh
+
+test-k8s: $(STAMP) test-deps k8s-bins
+	$(BIN)/pytest -m k8s tests/k8s
 
 bench: $(STAMP) test-deps
 	$(BIN)/python bench/auth_throughput.py
 
 clean:
 	rm -rf $(VENV) .sxwl test-artifacts .pytest_cache .mypy_cache .ruff_cache
+
+# The self-contained 3kctl for the offline artifact's root (docs/artifact.md). Built from this
+# venv's packages for this machine's CPython and architecture; for another target pass e.g.
+# ZIPAPP_ARGS="--pip-platform manylinux2014_aarch64 --pip-python 3.11" (needs the package index).
+3kctl-zipapp: $(STAMP)
+	$(BIN)/python -m sxwl.ctl.zipapp -o dist/3kctl $(ZIPAPP_ARGS)

@@ -207,3 +207,27 @@ class Heartbeats:
         self._stop.set()
         self._thread.join(10)
         assert not self._thread.is_alive()
+
+
+def api_cpods(cloud_url: str, token: str) -> list[dict[str, Any]]:
+    response = httpx.get(
+        f"{cloud_url}/api/v1/cpods", headers={"Authorization": f"Bearer {token}"}, timeout=10
+    )
+    assert response.status_code == 200, response.text
+    cpods: list[dict[str, Any]] = response.json()
+    return cpods
+
+
+def register_in_form(page: Page, role: str, email: str, password: str = PASSWORD) -> None:
+    """Signs up through the console's form (role ``user`` or ``provider``); signed in afterwards."""
+    page.goto(f"/register?role={role}")
+    page.locator("#f-email").fill(email)
+    page.locator("#f-password").fill(password)
+    page.locator("form[action='/register'] button[type=submit]").click()
+    expect(page).to_have_url(re.compile(r"/account\?notice=registered$"))
+
+
+def fits_width(page: Page, width: int) -> bool:
+    """Nothing makes the page scroll sideways at this viewport width."""
+    scroll_width: int = page.evaluate("document.documentElement.scrollWidth")
+    return scroll_width <= width

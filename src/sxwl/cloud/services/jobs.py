@@ -285,6 +285,8 @@ def report_status(
     if state in TERMINAL_STATES:
         if state == JobState.FAILED and job.cancel_requested_at is not None:
             state, reason = JobState.CANCELLED, reason or "cancelled"
+        if reason is None and state == JobState.FAILED and exit_code is not None:
+            reason = f"exit code {exit_code}"
         close_attempt(session, job, state.value)
         finish(job, state, exit_code, reason)
         ctx.notifier.wake_scheduler()
@@ -296,12 +298,7 @@ def report_status(
             placed = session.get(JobAttempt, (job.id, job.attempt))
             if placed is not None:
                 placed.started_at = job.started_at
-    event(
-        session,
-        job,
-        state.value,
-        reason if exit_code is None else f"exit code {exit_code}; {reason or ''}".strip("; "),
-    )
+    event(session, job, state.value, reason)
     return job
 
 
@@ -362,11 +359,9 @@ def read_log(ctx: CloudContext, session: Session, job: Job, attempt: int, offset
         out += piece
         position += len(piece)
     end = log_size(session, job.id, attempt)
-    finished = (
-        job.state in TERMINAL_STATES
-        or job.attempt != attempt
-        or job.state in (JobState.QUEUED, JobState.LOST)
-    )
+    # An earlier attempt never grows again; the current one is done when the job is. A queued job's
+    # log is not complete: its (next) attempt has yet to run.
+    finished = attempt < job.attempt or job.state in TERMINAL_STATES
     return LogSlice(bytes(out), max(position, offset) if out else offset, finished and position >= end)
 
 

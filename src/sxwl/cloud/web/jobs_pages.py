@@ -34,6 +34,7 @@ router = APIRouter(include_in_schema=False)
 # How often the pages fetch their live fragment, in milliseconds (the log has its own, faster poll).
 LIST_REFRESH_MS = 5000
 JOB_REFRESH_MS = 3000
+FINISHED_JOB_REFRESH_MS = 30_000
 CLI_EXAMPLE = "sxwl jobs submit --gpus 1 -- python train.py"
 
 
@@ -97,7 +98,9 @@ def _list_values(request: Request, principal: Principal) -> dict[str, Any]:
         kept = {
             k: ("1" if v is True else v)
             for k, v in values.items()
-            if v not in ("", None, False) and not (k == "view" and v == "all") and not (k == "page" and v == 1)
+            if v not in ("", None, False)
+            and not (k == "view" and v == "all")
+            and not (k == "page" and v == 1)
         }
         return "/jobs" + ("?" + urlencode(kept) if kept else "")
 
@@ -241,7 +244,8 @@ def _job(
         path=f"/jobs/{job_id}",
         alert=alert,
         conflict=conflict,
-        refresh_ms=JOB_REFRESH_MS,
+        # A finished job changes little more (its last artifacts, say): look rarely.
+        refresh_ms=FINISHED_JOB_REFRESH_MS if values["d"].terminal else JOB_REFRESH_MS,
         **values,
     )
 

@@ -215,6 +215,7 @@
           merge(root, fresh);
         }
         box.dataset.refreshed = String(Number(box.dataset.refreshed || 0) + 1);
+        box.dispatchEvent(new Event("live:updated"));
         tick();
       } catch (err) {
         // A network hiccup: the next round tries again.
@@ -252,6 +253,8 @@
     let timer = null;
     let generation = 0;
     let received = false;
+    let busy = null;  // the generation whose poll is in flight
+    let finished = false;
 
     const jobState = () => document.getElementById("job-state")?.dataset.state || "";
     const atBottom = () => pre.scrollHeight - pre.scrollTop - pre.clientHeight < 24;
@@ -293,6 +296,9 @@
     }
 
     async function poll() {
+      if (busy === generation) return;
+      busy = generation;
+      clearTimeout(timer);
       const mine = generation;
       let wait = 1000;
       try {
@@ -300,7 +306,7 @@
         const response = await fetch(url, { credentials: "same-origin", cache: "no-store" });
         if (mine !== generation) return;  // another attempt was chosen meanwhile
         if (response.status === 401) { window.location.reload(); return; }
-        if (!response.ok) { show("error"); schedule(5000); return; }
+        if (!response.ok) { show("error"); wait = 5000; return; }
         const attempt = response.headers.get("X-Attempt");
         if (served !== null && attempt !== served) reset();  // a new attempt began: its own log
         served = attempt;
@@ -313,13 +319,14 @@
         if (complete && (chosen || TERMINAL.has(jobState()))) {
           show("complete");
           pre.dataset.complete = "true";
+          finished = true;
           if (liveBox) liveBox.dispatchEvent(new Event("live:refresh"));  // state and artifacts too
           return;
         }
         show("live");
         if (complete) {
           // Ended (or not begun) here but the page does not know the job's end yet: look again soon.
-          wait = 1500;
+          wait = 2000;
           if (liveBox && received) liveBox.dispatchEvent(new Event("live:refresh"));
         } else if (bytes.length) {
           wait = 150;  // more may be waiting
@@ -327,8 +334,10 @@
       } catch (err) {
         show("error");
         wait = 3000;
+      } finally {
+        if (busy === mine) busy = null;
+        if (mine === generation && !finished) schedule(wait);
       }
-      schedule(wait);
     }
 
     document.addEventListener("change", (event) => {
@@ -336,11 +345,18 @@
       chosen = event.target.value;
       generation += 1;
       served = null;
+      finished = false;  // a poll still in flight belongs to the old choice and is ignored
       delete pre.dataset.complete;
       reset();
       clearTimeout(timer);
       poll();
     });
+    // The page learnt that the job ended: read the rest of the log now rather than at the next round.
+    if (liveBox) {
+      liveBox.addEventListener("live:updated", () => {
+        if (!finished && !chosen && TERMINAL.has(jobState())) poll();
+      });
+    }
 
     show("live");
     poll();
