@@ -8,18 +8,20 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
+from pydantic import TypeAdapter
 from sqlalchemy import select, true, update
 from sqlalchemy.exc import IntegrityError
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, defer
 
 from sxwl.cloud.context import CloudContext
-from sxwl.cloud.db.models import AccessKey, CPod, CPodEvent, CPodStatus, Role, User
+from sxwl.cloud.db.models import AccessKey, CPod, CPodEvent, CPodStatus, Role, SessionKind, User
 from sxwl.cloud.db.types import utcnow
 from sxwl.cloud.errors import AppError, invalid
 from sxwl.cloud.security import ACCESS_KEY_PREFIX, new_token, token_hash
-from sxwl.cloud.services import jobs
-from sxwl.protocol import Heartbeat, HeartbeatReply, RegisterRequest
+from sxwl.cloud.services import jobs, sessions
+from sxwl.protocol import Heartbeat, HeartbeatReply, Node, RegisterRequest
 
+NODES = TypeAdapter(list[Node])
 CPOD_TOKEN_PREFIX = "sxcp_"  # noqa: S105 - a prefix, not a secret
 
 
@@ -105,33 +107,59 @@ def _register(ctx: CloudContext, session: Session, owner: User, req: RegisterReq
 
 
 def cpod_for_token(session: Session, token: str) -> CPod | None:
+    """The CPod of this token, without its node snapshot: authenticating a heartbeat must not read
+    and decode the very document the heartbeat replaces."""
     if not token.startswith(CPOD_TOKEN_PREFIX):
         return None
-    return session.scalar(select(CPod).where(CPod.token_hash == token_hash(token), CPod.revoked_at.is_(None)))
+    return session.scalar(
+        select(CPod)
+        .options(defer(CPod.nodes, raiseload=True))
+        .where(CPod.token_hash == token_hash(token), CPod.revoked_at.is_(None))
+    )
+
+
+def authenticate(session: Session, token: str | None) -> CPod:
+    """The calling CPod; 401 for no or a revoked token, 403 for a user's token on agent endpoints."""
+    if token is None:
+        raise AppError(401, "CPod token required", headers={"WWW-Authenticate": "Bearer"})
+    cpod = cpod_for_token(session, token)
+    if cpod is not None:
+        return cpod
+    if sessions.resolve(session, token, SessionKind.API) is not None:
+        raise AppError(403, "agent endpoints take a CPod token, not a user's", code="not_a_cpod")
+    raise AppError(
+        401,
+        "CPod token is not valid: the CPod was revoked or registered again elsewhere",
+        code="cpod_revoked",
+        headers={"WWW-Authenticate": "Bearer"},
+    )
 
 
 def heartbeat(ctx: CloudContext, session: Session, cpod: CPod, hb: Heartbeat) -> HeartbeatReply:
     if len(hb.nodes) > ctx.settings.heartbeat_max_nodes:
         raise invalid("nodes", f"at most {ctx.settings.heartbeat_max_nodes} nodes per heartbeat")
     now = utcnow()
+    reported = [f"{j.job_id}:{j.attempt}" for j in hb.jobs]
     # Conditional on the sequence number: a delayed or replayed heartbeat never overwrites a newer one.
     result = session.execute(
         update(CPod)
         .where(CPod.id == cpod.id, CPod.last_seq < hb.seq, CPod.revoked_at.is_(None))
         .values(
-            nodes=[n.model_dump(exclude_none=True) for n in hb.nodes],
+            nodes=NODES.dump_python(hb.nodes, exclude_none=True),
             last_seq=hb.seq,
             last_heartbeat_at=now,
             status=CPodStatus.ONLINE,
-            reported_jobs=[f"{j.job_id}:{j.attempt}" for j in hb.jobs],
+            reported_jobs=reported,
         )
         .execution_options(synchronize_session=False)
     )
     accepted = result.rowcount == 1  # type: ignore[attr-defined]
     if accepted and cpod.status != CPodStatus.ONLINE:
         record(session, cpod.id, "online", f"{len(hb.nodes)} nodes reported")
-    if accepted:
-        ctx.notifier.wake_scheduler()  # capacity may have changed
+    if accepted and (cpod.status != CPodStatus.ONLINE or reported != cpod.reported_jobs):
+        # New capacity, or jobs that came or went. Other changes (GPUs used outside sxwl, say) are
+        # seen by the scheduler's periodic pass; waking it on every heartbeat would cost a pass each.
+        ctx.notifier.wake_scheduler()
     return HeartbeatReply(
         heartbeat_interval_s=cpod.heartbeat_interval_s,
         accepted=accepted,
