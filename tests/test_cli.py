@@ -125,6 +125,19 @@ def test_up_creates_demo_accounts_and_prints_their_logins(tmp_path: Path) -> Non
         assert cpod["name"] == "local-demo"
         assert cpod["nodes"][0]["cpu_cores"] == os.cpu_count()  # type: ignore[index]
         assert agent_pids(tmp_path)
+
+        # The demo user finds the example training job, run on this machine, with its results.
+        user = tokens["user@demo.example.com"]
+
+        def demo_job_done() -> dict[str, object] | None:
+            (job,) = httpx.get(url + "/api/v1/jobs", headers=user).json()["items"]
+            return job if job["state"] in ("succeeded", "failed") else None
+
+        job = eventually(demo_job_done, timeout=180, what="the demo job to finish")
+        assert job["name"] == "tiny-lm (demo)" and job["state"] == "succeeded"
+        artifacts = httpx.get(f"{url}/api/v1/jobs/{job['id']}/artifacts", headers=user).json()
+        assert {a["path"] for a in artifacts} == {"checkpoint.npz", "metrics.json"}
+        assert "step 200 loss" in httpx.get(f"{url}/api/v1/jobs/{job['id']}/logs", headers=user).text
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
         proc.wait(20)

@@ -14,14 +14,16 @@ from types import FrameType
 import uvicorn
 from rich.console import Console
 from rich.table import Table
+from sqlalchemy import select
+from sqlalchemy.orm import Session
 
 from sxwl.cloud import logs
 from sxwl.cloud.app import create_app
 from sxwl.cloud.config import Settings
 from sxwl.cloud.context import CloudContext
 from sxwl.cloud.db import migrate
-from sxwl.cloud.db.models import Role
-from sxwl.cloud.services import access_keys, accounts
+from sxwl.cloud.db.models import Job, Role, User
+from sxwl.cloud.services import access_keys, accounts, jobs
 
 DEMO_ACCOUNTS = (
     ("provider@demo.example.com", Role.PROVIDER, "Demo Provider", "Demo GPU Co."),
@@ -84,9 +86,37 @@ def ensure_demo_accounts(settings: Settings) -> Demo:
                 accounts.set_password(ctx, session, user, password)
             if role == Role.PROVIDER:
                 key = access_keys.reveal(ctx, session, user)
+            if role == Role.USER:
+                submit_demo_job(ctx, session, user)
             logins.append((email, role, password))
     ctx.db.dispose()
     return Demo(logins, key)
+
+
+EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "tiny-lm"
+DEMO_JOB = "tiny-lm (demo)"
+
+
+def submit_demo_job(ctx: CloudContext, session: Session, user: User) -> None:
+    """Once per data dir: the example training job, so a new user finds a finished job with logs and
+    artifacts. It runs on the local agent with this interpreter (which has numpy)."""
+    if not (EXAMPLE / "train.py").exists():
+        return  # installed without the checkout's examples
+    if session.scalar(select(Job.id).where(Job.owner_id == user.id, Job.name == DEMO_JOB)) is not None:
+        return
+    spec = jobs.JobSpec(
+        name=DEMO_JOB,
+        command='exec "$TINY_LM_PYTHON" "$TINY_LM_DIR/train.py"',
+        image=None,
+        env={"TINY_LM_DIR": str(EXAMPLE), "TINY_LM_PYTHON": sys.executable, "TINY_LM_STEPS": "200"},
+        gpu_product=None,
+        gpus_per_node=0,
+        nodes=1,
+        max_runtime_s=900,
+        cpod_id=None,
+        priority=0,
+    )
+    jobs.submit(ctx, session, user, spec)
 
 
 def start_local_agent(settings: Settings, access_key: str) -> subprocess.Popen[bytes]:
