@@ -115,3 +115,67 @@ def test_admin_cli_creates_an_admin(tmp_path: Path, db_url: str) -> None:
     assert bad_role.returncode == 2 and "--role" in bad_role.stderr
     bad_email = create("not an email", "admin", "admin password")
     assert bad_email.returncode == 2 and "--email" in bad_email.stderr
+
+
+def test_admin_cli_sets_a_gpu_limit(tmp_path: Path, db_url: str) -> None:
+    env = {
+        **os.environ,
+        "SXWL_DATABASE_URL": db_url,
+        "SXWL_SECRET_KEY": "k" * 32,
+        "SXWL_ARGON2_TIME_COST": "1",
+        "SXWL_ARGON2_MEMORY_KIB": "1024",
+    }
+    base = [sys.executable, "-m", "sxwl.cli", "admin"]
+    made = subprocess.run(
+        [
+            *base,
+            "create-user",
+            "--email",
+            "dev@example.com",
+            "--role",
+            "user",
+            "--password-stdin",
+            "--data-dir",
+            str(tmp_path),
+        ],
+        input="long enough\n",
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert made.returncode == 0, made.stderr
+    done = subprocess.run(
+        [
+            *base,
+            "set-gpu-limit",
+            "--email",
+            "DEV@example.com",
+            "--max-gpus",
+            "4",
+            "--data-dir",
+            str(tmp_path),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0 and "at most 4" in done.stdout
+    unknown = subprocess.run(
+        [
+            *base,
+            "set-gpu-limit",
+            "--email",
+            "nobody@example.com",
+            "--max-gpus",
+            "4",
+            "--data-dir",
+            str(tmp_path),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert unknown.returncode == 2 and "no account" in unknown.stderr

@@ -153,6 +153,33 @@ def create_user(
     out.print(f"created {user.role.value} {user.email} (id {user.id})")
 
 
+@admin_app.command("set-gpu-limit")
+def set_gpu_limit(
+    email: Annotated[str, typer.Option(help="The user's email.")],
+    max_gpus: Annotated[
+        int | None, typer.Option(help="Concurrent GPUs; omit to use the cloud's default.", min=0)
+    ] = None,
+    data_dir: DataDir = Path(".sxwl"),
+) -> None:
+    """Cap the GPUs one user's jobs may hold at once (also PATCH /api/v1/admin/users/{id}/limits)."""
+    from sxwl.cloud.context import CloudContext
+    from sxwl.cloud.db import migrate
+    from sxwl.cloud.services import accounts
+
+    ctx = CloudContext.from_settings(server.settings_for(data_dir))
+    migrate.upgrade(ctx.db.engine)
+    try:
+        with ctx.db.session() as session:
+            user = accounts.find_by_email(session, email.strip().lower())
+            if user is None:
+                raise CliError(f"--email: no account {email}", exit_code=2)
+            accounts.set_max_gpus(session, user.id, max_gpus)
+    finally:
+        ctx.db.dispose()
+    limit = f"at most {max_gpus}" if max_gpus is not None else "the cloud's default number of"
+    out.print(f"{email}: {limit} GPUs at once")
+
+
 @app.command()
 def login(
     url: Annotated[str, typer.Option(help="The cloud's URL, e.g. http://127.0.0.1:8000.")],
