@@ -7,9 +7,10 @@ only on an explicit, acknowledged command, its max runtime, or a 409 saying its 
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 from sxwl.agent.client import CloudClient, LogGap, Rejected, Stale
-from sxwl.agent.runtimes.local import LocalJob, LocalRuntime
+from sxwl.agent.runtimes.base import JobRecord, Runtime
 from sxwl.protocol import AgentJobState, AssignmentsReply, JobReport, JobStatus
 
 log = logging.getLogger("sxwl.agent.jobs")
@@ -17,11 +18,12 @@ LOG_CHUNK = 256 * 1024
 
 
 class JobSync:
-    def __init__(self, client: CloudClient, runtime: LocalRuntime, token: str) -> None:
+    def __init__(self, client: CloudClient, runtime: Runtime[Any], token: str) -> None:
         self.client = client
         self.runtime = runtime
         self.token = token
-        self.lost: list[LocalJob] = []  # attempts found dead at start-up, to report as lost
+        # Attempts found dead at start-up, to report as lost (the runtime's own record type).
+        self.lost: list[Any] = []
 
     def reports(self) -> list[JobReport]:
         """What the heartbeat says this CPod holds."""
@@ -31,7 +33,7 @@ class JobSync:
         ]
 
     async def _report(
-        self, job: LocalJob, state: AgentJobState, exit_code: int | None = None, reason: str | None = None
+        self, job: JobRecord, state: AgentJobState, exit_code: int | None = None, reason: str | None = None
     ) -> bool:
         """True when the cloud took the report; a stale attempt is stopped and forgotten."""
         try:
@@ -84,12 +86,14 @@ class JobSync:
         while self.lost:
             job = self.lost[0]
             try:
-                await self._report(
-                    job, "lost", reason="the job's processes were gone when the agent restarted"
+                reason = getattr(job, "lost_reason", None) or (
+                    "the job's processes were gone when the agent restarted"
                 )
+                await self._report(job, "lost", reason=reason)
             except Rejected as exc:
                 log.warning("lost report for %s refused: %s", job.job_id, exc)
             self.lost.pop(0)
+        self.lost.extend(await self.runtime.refresh())
         self.runtime.poll()
         for job in list(self.runtime.jobs.values()):
             try:
@@ -106,7 +110,7 @@ class JobSync:
             except Rejected as exc:
                 log.warning("cloud refused a report for job %s: %s", job.job_id, exc)
 
-    async def _ship_log(self, job: LocalJob) -> None:
+    async def _ship_log(self, job: JobRecord) -> None:
         path = self.runtime.log_path(job)
         if not path.exists():
             return
@@ -126,9 +130,11 @@ class JobSync:
                     return
                 self.runtime.save(job)
 
-    async def _finalise(self, job: LocalJob) -> None:
+    async def _finalise(self, job: JobRecord) -> None:
         output = self.runtime.output_dir(job)
-        for file in sorted(p for p in output.rglob("*") if p.is_file() and not p.is_symlink()):
+        files = [] if output is None else output.rglob("*")
+        for file in sorted(p for p in files if p.is_file() and not p.is_symlink()):
+            assert output is not None
             relative = file.relative_to(output).as_posix()
             if relative in job.artifacts_uploaded:
                 continue

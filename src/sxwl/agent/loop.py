@@ -4,20 +4,21 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import logging
 import random
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import sxwl
 from sxwl.agent.client import CloudClient, Refused, Rejected, Unreachable
 from sxwl.agent.jobsync import JobSync
 from sxwl.agent.runtimes.local import LocalRuntime
 from sxwl.agent.state import SavedRegistration, StateDir
-from sxwl.protocol import Heartbeat, Node, RegisterRequest
+from sxwl.protocol import Assignment, Heartbeat, Node, RegisterRequest
 
 log = logging.getLogger("sxwl.agent")
 T = TypeVar("T")
@@ -29,11 +30,83 @@ SUPERVISE_S = 0.5
 
 
 class Inventory(Protocol):
+    """What the agent reads its nodes from. An inventory that needs the event loop (the Kubernetes
+    one watches the API server) also has ``async start()``, which the agent awaits before its first
+    heartbeat; its ``nodes()`` then only reads a cache and runs in the loop, not in a thread."""
+
     def nodes(self) -> list[Node]: ...
 
     def gpu_indexes(self) -> list[int]: ...
 
     def close(self) -> None: ...
+
+
+class TokenStore(Protocol):
+    """Where the CPod token is kept: ``StateDir`` (a file) or ``SecretState`` (a Secret, awaited)."""
+
+    def load(
+        self, api_url: str, cluster_uid: str
+    ) -> SavedRegistration | Awaitable[SavedRegistration | None] | None: ...
+
+    def save(self, registration: SavedRegistration) -> Awaitable[None] | None: ...
+
+
+class Elector(Protocol):
+    """Leader election (``sxwl.agent.leader.LeaseElector``)."""
+
+    async def acquire(self, stop: asyncio.Event) -> bool: ...
+
+    async def keep(self) -> None: ...
+
+    async def release(self) -> None: ...
+
+
+class RefusingRuntime:
+    """A job runtime that takes no job: each assignment is reported failed with ``reason`` at once
+    (the cloud then ends the job with that reason). Used where no runtime for jobs exists yet."""
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+        self.jobs: dict[str, Any] = {}
+
+    def start(self, assignment: Assignment) -> Any:
+        raise RuntimeError(self.reason)
+
+    def knows(self, job_id: str, attempt: int) -> bool:
+        return False
+
+    def adopt(self) -> list[Any]:
+        return []
+
+    def used_gpus(self) -> list[int]:
+        return []
+
+    def poll(self) -> None:
+        return None
+
+    async def refresh(self) -> list[Any]:
+        return []
+
+    def log_path(self, job: Any) -> Path:
+        raise RuntimeError(self.reason)  # never called: there are no jobs
+
+    def output_dir(self, job: Any) -> Path | None:
+        return None
+
+    def stop(self, job_id: str, attempt: int, reason: str, cancel: bool) -> None:
+        return None
+
+    def save(self, job: Any) -> None:
+        return None
+
+    def done(self, job: Any) -> None:
+        return None
+
+
+async def _resolved(value: T | Awaitable[T]) -> T:
+    if inspect.isawaitable(value):
+        return await value
+    return value
 
 
 @dataclass(frozen=True)
@@ -59,12 +132,30 @@ def backoff_delay(failures: int, cap: float = BACKOFF_CAP_S) -> float:
 
 
 class Agent:
-    def __init__(self, config: AgentConfig, inventory: Inventory, client: CloudClient | None = None) -> None:
+    def __init__(
+        self,
+        config: AgentConfig,
+        inventory: Inventory,
+        client: CloudClient | None = None,
+        *,
+        runtime: Any = None,
+        state: TokenStore | None = None,
+        leader: Elector | None = None,
+    ) -> None:
+        """``runtime`` runs the jobs (``LocalRuntime`` on the state dir when not given; typed Any
+        because JobSync names the local runtime's type), ``state`` keeps the CPod token (the state
+        dir when not given), ``leader`` elects one replica of several (none: always leads)."""
         self.config = config
         self.inventory = inventory
         self.client = client or CloudClient(config.api_url)
-        self.state = StateDir(config.state_dir)
-        self.runtime = LocalRuntime(config.state_dir, inventory.gpu_indexes(), config.stop_grace_s)
+        self.state: TokenStore = state if state is not None else StateDir(config.state_dir)
+        self.runtime: Any = (
+            runtime
+            if runtime is not None
+            else LocalRuntime(config.state_dir, inventory.gpu_indexes(), config.stop_grace_s)
+        )
+        self.leader = leader
+        self._inventory_in_loop = inspect.iscoroutinefunction(getattr(inventory, "start", None))
         self.stop_event = asyncio.Event()
         self.interval = config.heartbeat_interval_s or 10.0
         self.seq = 0
@@ -99,7 +190,7 @@ class Agent:
                 await self._sleep(delay)
 
     async def registration(self) -> SavedRegistration:
-        saved = self.state.load(self.config.api_url, self.config.cluster_uid)
+        saved = await _resolved(self.state.load(self.config.api_url, self.config.cluster_uid))
         if saved is not None:
             log.info("using the saved token of CPod %s", saved.cpod_id)
             return saved
@@ -120,7 +211,7 @@ class Agent:
         saved = SavedRegistration(
             self.config.api_url, reply.cpod_id, reply.cpod_token, self.config.cluster_uid
         )
-        self.state.save(saved)
+        await _resolved(self.state.save(saved))
         self.interval = reply.heartbeat_interval_s
         self.seq = reply.last_seq
         log.info("registered as CPod %s; heartbeat every %.1f s", reply.cpod_id, self.interval)
@@ -128,6 +219,8 @@ class Agent:
 
     def _nodes(self) -> list[Node]:
         nodes = self.inventory.nodes()
+        if self.config.runtime != "local":
+            return nodes  # the cluster's own accounting (pods' GPU requests) already counts our jobs
         used = len(self.runtime.used_gpus())
         # The GPUs our own jobs hold are in use even when NVML shows them idle.
         return [
@@ -136,7 +229,8 @@ class Agent:
         ]
 
     async def heartbeat_once(self, token: str, sync: JobSync) -> None:
-        nodes = await asyncio.to_thread(self._nodes)
+        # NVML can block; a watch cache is read in the loop that updates it.
+        nodes = self._nodes() if self._inventory_in_loop else await asyncio.to_thread(self._nodes)
         for _ in range(2):
             self.seq += 1
             reply = await self._retrying(
@@ -184,15 +278,29 @@ class Agent:
     async def run(self) -> None:
         """Returns when stopped; raises Refused when the cloud will not have this agent. Running jobs
         are left running on stop: a restarted agent takes them back."""
+        keeper: asyncio.Task[None] | None = None
         try:
+            # With several replicas only the leader works; a lost Lease ends run() with LeadershipLost.
+            if self.leader is not None and not await self.leader.acquire(self.stop_event):
+                raise Stopped
+            # Renewing starts at once: the first list of a big cluster must not let the Lease expire.
+            if self.leader is not None:
+                keeper = asyncio.create_task(self.leader.keep(), name="leader")
+            start = getattr(self.inventory, "start", None)
+            if self._inventory_in_loop and start is not None:
+                await start()
             saved = await self.registration()
             sync = JobSync(self.client, self.runtime, saved.cpod_token)
-            sync.lost = self.runtime.adopt()
+            sync.lost = await _resolved(self.runtime.adopt())
             tasks = [
                 asyncio.create_task(self._heartbeats(saved.cpod_token, sync), name="heartbeats"),
                 asyncio.create_task(self._assignments(saved.cpod_token, sync), name="assignments"),
                 asyncio.create_task(self._supervise(sync), name="supervise"),
             ]
+            if keeper is not None:
+                if keeper.done():
+                    keeper.result()  # lost the Lease while starting: LeadershipLost
+                tasks.append(keeper)
             stopper = asyncio.create_task(self.stop_event.wait())
             done, _ = await asyncio.wait([*tasks, stopper], return_when=asyncio.FIRST_COMPLETED)
             for task in [*tasks, stopper]:
@@ -209,5 +317,11 @@ class Agent:
         except Stopped:
             log.info("stopping")
         finally:
+            if keeper is not None and not keeper.done():
+                keeper.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await keeper
+            if self.leader is not None:
+                await self.leader.release()
             await self.client.close()
             self.inventory.close()

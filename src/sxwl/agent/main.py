@@ -3,22 +3,29 @@
 from __future__ import annotations
 
 import asyncio
+import importlib
 import logging
+import os
 import signal
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
 from sxwl.agent.client import Refused
 from sxwl.agent.inventory.local import LocalInventory
 from sxwl.agent.inventory.simulated import SimulatedGpus
-from sxwl.agent.loop import Agent, AgentConfig
+from sxwl.agent.leader import LeadershipLost
+from sxwl.agent.loop import Agent, AgentConfig, RefusingRuntime
 from sxwl.agent.state import local_cluster_uid
 
 # Exit statuses a supervisor can tell apart: restarting helps after 1, never after 3.
+EXIT_FAILED = 1
 EXIT_REFUSED = 3
+DEFAULT_NAMESPACE = "sxwl-system"
+TENANT_NAMESPACE_PREFIX = "sxwl-tenant-"
+NO_KUBERNETES_JOBS = "jobs on kubernetes CPods are not available in this version"
 
 app = typer.Typer(add_completion=False, context_settings={"help_option_names": ["-h", "--help"]})
 
@@ -35,8 +42,32 @@ def run(
         ),
     ] = None,
     runtime: Annotated[
-        str, typer.Option(help="local (this machine); kubernetes comes with the Kubernetes runtime.")
+        str,
+        typer.Option(
+            help="local (this machine) or kubernetes (the cluster this agent runs in, or --kubeconfig's)."
+        ),
     ] = "local",
+    kubeconfig: Annotated[
+        Path | None,
+        typer.Option(
+            help="kubernetes runtime: the kubeconfig to use. Default: the pod's ServiceAccount when running "
+            "in a pod, else $KUBECONFIG or ~/.kube/config."
+        ),
+    ] = None,
+    namespace: Annotated[
+        str,
+        typer.Option(
+            envvar="POD_NAMESPACE",
+            help="kubernetes runtime: the agent's namespace (its token Secret and leader Lease live there).",
+        ),
+    ] = DEFAULT_NAMESPACE,
+    leader_elect: Annotated[
+        bool,
+        typer.Option(
+            "--leader-elect/--no-leader-elect",
+            help="kubernetes runtime: elect one leader among replicas through a Lease; only it works.",
+        ),
+    ] = False,
     name: Annotated[
         str | None, typer.Option(help="CPod name shown on 算力详情 (first registration).")
     ] = None,
@@ -68,30 +99,118 @@ def run(
         stream=sys.stderr,
     )
     logging.getLogger("httpx").setLevel(logging.WARNING)
-    if runtime != "local":
-        typer.echo(f"error: --runtime {runtime}: this agent supports only the local runtime", err=True)
+    if runtime not in ("local", "kubernetes"):
+        typer.echo(f"error: --runtime {runtime}: choose local or kubernetes", err=True)
         raise typer.Exit(2)
     config = AgentConfig(
         api_url=api_url.rstrip("/"),
         access_key=access_key,
         runtime=runtime,
         state_dir=state_dir,
-        cluster_uid=local_cluster_uid(state_dir),
+        cluster_uid=local_cluster_uid(state_dir) if runtime == "local" else "",
         name=name,
         heartbeat_interval_s=heartbeat_interval,
         stop_grace_s=stop_grace,
     )
-    gpus = SimulatedGpus(simulate_gpus, simulate_gpu_product) if simulate_gpus else None
     try:
-        asyncio.run(_run(Agent(config, LocalInventory(gpus))))
+        if runtime == "local":
+            gpus = SimulatedGpus(simulate_gpus, simulate_gpu_product) if simulate_gpus else None
+            asyncio.run(_run(Agent(config, LocalInventory(gpus))))
+        else:
+            asyncio.run(_run_kubernetes(config, kubeconfig, namespace, leader_elect))
     except Refused as exc:
+        where = (
+            f"remove {state_dir / 'cpod.json'}"
+            if runtime == "local"
+            else f"delete the Secret {namespace}/sxwl-agent-token"
+        )
         hint = {
-            "cpod_revoked": "this CPod was revoked on 算想云; the agent stops. To register again, remove "
-            f"{state_dir / 'cpod.json'} and start with the current accessKey.",
+            "cpod_revoked": f"this CPod was revoked on 算想云; the agent stops. To register again, {where} "
+            "and start with the current accessKey.",
             "bad_access_key": "check the accessKey on the account page of the console.",
         }.get(exc.code, "")
         typer.echo(f"error: the cloud refused this agent: {exc}. {hint}".rstrip(), err=True)
         raise typer.Exit(EXIT_REFUSED) from None
+    except LeadershipLost as exc:
+        typer.echo(f"error: {exc}; exiting so that the pod restarts as a candidate", err=True)
+        raise typer.Exit(EXIT_FAILED) from None
+    except KubernetesUnavailable as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(EXIT_FAILED) from None
+
+
+class KubernetesUnavailable(Exception):
+    """The Kubernetes API cannot be reached or refuses what the agent must read at start."""
+
+
+async def kubernetes_api(kubeconfig: Path | None) -> Any:
+    """An ApiClient: --kubeconfig's, else the pod's ServiceAccount in a pod, else the default
+    kubeconfig."""
+    from kubernetes_asyncio import config as k8s_config
+    from kubernetes_asyncio.client import ApiClient, Configuration
+
+    configuration = Configuration()
+    if kubeconfig is None and os.environ.get("KUBERNETES_SERVICE_HOST"):
+        k8s_config.load_incluster_config(client_configuration=configuration)
+    else:
+        await k8s_config.load_kube_config(
+            config_file=str(kubeconfig) if kubeconfig else None, client_configuration=configuration
+        )
+    return ApiClient(configuration=configuration)
+
+
+def job_runtime(api: Any, config: AgentConfig) -> Any:
+    """The kubernetes job runtime when this build has it; otherwise a runtime that fails every
+    assignment with a clear reason."""
+    try:
+        module = importlib.import_module("sxwl.agent.runtimes.kubernetes")
+    except ImportError:
+        module = None
+    runtime_class = getattr(module, "KubernetesRuntime", None)
+    if runtime_class is None:
+        logging.getLogger("sxwl.agent").warning("%s: assigned jobs are reported failed", NO_KUBERNETES_JOBS)
+        return RefusingRuntime(NO_KUBERNETES_JOBS)
+    # Job records under the state dir: on the chart's emptyDir they outlive a container restart.
+    return runtime_class(
+        api,
+        namespace_prefix=TENANT_NAMESPACE_PREFIX,
+        stop_grace_s=config.stop_grace_s,
+        state_dir=config.state_dir,
+    )
+
+
+async def _run_kubernetes(
+    config: AgentConfig, kubeconfig: Path | None, namespace: str, leader_elect: bool
+) -> None:
+    from kubernetes_asyncio.client.exceptions import ApiException
+
+    from sxwl.agent.inventory.kubernetes import KubernetesInventory, cluster_uid
+    from sxwl.agent.leader import LeaseElector
+    from sxwl.agent.state import SecretState
+
+    try:
+        api = await kubernetes_api(kubeconfig)
+    except Exception as exc:
+        raise KubernetesUnavailable(f"no Kubernetes configuration: {exc}") from None
+    async with api:
+        try:
+            uid = await cluster_uid(api)
+        except ApiException as exc:
+            raise KubernetesUnavailable(
+                f"cannot read the kube-system namespace (its uid is the CPod's cluster_uid): "
+                f"{exc.status} {exc.reason}"
+            ) from None
+        except OSError as exc:
+            raise KubernetesUnavailable(f"the Kubernetes API is unreachable: {exc}") from None
+        config = AgentConfig(**{**config.__dict__, "cluster_uid": uid})
+        agent = Agent(
+            config,
+            KubernetesInventory(api),
+            runtime=job_runtime(api, config),
+            state=SecretState(api, namespace),
+            leader=LeaseElector(api, namespace) if leader_elect else None,
+        )
+        await _run(agent)
 
 
 async def _run(agent: Agent) -> None:

@@ -14,14 +14,14 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Literal
 
+from sxwl.agent.runtimes.base import Outcome
 from sxwl.agent.runtimes.launcher import EXIT_FILE
 from sxwl.protocol import Assignment
 
 log = logging.getLogger("sxwl.agent.local")
 
-Outcome = Literal["succeeded", "failed", "cancelled"]
+__all__ = ["INHERITED_ENV", "LocalJob", "LocalRuntime", "Outcome", "process_start_time"]
 # Variables a job inherits from the agent's environment; everything else (the accessKey, say) stays out.
 INHERITED_ENV = ("PATH", "LANG", "LC_ALL", "TZ", "LD_LIBRARY_PATH", "CUDA_HOME", "NVIDIA_DRIVER_CAPABILITIES")
 
@@ -107,6 +107,9 @@ class LocalRuntime:
     def used_gpus(self) -> set[int]:
         return {g for job in self.jobs.values() if job.outcome is None for g in job.gpus}
 
+    def used_gpu_count(self) -> int:
+        return len(self.used_gpus())
+
     def free_gpus(self) -> list[int]:
         used = self.used_gpus()
         return [g for g in self.gpu_indexes if g not in used]
@@ -185,6 +188,10 @@ class LocalRuntime:
         if process_start_time(job.pid) == job.pid_start:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(job.pid, sig)
+
+    async def refresh(self) -> list[LocalJob]:
+        """Nothing to do: ``poll`` reads the processes directly."""
+        return []
 
     def poll(self) -> list[LocalJob]:
         """Advances every job: records exits, enforces max runtime and the stop grace. Returns the
