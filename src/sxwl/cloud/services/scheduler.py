@@ -124,6 +124,7 @@ def _pass(ctx: CloudContext) -> list[Assigned]:
         pool = capacity(session)
         online = {c.id for c in pool}
         usage = job_service.active_gpus_by_owner(session)
+        unplaceable: dict[Need, str] = {}
         limits = dict(
             session.execute(
                 select(User.id, User.max_gpus).where(User.id.in_({j.owner_id for j in queued}))
@@ -140,13 +141,13 @@ def _pass(ctx: CloudContext) -> list[Assigned]:
                     f"your limit of {limit} concurrent GPUs is reached ({usage.get(job.owner_id, 0)} in use)",
                 )
                 continue
-            placement = place(need, pool)
+            # Capacity only shrinks during a pass: a need that did not fit once will not fit again.
+            placement = None if need in unplaceable else place(need, pool)
             if placement is None:
-                _explain(
-                    session,
-                    job,
-                    why_not(need, pool, job.pinned_cpod_id in online if job.pinned_cpod_id else None),
-                )
+                if need not in unplaceable:
+                    pinned_online = job.pinned_cpod_id in online if job.pinned_cpod_id else None
+                    unplaceable[need] = why_not(need, pool, pinned_online)
+                _explain(session, job, unplaceable[need])
                 continue
             attempt = job.attempt + 1
             won = session.execute(
