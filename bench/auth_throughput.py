@@ -7,20 +7,16 @@ bench/RESULTS.md. Run: ``.venv/bin/python bench/auth_throughput.py [--duration S
 from __future__ import annotations
 
 import argparse
-import datetime
 import os
 import platform
-import signal
 import statistics
 import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from types import FrameType
 
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
@@ -28,6 +24,18 @@ if str(ROOT) not in sys.path:
 
 import httpx  # noqa: E402
 from argon2 import PasswordHasher  # noqa: E402
+from bench.common import (  # noqa: E402
+    API,
+    PASSWORD,
+    RESULTS,
+    Processes,
+    append_results,
+    cloud_env,
+    interrupt_on_sigterm,
+    machine_line,
+    percentile,
+    utc_now,
+)
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 from tests.support.cloud import CloudProcess  # noqa: E402
@@ -36,10 +44,6 @@ from tests.support.postgres import TempPostgres  # noqa: E402
 
 from sxwl.cloud.config import Settings  # noqa: E402
 
-RESULTS = Path(__file__).resolve().parent / "RESULTS.md"
-API = "/api/v1"
-PASSWORD = "bench-password-0123"
-GENEROUS_RATE = "1000000/1"
 SEQUENTIAL_LOGINS = 20
 HASH_SAMPLES = 10
 
@@ -83,11 +87,7 @@ class Throughput:
         return self.requests / self.elapsed_s if self.elapsed_s > 0 else 0.0
 
     def percentile(self, q: int) -> float:
-        if not self.latencies_ms:
-            return float("nan")
-        if len(self.latencies_ms) == 1:
-            return self.latencies_ms[0]
-        return statistics.quantiles(self.latencies_ms, n=100, method="inclusive")[q - 1]
+        return percentile(self.latencies_ms, q)
 
 
 @dataclass(frozen=True)
@@ -113,58 +113,8 @@ def server_env(params: Argon2Params, database_url: str) -> dict[str, str]:
         "SXWL_ARGON2_TIME_COST": str(params.time_cost),
         "SXWL_ARGON2_MEMORY_KIB": str(params.memory_kib),
         "SXWL_ARGON2_PARALLELISM": str(params.parallelism),
-        "SXWL_RATE_LOGIN_IP": GENEROUS_RATE,
-        "SXWL_RATE_LOGIN_ACCOUNT": GENEROUS_RATE,
-        "SXWL_RATE_REGISTER_IP": GENEROUS_RATE,
-        "SXWL_RATE_REGISTER_ACCOUNT": GENEROUS_RATE,
-        "SXWL_DATABASE_URL": database_url,
-        "SXWL_LOG_LEVEL": "WARNING",
-        "SXWL_SECRET_KEY": "bench-secret-key-0123456789abcdef",
+        **cloud_env(database_url),
     }
-
-
-class Processes:
-    """Everything this script started, stopped in reverse order whatever happens."""
-
-    def __init__(self) -> None:
-        self._stops: list[Callable[[], None]] = []
-
-    def add(self, stop: Callable[[], None]) -> None:
-        self._stops.append(stop)
-
-    def stop_all(self) -> None:
-        while self._stops:
-            stop = self._stops.pop()
-            try:
-                stop()
-            except Exception as exc:  # keep stopping the rest
-                print(f"warning: cleanup failed: {exc!r}", file=sys.stderr)
-
-
-class BenchCloud(CloudProcess):
-    """A ``CloudProcess`` that stops its process when the start itself fails or is interrupted
-    (``CloudProcess.__init__`` spawns it, then waits for readiness)."""
-
-    def __init__(self, data_dir: Path, port: int, env: dict[str, str]) -> None:
-        try:
-            super().__init__(data_dir, port, env=env)
-        except BaseException:
-            if getattr(self, "proc", None) is not None:
-                self.stop()
-            raise
-
-
-def _raise_interrupt(signum: int, _frame: FrameType | None) -> None:
-    raise KeyboardInterrupt(f"signal {signum}")
-
-
-@contextmanager
-def interrupt_on_sigterm() -> Iterator[None]:
-    previous = signal.signal(signal.SIGTERM, _raise_interrupt)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
 
 
 def register_accounts(url: str, count: int) -> list[str]:
@@ -267,7 +217,7 @@ class Plan:
 def measure_engine(plan: Plan, engine: str, database_url: str) -> EngineResult:
     console, concurrency, duration_s = plan.console, plan.concurrency, plan.duration_s
     console.print(f"[bold]{engine}[/]: starting the cloud")
-    cloud = BenchCloud(plan.workdir / engine, free_port(), server_env(plan.params, database_url))
+    cloud = CloudProcess(plan.workdir / engine, free_port(), server_env(plan.params, database_url))
     plan.processes.add(cloud.stop)
     try:
         emails = register_accounts(cloud.url, concurrency)
@@ -312,16 +262,6 @@ def time_hashing(params: Argon2Params) -> float:
     return statistics.median(samples)
 
 
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
-
-
 def ratio(numerator: float, denominator: float) -> str:
     return f"{numerator / denominator:.1f}×" if denominator > 0 else "n/a"
 
@@ -362,11 +302,11 @@ def markdown_section(
     concurrency: int,
     loads: tuple[tuple[float, float, float], tuple[float, float, float]],
 ) -> str:
-    now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
+    now = utc_now()
     lines = [
         f"## {now}",
         "",
-        f"- machine: {os.cpu_count()} CPUs ({cpu_model()}), {platform.system()} {platform.release()}",
+        machine_line(),
         f"- Python {platform.python_version()}",
         f"- 1-minute load average: {loads[0][0]:.2f} before the run, {loads[1][0]:.2f} after it "
         "(the latter includes its own load; other work on the machine skews the figures)",
@@ -394,15 +334,6 @@ def markdown_section(
             f"me {ratio(pg.me.per_s, sqlite.me.per_s)}.",
         ]
     return "\n".join(lines) + "\n"
-
-
-def append_results(section: str) -> None:
-    if not RESULTS.exists():
-        RESULTS.write_text(HEADER)
-    existing = RESULTS.read_text()
-    separator = "" if existing.endswith("\n\n") else ("\n" if existing.endswith("\n") else "\n\n")
-    with RESULTS.open("a") as handle:
-        handle.write(separator + section)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -444,7 +375,7 @@ def main(argv: list[str] | None = None) -> int:
             processes.stop_all()
     print_table(console, results, hash_ms)
     loads = (load_before, os.getloadavg())
-    append_results(markdown_section(results, hash_ms, params, duration_s, concurrency, loads))
+    append_results(markdown_section(results, hash_ms, params, duration_s, concurrency, loads), HEADER)
     console.print(f"appended to {RESULTS.relative_to(ROOT)}")
     return 0
 

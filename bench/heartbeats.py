@@ -15,26 +15,22 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import datetime
 import json
 import math
 import os
 import platform
 import random
 import resource
-import signal
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
 import uuid
 from collections import Counter, defaultdict
-from collections.abc import Callable, Iterator
-from contextlib import AsyncExitStack, contextmanager
+from collections.abc import Callable
+from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import FrameType
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -42,17 +38,25 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 import httpx  # noqa: E402
+from bench.common import (  # noqa: E402
+    API,
+    PASSWORD,
+    RESULTS,
+    Processes,
+    append_results,
+    cloud_env,
+    interrupt_on_sigterm,
+    machine_line,
+    percentile,
+    utc_now,
+)
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 from tests.support.cloud import CloudProcess  # noqa: E402
 from tests.support.net import free_port  # noqa: E402
 from tests.support.postgres import TempPostgres  # noqa: E402
 
-RESULTS = Path(__file__).resolve().parent / "RESULTS.md"
-API = "/api/v1"
-PASSWORD = "bench-password-0123"
 PROVIDER_EMAIL = "provider@bench.example.com"
-GENEROUS_RATE = "1000000/1"
 ENGINES = ("sqlite", "postgresql")
 
 NODES_PER_CPOD = 8
@@ -65,64 +69,6 @@ TARGET_PER_S = 1000.0
 TARGET_P99_MS = 100.0
 
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
-
-
-# ---- processes ---------------------------------------------------------------------------------
-
-
-class Processes:
-    """Everything this script started, stopped in reverse order whatever happens."""
-
-    def __init__(self) -> None:
-        self._stops: list[Callable[[], None]] = []
-
-    def add(self, stop: Callable[[], None]) -> None:
-        self._stops.append(stop)
-
-    def stop_all(self) -> None:
-        while self._stops:
-            stop = self._stops.pop()
-            try:
-                stop()
-            except Exception as exc:  # keep stopping the rest
-                print(f"warning: cleanup failed: {exc!r}", file=sys.stderr)
-
-
-class BenchCloud(CloudProcess):
-    """A ``CloudProcess`` that stops its process when the start itself fails or is interrupted."""
-
-    def __init__(self, data_dir: Path, port: int, env: dict[str, str]) -> None:
-        try:
-            super().__init__(data_dir, port, env=env)
-        except BaseException:
-            if getattr(self, "proc", None) is not None:
-                self.stop()
-            raise
-
-
-def _raise_interrupt(signum: int, _frame: FrameType | None) -> None:
-    raise KeyboardInterrupt(f"signal {signum}")
-
-
-@contextmanager
-def interrupt_on_sigterm() -> Iterator[None]:
-    previous = signal.signal(signal.SIGTERM, _raise_interrupt)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-
-
-def server_env(database_url: str, log_level: str) -> dict[str, str]:
-    return {
-        "SXWL_RATE_LOGIN_IP": GENEROUS_RATE,
-        "SXWL_RATE_LOGIN_ACCOUNT": GENEROUS_RATE,
-        "SXWL_RATE_REGISTER_IP": GENEROUS_RATE,
-        "SXWL_RATE_REGISTER_ACCOUNT": GENEROUS_RATE,
-        "SXWL_DATABASE_URL": database_url,
-        "SXWL_LOG_LEVEL": log_level,
-        "SXWL_SECRET_KEY": "bench-secret-key-0123456789abcdef",
-    }
 
 
 # ---- CPU accounting through /proc ----------------------------------------------------------------
@@ -349,11 +295,7 @@ class Load:
         return self.accepted / self.ok if self.ok else float("nan")
 
     def percentile(self, q: int) -> float:
-        if not self.latencies_ms:
-            return float("nan")
-        if len(self.latencies_ms) == 1:
-            return self.latencies_ms[0]
-        return statistics.quantiles(self.latencies_ms, n=100, method="inclusive")[q - 1]
+        return percentile(self.latencies_ms, q)
 
 
 async def heartbeat_load(
@@ -657,11 +599,11 @@ def fleet_state(url: str) -> tuple[int, int]:
 def measure_engine(plan: Plan, engine: str, database_url: str, db_pid: int | None) -> EngineResult:
     console = plan.console
     console.print(f"[bold]{engine}[/]: starting {plan.replicas} cloud process(es)")
-    env = server_env(database_url, plan.log_level)
-    clouds: list[BenchCloud] = []
+    env = cloud_env(database_url, plan.log_level)
+    clouds: list[CloudProcess] = []
     for replica in range(plan.replicas):
         # One after the other: the first applies the migrations.
-        cloud = BenchCloud(plan.workdir / f"{engine}-{replica}", free_port(), env)
+        cloud = CloudProcess(plan.workdir / f"{engine}-{replica}", free_port(), env)
         plan.processes.add(cloud.stop)
         clouds.append(cloud)
     try:
@@ -715,16 +657,6 @@ def _stop_spy(spy: subprocess.Popen[bytes]) -> None:
 
 
 # ---- report -------------------------------------------------------------------------------------------
-
-
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 def verdict(result: EngineResult) -> str:
@@ -845,7 +777,7 @@ def summary(plan: Plan, result: EngineResult) -> dict[str, Any]:
 
 
 def markdown_section(plan: Plan, results: list[EngineResult], loads: tuple[Any, Any]) -> str:
-    now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
+    now = utc_now()
     pace = (
         f"offered at {plan.rate:g}/s in all"
         if plan.rate > 0
@@ -868,7 +800,7 @@ def markdown_section(plan: Plan, results: list[EngineResult], loads: tuple[Any, 
         "every beat (≈10 KB of JSON); each CPod's beats go in order with a rising seq. One warm-up beat "
         "per CPod is not counted.",
         "",
-        f"- machine: {os.cpu_count()} CPUs ({cpu_model()}), {platform.system()} {platform.release()}",
+        machine_line(),
         f"- Python {platform.python_version()}; server log level {plan.log_level}; sxwl at "
         f"{source_revision()}",
         f"- 1-minute load average: {loads[0][0]:.2f} before the run, {loads[1][0]:.2f} after it (the "
@@ -910,15 +842,6 @@ def markdown_section(plan: Plan, results: list[EngineResult], loads: tuple[Any, 
         if a.load.per_s > 0:
             lines.append(f"- {b.engine}/{a.engine}: {b.load.per_s / a.load.per_s:.2f}× the heartbeats/s.")
     return "\n".join(lines) + "\n"
-
-
-def append_results(section: str) -> None:
-    existing = RESULTS.read_text() if RESULTS.exists() else ""
-    separator = (
-        "" if not existing or existing.endswith("\n\n") else ("\n" if existing.endswith("\n") else "\n\n")
-    )
-    with RESULTS.open("a") as handle:
-        handle.write(separator + section)
 
 
 # ---- main ---------------------------------------------------------------------------------------------

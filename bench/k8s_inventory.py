@@ -32,6 +32,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "src"))
 
+from bench.common import RESULTS  # noqa: E402
 from kubernetes_asyncio import client  # noqa: E402
 from tests.support.k8s import GpuNodeSpec, K8sCluster, api_client, gpu_node_manifest  # noqa: E402
 
@@ -257,7 +258,7 @@ def report(args: argparse.Namespace, setup: dict[str, float], r: dict[str, Any])
     text = "\n".join(lines)
     print(text)
     if not args.no_results:
-        with (ROOT / "bench" / "RESULTS.md").open("a") as handle:
+        with RESULTS.open("a") as handle:
             handle.write(text)
 
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import datetime
 import os
 import platform
 import resource
@@ -25,13 +24,12 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from bench.common import RESULTS, utc_now  # noqa: E402
 from tests.ctl.hosts import SshdHost, config_text, have_sshd, keygen  # noqa: E402
 
 from sxwl.ctl import config as cfg  # noqa: E402
 from sxwl.ctl.preflight import Report, run_preflight  # noqa: E402
 from sxwl.ctl.ssh import DEFAULT_CONCURRENCY, KnownHosts, SshPool  # noqa: E402
-
-RESULTS = Path(__file__).resolve().parent / "RESULTS.md"
 
 
 async def timed(config: cfg.ClusterConfig, known: Path, parallel: int) -> tuple[float, float, Report]:
@@ -91,7 +89,7 @@ def main() -> None:
     print(summary)
     if args.no_record:
         return
-    now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
+    now = utc_now()
     section = (
         f"\n## 3kctl preflight — {now}\n{DESCRIPTION}\n"
         f"- machine: {os.cpu_count()} CPUs, {platform.system()} {platform.release()}; "

@@ -36,17 +36,13 @@ import os
 import platform
 import pstats
 import random
-import signal
 import sqlite3
 import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import FrameType
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -55,6 +51,19 @@ if str(ROOT) not in sys.path:
 
 import httpx  # noqa: E402
 import psycopg  # noqa: E402
+from bench.common import (  # noqa: E402
+    API,
+    PASSWORD,
+    RESULTS,
+    SECRET_KEY,
+    Processes,
+    append_results,
+    cloud_env,
+    interrupt_on_sigterm,
+    machine_line,
+    percentile,
+    utc_now,
+)
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 from sqlalchemy import delete, func, select, update  # noqa: E402
@@ -69,11 +78,6 @@ from sxwl.cloud.db.engine import make_engine  # noqa: E402
 from sxwl.cloud.db.models import Job, JobAttempt, JobState  # noqa: E402
 from sxwl.cloud.services import scheduler  # noqa: E402
 
-RESULTS = Path(__file__).resolve().parent / "RESULTS.md"
-API = "/api/v1"
-PASSWORD = "bench-password-0123"
-GENEROUS_RATE = "1000000/1"
-SECRET_KEY = "bench-secret-key-0123456789abcdef"
 ENGINES = ("sqlite", "postgresql")
 
 NODES_PER_CPOD = 4
@@ -91,74 +95,7 @@ TARGET_ASSIGN_PER_S = 500.0
 TARGET_P50_MS = 100.0
 
 
-# ---- processes ----------------------------------------------------------------------------------
-
-
-class Processes:
-    """Everything this script started, stopped in reverse order whatever happens."""
-
-    def __init__(self) -> None:
-        self._stops: list[Callable[[], None]] = []
-
-    def add(self, stop: Callable[[], None]) -> None:
-        self._stops.append(stop)
-
-    def stop_all(self) -> None:
-        while self._stops:
-            stop = self._stops.pop()
-            try:
-                stop()
-            except Exception as exc:  # keep stopping the rest
-                print(f"warning: cleanup failed: {exc!r}", file=sys.stderr)
-
-
-class BenchCloud(CloudProcess):
-    """A ``CloudProcess`` that stops its process when the start itself fails or is interrupted."""
-
-    def __init__(self, data_dir: Path, port: int, env: dict[str, str]) -> None:
-        try:
-            super().__init__(data_dir, port, env=env)
-        except BaseException:
-            if getattr(self, "proc", None) is not None:
-                self.stop()
-            raise
-
-
-def _raise_interrupt(signum: int, _frame: FrameType | None) -> None:
-    raise KeyboardInterrupt(f"signal {signum}")
-
-
-@contextmanager
-def interrupt_on_sigterm() -> Iterator[None]:
-    previous = signal.signal(signal.SIGTERM, _raise_interrupt)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-
-
-def server_env(database_url: str) -> dict[str, str]:
-    return {
-        "SXWL_RATE_LOGIN_IP": GENEROUS_RATE,
-        "SXWL_RATE_LOGIN_ACCOUNT": GENEROUS_RATE,
-        "SXWL_RATE_REGISTER_IP": GENEROUS_RATE,
-        "SXWL_RATE_REGISTER_ACCOUNT": GENEROUS_RATE,
-        "SXWL_DATABASE_URL": database_url,
-        # One log line per assignment would be part of the cost; the shipped default is INFO.
-        "SXWL_LOG_LEVEL": "WARNING",
-        "SXWL_SECRET_KEY": SECRET_KEY,
-    }
-
-
 # ---- numbers ------------------------------------------------------------------------------------------
-
-
-def percentile(values: list[float], q: int) -> float:
-    if not values:
-        return float("nan")
-    if len(values) == 1:
-        return values[0]
-    return statistics.quantiles(values, n=100, method="inclusive")[q - 1]
 
 
 @dataclass
@@ -774,7 +711,8 @@ async def run_engine(plan: Plan, engine: str, database_url: str) -> EngineResult
     data_dir = plan.tmp / engine
     port = free_port()
     console.print(f"[bold]{engine}[/]: starting sxwl serve on port {port}")
-    cloud = BenchCloud(data_dir, port, server_env(database_url))
+    # One log line per assignment would be part of the cost; the shipped default is INFO.
+    cloud = CloudProcess(data_dir, port, cloud_env(database_url, log_level="WARNING"))
     plan.processes.add(cloud.stop)
     url = cloud.url
     resolved = Settings(data_dir=data_dir, database_url=database_url).resolved_database_url()
@@ -967,16 +905,6 @@ def profile_pass(engine: str, database_url: str, work: Path, batch: int) -> Pass
 # ---- report ---------------------------------------------------------------------------------------------
 
 
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
-
-
 def ms(value: float) -> str:
     if value != value:
         return "n/a"
@@ -1099,14 +1027,14 @@ def markdown_section(
     profiles: list[PassProfile],
     loads: tuple[tuple[float, float, float], tuple[float, float, float]],
 ) -> str:
-    now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
+    now = utc_now()
     lines = [
         f"## Scheduling: {now}",
         "",
         "`bench/scheduling.py`: a real `sxwl serve` (log level WARNING); simulated CPods and users "
         "talk to it over loopback HTTP from one asyncio process, which shares the CPUs with it.",
         "",
-        f"- machine: {os.cpu_count()} CPUs ({cpu_model()}), {platform.system()} {platform.release()}",
+        machine_line(),
         f"- Python {platform.python_version()}",
         f"- 1-minute load average: {loads[0][0]:.2f} before the run, {loads[1][0]:.2f} after it "
         "(the latter includes its own load; other work on the machine skews the figures)",
@@ -1188,15 +1116,6 @@ def markdown_section(
             share = seconds / profile.profiled_seconds if profile.profiled_seconds else 0.0
             lines.append(f"| `{name}` | {seconds:.2f} | {share:.0%} | {calls:,} |")
     return "\n".join(lines) + "\n"
-
-
-def append_results(section: str) -> None:
-    existing = RESULTS.read_text() if RESULTS.exists() else ""
-    separator = (
-        "" if not existing or existing.endswith("\n\n") else ("\n" if existing.endswith("\n") else "\n\n")
-    )
-    with RESULTS.open("a") as handle:
-        handle.write(separator + section)
 
 
 # ---- main ----------------------------------------------------------------------------------------------

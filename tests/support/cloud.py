@@ -50,7 +50,11 @@ class CloudProcess:
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
-        self.wait_ready()
+        try:
+            self.wait_ready()
+        except BaseException:
+            self.stop()  # a start that fails (or is interrupted) leaves no process behind
+            raise
 
     def wait_ready(self) -> None:
         self.wait_for(self.url, self.proc, self.log_path)
