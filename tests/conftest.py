@@ -10,12 +10,30 @@ from fastapi.testclient import TestClient
 from sxwl.cloud.app import create_app
 from sxwl.cloud.config import Settings
 from tests.support.cloud import test_settings
+from tests.support.k8s import K8sCluster, MissingBinariesError, StartError, bin_dir
 from tests.support.postgres import TempPostgres
 
 
 @pytest.fixture(scope="session")
 def postgres() -> Iterator[TempPostgres]:
     cluster = TempPostgres().start()
+    yield cluster
+    cluster.stop()
+
+
+@pytest.fixture(scope="session")
+def k8s_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[K8sCluster]:
+    """etcd, kube-apiserver, kube-controller-manager, kube-scheduler and KWOK on loopback
+    (tests/support/k8s.py), for the whole session: used by tests/k8s and by 3kctl's end-to-end test
+    (tests/ctl/test_deploy_k8s.py). Fails (never skips) when `make k8s-bins` has not built the binaries."""
+    cluster: K8sCluster | None = None
+    failure = ""
+    try:
+        cluster = K8sCluster(root=tmp_path_factory.mktemp("k8s"), bins=bin_dir()).start()
+    except (MissingBinariesError, StartError) as error:
+        failure = str(error)  # failed outside the except block: no chained traceback in the report
+    if cluster is None:
+        pytest.fail(failure, pytrace=False)
     yield cluster
     cluster.stop()
 

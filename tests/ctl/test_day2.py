@@ -4,6 +4,7 @@ recorded helm/kubectl and KubeKey stand-ins; hosts are real sshd processes where
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -191,6 +192,16 @@ def test_status_shows_nodes_components_and_agent(static: Deployed) -> None:
         json.dumps({"deploy all": {"steps": {}, "hosts": ["master1", "worker1"]}})
     )
     responses[0]["stdout"] = json.dumps(NODES)
+    assert static.run("status", responses=responses).rc == 0
+    # A release of the same name in another namespace is not 3kctl's: it is listed apart and does
+    # not stand for the one 3kctl installed (release names are unique per namespace only).
+    other = {"name": "sxwl-agent", "namespace": "elsewhere", "chart": "sxwl-agent-9", "status": "failed"}
+    responses[1]["stdout"] = json.dumps([r for r in RELEASES if r["name"] != "sxwl-agent"] + [other])
+    missing = static.run("status", responses=responses)
+    assert missing.rc == 1
+    assert re.search(r"sxwl-agent\s+│\s+sxwl-system\s+│.*✗ not installed", missing.out), missing.out
+    assert re.search(r"sxwl-agent\s+│\s+elsewhere\s+│\s+sxwl-agent-9\s+│\s+failed", missing.out), missing.out
+    responses[1]["stdout"] = json.dumps([other, *RELEASES])
     assert static.run("status", responses=responses).rc == 0
 
 

@@ -215,7 +215,7 @@ def test_chart_installs_and_the_agent_registers_with_its_service_account(
         assert saved["cluster_uid"] == kube_system_uid
         assert saved["api_url"] == cloud.url
         assert provider.key not in json.dumps(saved)
-        assert "403" not in process.log and "Forbidden" not in process.log
+        assert "(403)" not in process.log and " 403 " not in process.log and "Forbidden" not in process.log
     finally:
         process.signal(signal.SIGTERM)
         assert process.wait(20) == 0, process.log

@@ -123,23 +123,26 @@ def _releases(ctx: Context, console: Console, log: TextIO) -> bool:
         log,
         Command([ctx.tools.helm, "list", "-A", "-o", "json", "--kubeconfig", str(ctx.work.kubeconfig)]),
     )
-    releases = {r.get("name"): r for r in data or []}
+    # By name and namespace: a release name is unique only within its namespace.
+    releases = {(r.get("name"), r.get("namespace")): r for r in data or []}
     expected = [c for c in ctx.manifest.charts] if ctx.artifact_root else []
-    expected += [c for c in ctx.manifest.ceph if c.release in releases] if ctx.artifact_root else []
+    expected += (
+        [c for c in ctx.manifest.ceph if (c.release, c.namespace) in releases] if ctx.artifact_root else []
+    )
     table = Table("component", "namespace", "chart", "status", title="platform components")
     healthy = True
     for chart in expected:
-        release = releases.get(chart.release)
+        release = releases.get((chart.release, chart.namespace))
         state = release.get("status", "?") if release else "not installed"
         healthy &= state == "deployed"
         mark = "[green]✓[/]" if state == "deployed" else "[red]✗[/]"
         table.add_row(
             chart.release, chart.namespace, release.get("chart", "") if release else "", f"{mark} {state}"
         )
-    for name, release in releases.items():
-        if name not in {c.release for c in expected}:
+    for (name, namespace), release in releases.items():
+        if (name, namespace) not in {(c.release, c.namespace) for c in expected}:
             table.add_row(
-                str(name), release.get("namespace", ""), release.get("chart", ""), release.get("status", "")
+                str(name), str(namespace or ""), release.get("chart", ""), release.get("status", "")
             )
     console.print(table)
     return healthy

@@ -9,8 +9,9 @@ here, each selected only by an environment variable that tests set:
   (a copy of ``SXWL_3KCTL_FAKE_KK_KUBECONFIG`` when set) where the kubeconfig step fetches it over
   SSH. ``SXWL_3KCTL_FAKE_KK_FAIL="create cluster"`` makes that sub-command fail, and
   ``SXWL_3KCTL_FAKE_KK_SLEEP="create cluster=30"`` makes it take 30 s (to interrupt it).
-- ``SXWL_3KCTL_FAKE_KUBE=<dir>``: ``RecordedKube`` for helm and kubectl until the test control
-  plane is wired in. Records to ``<dir>/kube-calls.jsonl``; answers from ``<dir>/responses.json``
+- ``SXWL_3KCTL_FAKE_KUBE=<dir>``: ``RecordedKube`` for helm and kubectl, in the tests that need no
+  cluster (tests/ctl/test_deploy_k8s.py runs the real ones against the test control plane of
+  tests/support/k8s.py). Records to ``<dir>/kube-calls.jsonl``; answers from ``<dir>/responses.json``
   (a list of ``{"match": "substring of the command line", "stdout": "...", "rc": 0}``, first match
   wins), else rc 0 and empty output.
 """
