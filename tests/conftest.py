@@ -6,9 +6,11 @@ from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
+from playwright.sync_api import Browser, Playwright, sync_playwright
 
 from sxwl.cloud.app import create_app
 from sxwl.cloud.config import Settings
+from tests.support.browser import launch
 from tests.support.cloud import test_settings
 from tests.support.k8s import K8sCluster, MissingBinariesError, StartError, bin_dir
 from tests.support.postgres import TempPostgres
@@ -92,3 +94,19 @@ def login(client: TestClient, email: str, password: str = "correct horse") -> di
     response = client.post("/api/v1/auth/login", json={"email": email, "password": password})
     assert response.status_code == 200, response.text
     return {"Authorization": f"Bearer {response.json()['access_token']}"}
+
+
+@pytest.fixture(scope="session")
+def playwright() -> Iterator[Playwright]:
+    with sync_playwright() as p:
+        yield p
+
+
+@pytest.fixture(scope="session")
+def browser(playwright: Playwright) -> Iterator[Browser]:
+    """One headless Debian Chromium for every browser test; each test opens its own context."""
+    browser = launch(playwright)
+    try:
+        yield browser
+    finally:
+        browser.close()

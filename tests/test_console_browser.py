@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from playwright.sync_api import Browser, Page, Playwright, ViewportSize, expect, sync_playwright
+from playwright.sync_api import Browser, Page, ViewportSize, expect
 
 from tests.support.browser import (
     PASSWORD,
@@ -19,7 +19,6 @@ from tests.support.browser import (
     api_register,
     api_token,
     create_admin,
-    launch,
     new_context,
     screenshot,
 )
@@ -47,21 +46,6 @@ def cloud(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cloud]:
         yield Cloud(process.url, data_dir)
     finally:
         process.stop()
-
-
-@pytest.fixture(scope="module")
-def playwright() -> Iterator[Playwright]:
-    with sync_playwright() as p:
-        yield p
-
-
-@pytest.fixture(scope="module")
-def browser(playwright: Playwright) -> Iterator[Browser]:
-    browser = launch(playwright)
-    try:
-        yield browser
-    finally:
-        browser.close()
 
 
 @pytest.fixture

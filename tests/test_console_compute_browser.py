@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from playwright.sync_api import Browser, Locator, Page, Playwright, ViewportSize, expect, sync_playwright
+from playwright.sync_api import Browser, Locator, Page, ViewportSize, expect
 
 from tests.support.browser import (
     Heartbeats,
@@ -24,7 +24,6 @@ from tests.support.browser import (
     api_token,
     create_admin,
     gpu_node,
-    launch,
     new_context,
     screenshot,
     sign_in,
@@ -60,21 +59,6 @@ def cloud(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cloud]:
         yield Cloud(process.url, data_dir)
     finally:
         process.stop()
-
-
-@pytest.fixture(scope="module")
-def playwright() -> Iterator[Playwright]:
-    with sync_playwright() as p:
-        yield p
-
-
-@pytest.fixture(scope="module")
-def browser(playwright: Playwright) -> Iterator[Browser]:
-    browser = launch(playwright)
-    try:
-        yield browser
-    finally:
-        browser.close()
 
 
 @pytest.fixture

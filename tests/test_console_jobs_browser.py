@@ -17,10 +17,8 @@ from playwright.sync_api import (
     Browser,
     BrowserContext,
     Page,
-    Playwright,
     ViewportSize,
     expect,
-    sync_playwright,
 )
 
 from tests.support.agent import AgentProcess, eventually
@@ -30,7 +28,6 @@ from tests.support.browser import (
     api_register,
     api_token,
     fits_width,
-    launch,
     new_context,
     register_in_form,
     screenshot,
@@ -95,21 +92,6 @@ def cloud(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cloud]:
         if agent is not None:
             agent.stop()
         process.stop()
-
-
-@pytest.fixture(scope="module")
-def playwright() -> Iterator[Playwright]:
-    with sync_playwright() as p:
-        yield p
-
-
-@pytest.fixture(scope="module")
-def browser(playwright: Playwright) -> Iterator[Browser]:
-    browser = launch(playwright)
-    try:
-        yield browser
-    finally:
-        browser.close()
 
 
 @pytest.fixture
