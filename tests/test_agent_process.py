@@ -7,14 +7,13 @@ import signal
 import stat
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
 
 from sxwl.agent.inventory.local import memory_mib
 from tests.support.agent import AgentProcess, eventually
-from tests.support.cloud import CloudProcess
+from tests.support.cloud import CloudProcess, Provider
 from tests.support.net import free_port
 
 INTERVAL = "0.3"
@@ -34,32 +33,6 @@ def cloud(tmp_path: Path, db_url: str) -> Iterator[CloudProcess]:
     )
     yield process
     process.stop()
-
-
-class Provider:
-    def __init__(self, cloud: CloudProcess, email: str = "owner@example.com") -> None:
-        self.url = cloud.url
-        httpx.post(
-            f"{self.url}/api/v1/auth/register",
-            json={"email": email, "password": "correct horse", "role": "provider"},
-        ).raise_for_status()
-        token = httpx.post(
-            f"{self.url}/api/v1/auth/login", json={"email": email, "password": "correct horse"}
-        ).json()["access_token"]
-        self.headers = {"Authorization": f"Bearer {token}"}
-        self.key: str = httpx.get(f"{self.url}/api/v1/me/access-key", headers=self.headers).json()[
-            "access_key"
-        ]
-
-    def cpods(self) -> list[dict[str, Any]]:
-        result: list[dict[str, Any]] = httpx.get(f"{self.url}/api/v1/cpods", headers=self.headers).json()
-        return result
-
-    def only_cpod(self, status: str | None = None) -> dict[str, Any] | None:
-        cpods = self.cpods()
-        if len(cpods) == 1 and (status is None or cpods[0]["status"] == status):
-            return cpods[0]
-        return None
 
 
 def test_agent_registers_reports_goes_offline_and_comes_back(cloud: CloudProcess, tmp_path: Path) -> None:

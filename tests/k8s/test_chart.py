@@ -14,13 +14,12 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 import yaml
 from kubernetes_asyncio import client
 
 from tests.support.agent import AgentProcess, eventually
-from tests.support.cloud import CloudProcess
+from tests.support.cloud import CloudProcess, Provider
 from tests.support.k8s import REPO, K8sCluster, api_client
 from tests.support.net import free_port
 
@@ -45,26 +44,6 @@ def cloud(tmp_path: Path) -> Iterator[CloudProcess]:
     )
     yield process
     process.stop()
-
-
-class Provider:
-    def __init__(self, cloud: CloudProcess, email: str = "k8s@example.com") -> None:
-        self.url = cloud.url
-        httpx.post(
-            f"{self.url}/api/v1/auth/register",
-            json={"email": email, "password": "correct horse", "role": "provider"},
-        ).raise_for_status()
-        token = httpx.post(
-            f"{self.url}/api/v1/auth/login", json={"email": email, "password": "correct horse"}
-        ).json()["access_token"]
-        self.headers = {"Authorization": f"Bearer {token}"}
-        self.key: str = httpx.get(f"{self.url}/api/v1/me/access-key", headers=self.headers).json()[
-            "access_key"
-        ]
-
-    def cpods(self) -> list[dict[str, Any]]:
-        result: list[dict[str, Any]] = httpx.get(f"{self.url}/api/v1/cpods", headers=self.headers).json()
-        return result
 
 
 def install(cluster: K8sCluster, cloud_url: str, access_key: str, *values: str) -> str:
@@ -177,7 +156,7 @@ def test_chart_lints_and_renders(k8s_cluster: K8sCluster) -> None:
 def test_chart_installs_and_the_agent_registers_with_its_service_account(
     k8s_cluster: K8sCluster, cloud: CloudProcess, tmp_path: Path
 ) -> None:
-    provider = Provider(cloud)
+    provider = Provider(cloud, email="k8s@example.com")
     tag = uuid.uuid4().hex[:6]
     product = f"NVIDIA-H100-80GB-HBM3-{tag}"
     gpu_nodes = k8s_cluster.add_gpu_nodes(f"chart-{tag}", 2, product=product, memory_mib=81559, gpus=8)

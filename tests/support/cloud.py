@@ -83,3 +83,31 @@ class CloudProcess:
                 os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait()
         self._log.close()
+
+
+class Provider:
+    """A provider account on a cloud process, signed in, with its accessKey."""
+
+    def __init__(self, cloud: CloudProcess, email: str = "owner@example.com") -> None:
+        self.url = cloud.url
+        httpx.post(
+            f"{self.url}/api/v1/auth/register",
+            json={"email": email, "password": "correct horse", "role": "provider"},
+        ).raise_for_status()
+        token = httpx.post(
+            f"{self.url}/api/v1/auth/login", json={"email": email, "password": "correct horse"}
+        ).json()["access_token"]
+        self.headers = {"Authorization": f"Bearer {token}"}
+        self.key: str = httpx.get(f"{self.url}/api/v1/me/access-key", headers=self.headers).json()[
+            "access_key"
+        ]
+
+    def cpods(self) -> list[dict[str, Any]]:
+        result: list[dict[str, Any]] = httpx.get(f"{self.url}/api/v1/cpods", headers=self.headers).json()
+        return result
+
+    def only_cpod(self, status: str | None = None) -> dict[str, Any] | None:
+        cpods = self.cpods()
+        if len(cpods) == 1 and (status is None or cpods[0]["status"] == status):
+            return cpods[0]
+        return None
