@@ -756,7 +756,7 @@ class PassProfile:
     queued: int
     assigned: int
     one_job_pass_ms: float  # a pass that places one job, with the benchmark's active jobs in place
-    capacity_ms: float  # reading free capacity (every online CPod's nodes and every active job)
+    capacity_ms: float  # bringing the capacity cache up to date (CPod versions, active job attempts)
     seconds: float
     profiled_seconds: float
     top_self: list[tuple[str, float, int]]  # function, seconds, calls
@@ -820,12 +820,14 @@ def requeue_all(ctx: CloudContext) -> int:
 
 def one_job_passes(ctx: CloudContext, count: int) -> tuple[list[float], list[float]]:
     """Seconds of ``count`` passes that each place one job (queued again) while every other job of
-    the benchmark holds its GPUs, as in the latency run; and of as many reads of the capacity."""
+    the benchmark holds its GPUs, as in the latency run; and of as many refreshes of the (warm)
+    capacity cache, the part of such a pass that grows with the fleet and the active jobs."""
     passes, reads = [], []
     for _ in range(count):
-        with ctx.db.session() as session:
+        cache = scheduler.capacity_cache(ctx)
+        with ctx.db.session() as session, cache.lock:
             began = time.perf_counter()
-            scheduler.capacity(session)
+            cache.refresh(session)
             reads.append(time.perf_counter() - began)
             job_id = session.scalar(select(Job.id).where(Job.state == JobState.ASSIGNED).limit(1))
             if job_id is None:
@@ -1004,7 +1006,7 @@ def print_profile(console: Console, profile: PassProfile) -> None:
     )
     console.print(
         f"A pass placing one job among the benchmark's active jobs: median {profile.one_job_pass_ms:.0f} ms, "
-        f"of which reading capacity {profile.capacity_ms:.0f} ms"
+        f"of which refreshing capacity {profile.capacity_ms:.0f} ms"
     )
     for title, rows in (
         ("self time (where the CPU goes)", profile.top_self),
@@ -1095,8 +1097,8 @@ def markdown_section(
             "every job queued again, batch "
             f"{profile.queued:,}): {profile.assigned:,} assigned in {profile.seconds:.2f} s "
             f"({profile.per_s:.0f}/s). A pass placing one job while the benchmark's other jobs hold their "
-            f"GPUs (as in the latency run): median {profile.one_job_pass_ms:.0f} ms, of which reading "
-            f"capacity {profile.capacity_ms:.0f} ms. Top self time of the big pass under cProfile "
+            f"GPUs (as in the latency run): median {profile.one_job_pass_ms:.0f} ms, of which refreshing "
+            f"the capacity cache {profile.capacity_ms:.0f} ms. Top self time of the big pass under cProfile "
             f"({profile.profiled_seconds:.2f} s):",
             "",
             "| function | s | share | calls |",

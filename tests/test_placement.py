@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import copy
+import random
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sxwl.cloud.services.placement import CPodCapacity, Need, NodeCapacity, place, take, why_not
+from sxwl.cloud.services.placement import CPodCapacity, Need, NodeCapacity, Placement, Pool, why_not
 from sxwl.cloud.services.scheduler import fair_order
 
 A100 = "NVIDIA-A100-SXM4-80GB"
@@ -15,6 +17,10 @@ H100 = "NVIDIA-H100-80GB-HBM3"
 
 def pod(cpod_id: str, *nodes: tuple[str, str | None, int, int]) -> CPodCapacity:
     return CPodCapacity(cpod_id, [NodeCapacity(n, p, a, f) for n, p, a, f in nodes])
+
+
+def place(need: Need, cpods: list[CPodCapacity]) -> Placement | None:
+    return Pool(cpods).place(need)
 
 
 def test_single_node_best_fit_prefers_the_tightest_node() -> None:
@@ -46,12 +52,16 @@ def test_multi_node_needs_distinct_nodes_of_one_cpod() -> None:
 
 
 def test_take_reduces_free_capacity() -> None:
-    pool = [pod("c1", ("a", A100, 8, 8))]
-    placed = place(Need(A100, 6, 1), pool)
-    assert placed is not None
-    take(pool, placed, 6)
-    assert place(Need(A100, 3, 1), pool) is None
-    assert place(Need(A100, 2, 1), pool) is not None
+    pool = Pool([pod("c1", ("a", A100, 8, 8)), pod("c2", ("b", A100, 8, 7))])
+    placed = pool.place(Need(A100, 8, 1))
+    assert placed == Placement("c1", ["a"])
+    pool.take(placed, 6)
+    assert pool.place(Need(A100, 3, 1)) == Placement("c2", ["b"])
+    assert pool.place(Need(A100, 2, 1)) == Placement("c1", ["a"])  # now the tightest
+    assert pool.place(Need(A100, 2, 1, cpod_id="c1")) == Placement("c1", ["a"])
+    pool.take(Placement("c1", ["a"]), 2)
+    assert pool.place(Need(A100, 1, 1, cpod_id="c1")) is None
+    assert pool.place(Need(None, 0, 1)) == Placement("c1", ["a"])  # a CPU-only job still fits
 
 
 def test_pinned_cpod_and_not_ready_nodes() -> None:
@@ -68,6 +78,61 @@ def test_reasons_say_what_to_do() -> None:
     assert why_not(Need(H100, 2, 1), pool, None) == f"no online CPod offers 2 × {H100}"
     assert why_not(Need(A100, 2, 3), pool, None) == f"no online CPod offers 3 nodes with 2 × {A100} each"
     assert why_not(Need(A100, 1, 1, cpod_id="c9"), pool, False) == "CPod c9 is not online"
+
+
+def reference_place(need: Need, cpods: list[CPodCapacity]) -> Placement | None:
+    """The definition of best fit, by brute force over every node: what the index must agree with."""
+    best: tuple[int, str, list[str]] | None = None
+    for cpod in cpods:
+        if need.cpod_id is not None and cpod.id != need.cpod_id:
+            continue
+        fitting = sorted(
+            (n.free, n.name)
+            for n in cpod.nodes
+            if n.ready
+            and (
+                need.gpus_per_node == 0
+                or (need.gpu_product in (None, n.product) and n.free >= need.gpus_per_node)
+            )
+        )
+        if len(fitting) >= need.nodes:
+            chosen = fitting[: need.nodes]
+            key = (sum(free - need.gpus_per_node for free, _ in chosen), cpod.id, [n for _, n in chosen])
+            if best is None or key[:2] < best[:2]:
+                best = key
+    return Placement(best[1], best[2]) if best else None
+
+
+def test_index_agrees_with_brute_force_while_capacity_is_taken() -> None:
+    rng = random.Random(7)
+    for _ in range(30):
+        cpods = [
+            CPodCapacity(
+                f"c{c}",
+                [
+                    NodeCapacity(
+                        f"n{k}", rng.choice([A100, H100, None]), 8, rng.randint(0, 8), rng.random() > 0.1
+                    )
+                    for k in range(rng.randint(1, 5))
+                ],
+            )
+            for c in range(rng.randint(1, 12))
+        ]
+        pool = Pool(copy.deepcopy(cpods))
+        for _ in range(60):
+            need = Need(
+                rng.choice([A100, H100, None]),
+                rng.choice([0, 1, 2, 4, 8]),
+                rng.choice([1, 1, 1, 2, 3]),
+                rng.choice([None, None, None, f"c{rng.randint(0, 12)}"]),
+            )
+            placed = pool.place(need)
+            assert placed == reference_place(need, cpods), need
+            if placed is not None:
+                pool.take(placed, need.gpus_per_node)
+                for node in next(c for c in cpods if c.id == placed.cpod_id).nodes:
+                    if node.name in placed.node_names:
+                        node.free -= need.gpus_per_node
 
 
 @dataclass

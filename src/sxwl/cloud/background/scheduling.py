@@ -11,11 +11,17 @@ from sxwl.cloud.services import scheduler
 
 log = logging.getLogger("sxwl.scheduler")
 
+# Passes start at most this often: a burst of submits or heartbeats shares one pass instead of
+# queueing a pass each, and a lone wake-up after a quiet spell still starts one at once.
+MIN_GAP_S = 0.05
+
 
 async def run(ctx: CloudContext) -> None:
     wake = ctx.notifier.scheduler
+    loop = asyncio.get_running_loop()
     while not ctx.notifier.stopping:
         wake.clear()
+        started = loop.time()
         try:
             assigned = await asyncio.to_thread(scheduler.schedule_once, ctx)
             for item in assigned:
@@ -30,3 +36,4 @@ async def run(ctx: CloudContext) -> None:
             log.exception("scheduling pass failed")
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(wake.wait(), timeout=ctx.settings.scheduler_interval_s)
+        await asyncio.sleep(max(0.0, started + MIN_GAP_S - loop.time()))

@@ -1,8 +1,12 @@
-"""Where a job fits: pure functions over free capacity, so they can be tested without a database."""
+"""Where a job fits: pure code over free capacity, so it can be tested without a database."""
 
 from __future__ import annotations
 
+import heapq
+from bisect import bisect_left, insort
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
+from itertools import islice
 
 
 @dataclass
@@ -40,6 +44,10 @@ class Placement:
     node_names: list[str]
 
 
+# A ready node in the index: ordered by free GPUs, then CPod and node, which is best-fit order.
+Entry = tuple[int, str, str]
+
+
 def _fits(node: NodeCapacity, need: Need, free: bool) -> bool:
     if not node.ready:
         return False
@@ -50,52 +58,96 @@ def _fits(node: NodeCapacity, need: Need, free: bool) -> bool:
     return (node.free if free else node.allocatable) >= need.gpus_per_node
 
 
-def place(need: Need, cpods: list[CPodCapacity]) -> Placement | None:
-    """Best fit: among the CPods (or the pinned one) with enough fitting nodes, the choice that leaves
-    the fewest GPUs stranded on the chosen nodes, so big jobs still find whole nodes later."""
-    if need.nodes == 1:
-        return _place_one(need, cpods)
-    best: tuple[int, str, list[str]] | None = None
-    for cpod in cpods:
-        if need.cpod_id is not None and cpod.id != need.cpod_id:
-            continue
-        candidates = sorted(
-            (n for n in cpod.nodes if _fits(n, need, free=True)), key=lambda n: (n.free, n.name)
-        )
-        if len(candidates) < need.nodes:
-            continue
-        chosen = candidates[: need.nodes]
-        leftover = sum(n.free - need.gpus_per_node for n in chosen)
-        key = (leftover, cpod.id, [n.name for n in chosen])
-        if best is None or key[:2] < best[:2]:
-            best = key
-    return Placement(best[1], best[2]) if best else None
+class Pool:
+    """Free capacity during one scheduling pass. Per GPU product it keeps the ready nodes sorted by
+    (free, CPod, node), so the tightest fitting node is one bisect away and taking GPUs is a delete
+    and an insort, instead of a scan of every node for every job."""
 
-
-def _place_one(need: Need, cpods: list[CPodCapacity]) -> Placement | None:
-    """The single-node case in one pass over the nodes, no sorting: it is most jobs, and a pass
-    places thousands of them over thousands of nodes."""
-    best: tuple[int, str, str] | None = None
-    for cpod in cpods:
-        if need.cpod_id is not None and cpod.id != need.cpod_id:
-            continue
-        for node in cpod.nodes:
-            if _fits(node, need, free=True):
-                key = (node.free - need.gpus_per_node, cpod.id, node.name)
-                if best is None or key < best:
-                    best = key
-    return Placement(best[1], [best[2]]) if best else None
-
-
-def take(cpods: list[CPodCapacity], placement: Placement, gpus_per_node: int) -> None:
-    for cpod in cpods:
-        if cpod.id == placement.cpod_id:
+    def __init__(self, cpods: Iterable[CPodCapacity] = ()) -> None:
+        self.cpods = {c.id: c for c in cpods}
+        self._index: dict[str | None, list[Entry]] = {}
+        for cpod in self.cpods.values():
             for node in cpod.nodes:
-                if node.name in placement.node_names:
-                    node.free -= gpus_per_node
+                if node.ready:
+                    self._index.setdefault(node.product, []).append((node.free, cpod.id, node.name))
+        for entries in self._index.values():
+            entries.sort()
+        self.touched: set[str] = set()  # CPods that ``take`` changed
+
+    def put(self, cpod: CPodCapacity) -> None:
+        """Adds a CPod, or replaces what the pool knew of it."""
+        self.remove(cpod.id)
+        self.cpods[cpod.id] = cpod
+        for node in cpod.nodes:
+            if node.ready:
+                insort(self._index.setdefault(node.product, []), (node.free, cpod.id, node.name))
+
+    def remove(self, cpod_id: str) -> None:
+        cpod = self.cpods.pop(cpod_id, None)
+        for node in cpod.nodes if cpod else ():
+            if node.ready:
+                self._drop(node, cpod_id)
+
+    def _drop(self, node: NodeCapacity, cpod_id: str) -> None:
+        entries = self._index[node.product]
+        del entries[bisect_left(entries, (node.free, cpod_id, node.name))]
+
+    def place(self, need: Need) -> Placement | None:
+        """Best fit: among the CPods (or the pinned one) with enough fitting nodes, the choice that
+        leaves the fewest GPUs stranded on the chosen nodes, so big jobs still find whole nodes later;
+        ties go to the lowest CPod id and node names."""
+        if need.cpod_id is not None:
+            cpod = self.cpods.get(need.cpod_id)
+            if cpod is None:
+                return None
+            entries: Iterable[Entry] = sorted(
+                (n.free, cpod.id, n.name) for n in cpod.nodes if _fits(n, need, free=True)
+            )
+        else:
+            entries = self._fitting(need)
+        return _best(entries, need)
+
+    def _fitting(self, need: Need) -> Iterator[Entry]:
+        """The index entries that fit ``need``, in best-fit order."""
+        if need.gpu_product is not None and need.gpus_per_node:
+            lists = [self._index.get(need.gpu_product, [])]
+        else:  # any product will do (and a CPU-only job takes any ready node)
+            lists = list(self._index.values())
+        start = (need.gpus_per_node,)  # sorts before every entry with that many free GPUs
+        tails = [islice(entries, bisect_left(entries, start), None) for entries in lists]
+        return tails[0] if len(tails) == 1 else heapq.merge(*tails)
+
+    def take(self, placement: Placement, gpus_per_node: int) -> None:
+        cpod = self.cpods[placement.cpod_id]
+        self.touched.add(cpod.id)
+        for node in cpod.nodes:
+            if node.name in placement.node_names:
+                self._drop(node, cpod.id)
+                node.free -= gpus_per_node
+                insort(self._index[node.product], (node.free, cpod.id, node.name))
 
 
-def why_not(need: Need, cpods: list[CPodCapacity], pinned_online: bool | None) -> str:
+def _best(entries: Iterable[Entry], need: Need) -> Placement | None:
+    """The best choice among fitting ``entries`` given in best-fit order: each CPod's first
+    ``need.nodes`` entries are its tightest nodes; the CPod whose choice strands the fewest GPUs wins."""
+    if need.nodes == 1:
+        first = next(iter(entries), None)
+        return Placement(first[1], [first[2]]) if first else None
+    chosen: dict[str, list[Entry]] = {}
+    best: tuple[int, str] | None = None
+    for entry in entries:
+        picked = chosen.setdefault(entry[1], [])
+        if len(picked) == need.nodes:
+            continue
+        picked.append(entry)
+        if len(picked) == need.nodes:
+            key = (sum(free - need.gpus_per_node for free, _, _ in picked), entry[1])
+            if best is None or key < best:
+                best = key
+    return Placement(best[1], [name for _, _, name in chosen[best[1]]]) if best else None
+
+
+def why_not(need: Need, cpods: Iterable[CPodCapacity], pinned_online: bool | None) -> str:
     """The reason a queued job waits, in words a user can act on."""
     if need.cpod_id is not None and not pinned_online:
         return f"CPod {need.cpod_id} is not online"

@@ -6,18 +6,22 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import itertools
+import weakref
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from datetime import datetime
+from typing import Protocol, TypeVar, cast
 
-from sqlalchemy import select, text, update
+from sqlalchemy import Table, bindparam, insert, select, text, update
 from sqlalchemy.orm import Session
 
 from sxwl.cloud.context import CloudContext
-from sxwl.cloud.db.models import ACTIVE_STATES, CPod, CPodStatus, Job, JobAttempt, JobState, User
+from sxwl.cloud.db.engine import Database
+from sxwl.cloud.db.models import Job, JobAttempt, JobEvent, JobState, User
 from sxwl.cloud.db.types import utcnow
-from sxwl.cloud.services import jobs as job_service
-from sxwl.cloud.services.placement import CPodCapacity, Need, NodeCapacity, place, take, why_not
+from sxwl.cloud.services.capacity import CapacityCache, Hold
+from sxwl.cloud.services.placement import Need, Placement, Pool, why_not
 
 
 @dataclass(frozen=True)
@@ -27,48 +31,57 @@ class Assigned:
     attempt: int
 
 
-def capacity(session: Session) -> list[CPodCapacity]:
-    """Free GPUs per node of every online CPod: what the CPod last reported, minus the assignments
-    it has not reported yet."""
-    cpods = session.execute(
-        select(CPod.id, CPod.nodes, CPod.reported_jobs).where(
-            CPod.status == CPodStatus.ONLINE, CPod.revoked_at.is_(None)
-        )
-    ).all()
-    active = session.execute(
-        select(Job.id, Job.attempt, Job.cpod_id, Job.node_names, Job.gpus_per_node).where(
-            Job.state.in_(ACTIVE_STATES)
-        )
-    ).all()
-    unreported: dict[tuple[str, str], int] = defaultdict(int)
-    reported = {cpod_id: set(jobs) for cpod_id, _, jobs in cpods}
-    for job_id, attempt, cpod_id, node_names, gpus in active:
-        if cpod_id is not None and f"{job_id}:{attempt}" not in reported.get(cpod_id, set()):
-            for node in node_names:
-                unreported[(cpod_id, node)] += gpus
-    result = []
-    for cpod_id, nodes, _ in cpods:
-        entry = CPodCapacity(cpod_id)
-        for node in nodes:
-            gpu = node.get("gpu") or {}
-            allocatable = int(gpu.get("allocatable", 0))
-            free = allocatable - int(gpu.get("used", 0)) - unreported[(cpod_id, node["name"])]
-            entry.nodes.append(
-                NodeCapacity(
-                    node["name"], gpu.get("product"), allocatable, max(free, 0), node.get("status") == "ready"
-                )
-            )
-        result.append(entry)
-    return result
+@dataclass(frozen=True)
+class Queued:
+    """The columns of a queued job that a pass needs (not its command or env)."""
+
+    id: str
+    owner_id: str
+    priority: int
+    created_at: datetime
+    attempt: int
+    reason: str | None
+    gpu_product: str | None
+    gpus_per_node: int
+    nodes: int
+    pinned_cpod_id: str | None
 
 
-def fair_order(queued: list[Job], usage: dict[str, int]) -> list[Job]:
+_QUEUED_COLUMNS = (
+    Job.id,
+    Job.owner_id,
+    Job.priority,
+    Job.created_at,
+    Job.attempt,
+    Job.reason,
+    Job.gpu_product,
+    Job.gpus_per_node,
+    Job.nodes,
+    Job.pinned_cpod_id,
+)
+
+
+class _InQueue(Protocol):
+    @property
+    def id(self) -> str: ...
+    @property
+    def owner_id(self) -> str: ...
+    @property
+    def priority(self) -> int: ...
+    @property
+    def created_at(self) -> datetime: ...
+
+
+J = TypeVar("J", bound=_InQueue)
+
+
+def fair_order(queued: Sequence[J], usage: dict[str, int]) -> list[J]:
     """Priority first; within a priority, users take turns (least GPUs in use first), each user's
     jobs in submission order. A user with 1,000 queued jobs does not starve one with a single job."""
-    ordered: list[Job] = []
+    ordered: list[J] = []
     by_priority = itertools.groupby(sorted(queued, key=lambda j: -j.priority), key=lambda j: j.priority)
     for _, group in by_priority:
-        per_user: dict[str, list[Job]] = defaultdict(list)
+        per_user: dict[str, list[J]] = defaultdict(list)
         for job in sorted(group, key=lambda j: (j.created_at, j.id)):
             per_user[job.owner_id].append(job)
         users = sorted(per_user, key=lambda u: (usage.get(u, 0), per_user[u][0].created_at))
@@ -79,12 +92,23 @@ def fair_order(queued: list[Job], usage: dict[str, int]) -> list[Job]:
 
 SCHEDULER_LOCK_ID = 0x5857_4C53  # "SXWL": the PostgreSQL advisory lock that one pass holds
 
+_caches: weakref.WeakKeyDictionary[Database, CapacityCache] = weakref.WeakKeyDictionary()
+
+
+def capacity_cache(ctx: CloudContext) -> CapacityCache:
+    """This process's capacity cache for this database."""
+    cache = _caches.get(ctx.db)
+    if cache is None:
+        cache = _caches.setdefault(ctx.db, CapacityCache())
+    return cache
+
 
 def schedule_once(ctx: CloudContext) -> list[Assigned]:
     """Passes run one at a time, across threads and replicas: a pass that read capacity before
     another pass committed would hand out the same free GPUs twice."""
-    with _one_pass_at_a_time(ctx):
-        assigned = _pass(ctx)
+    cache = capacity_cache(ctx)
+    with cache.lock, _one_pass_at_a_time(ctx):
+        assigned = _pass(ctx, cache)
     for item in assigned:
         ctx.notifier.wake_cpod(item.cpod_id)
     return assigned
@@ -106,92 +130,167 @@ def _one_pass_at_a_time(ctx: CloudContext) -> Iterator[None]:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
-def _pass(ctx: CloudContext) -> list[Assigned]:
-    assigned: list[Assigned] = []
+@dataclass
+class _Writes:
+    """What a pass decided, written in a few batched statements at its end instead of three
+    statements (and a flush) per job."""
+
+    assigned: list[tuple[Queued, Placement]]
+    reasons: list[tuple[str, str]]  # (job id, reason)
+
+
+def _pass(ctx: CloudContext, cache: CapacityCache) -> list[Assigned]:
     with ctx.db.session() as session:
         if session.get_bind().dialect.name == "postgresql":
             session.execute(text("SELECT pg_advisory_xact_lock(:id)"), {"id": SCHEDULER_LOCK_ID})
-        queued = list(
-            session.scalars(
-                select(Job)
+        queued = [
+            Queued(**row._asdict())
+            for row in session.execute(
+                select(*_QUEUED_COLUMNS)
                 .where(Job.state == JobState.QUEUED)
                 .order_by(Job.priority.desc(), Job.created_at)
                 .limit(ctx.settings.scheduler_batch)
             )
-        )
+        ]
         if not queued:
             return []
-        pool = capacity(session)
-        online = {c.id for c in pool}
-        usage = job_service.active_gpus_by_owner(session)
-        unplaceable: dict[Need, str] = {}
-        limits = dict(
-            session.execute(
-                select(User.id, User.max_gpus).where(User.id.in_({j.owner_id for j in queued}))
-            ).all()
+        pool = cache.refresh(session)
+        writes = _decide(ctx, session, queued, pool, cache.usage())
+        won = _write(session, writes)
+    # Committed: later passes of this process need not read these placements back.
+    for job, placement in won:
+        cache.hold(
+            (job.id, job.attempt + 1),
+            Hold(placement.cpod_id, tuple(placement.node_names), job.gpus_per_node, job.owner_id),
         )
-        for job in fair_order(queued, usage):
-            need = Need(job.gpu_product, job.gpus_per_node, job.nodes, job.pinned_cpod_id)
-            total = job.gpus_per_node * job.nodes
-            limit = limits.get(job.owner_id) or ctx.settings.default_user_max_gpus
-            if limit and usage.get(job.owner_id, 0) + total > limit:
-                _explain(
-                    session,
-                    job,
-                    f"your limit of {limit} concurrent GPUs is reached ({usage.get(job.owner_id, 0)} in use)",
-                )
-                continue
-            # Capacity only shrinks during a pass: a need that did not fit once will not fit again.
-            placement = None if need in unplaceable else place(need, pool)
-            if placement is None:
-                if need not in unplaceable:
-                    pinned_online = job.pinned_cpod_id in online if job.pinned_cpod_id else None
-                    unplaceable[need] = why_not(need, pool, pinned_online)
-                _explain(session, job, unplaceable[need])
-                continue
-            attempt = job.attempt + 1
-            won = session.execute(
-                update(Job)
-                .where(Job.id == job.id, Job.state == JobState.QUEUED, Job.attempt == job.attempt)
-                .values(
-                    state=JobState.ASSIGNED,
-                    attempt=attempt,
-                    cpod_id=placement.cpod_id,
-                    node_names=placement.node_names,
-                    assigned_at=utcnow(),
-                    reason=None,
-                )
-                .execution_options(synchronize_session=False)
-            ).rowcount  # type: ignore[attr-defined]
-            if won != 1:
-                continue  # another replica (or a cancel) got there first
-            session.add(
-                JobAttempt(
-                    job_id=job.id,
-                    attempt=attempt,
-                    cpod_id=placement.cpod_id,
-                    node_names=placement.node_names,
-                    gpus=total,
-                )
-            )
-            job_service.event_for(
-                session,
-                job.id,
-                attempt,
-                "assigned",
-                f"CPod {placement.cpod_id}, nodes {', '.join(placement.node_names)}",
-            )
-            take(pool, placement, job.gpus_per_node)
-            usage[job.owner_id] = usage.get(job.owner_id, 0) + total
-            assigned.append(Assigned(job.id, placement.cpod_id, attempt))
-    return assigned
+    return [Assigned(job.id, placement.cpod_id, job.attempt + 1) for job, placement in won]
 
 
-def _explain(session: Session, job: Job, reason: str) -> None:
+def _decide(
+    ctx: CloudContext, session: Session, queued: list[Queued], pool: Pool, usage: dict[str, int]
+) -> _Writes:
+    owners = {j.owner_id for j in queued}
+    limits: dict[str, int | None] = {
+        user_id: limit
+        for user_id, limit in session.execute(select(User.id, User.max_gpus).where(User.id.in_(owners)))
+    }
+    writes = _Writes([], [])
+    # Capacity only shrinks during a pass: a need that did not fit once will not fit again.
+    unplaceable: dict[Need, str] = {}
+    for job in fair_order(queued, usage):
+        need = Need(job.gpu_product, job.gpus_per_node, job.nodes, job.pinned_cpod_id)
+        total = job.gpus_per_node * job.nodes
+        limit = limits.get(job.owner_id) or ctx.settings.default_user_max_gpus
+        held = usage.get(job.owner_id, 0)
+        if limit and held + total > limit:
+            _explain(writes, job, f"your limit of {limit} concurrent GPUs is reached ({held} in use)")
+            continue
+        placement = None if need in unplaceable else pool.place(need)
+        if placement is None:
+            if need not in unplaceable:
+                pinned_online = job.pinned_cpod_id in pool.cpods if job.pinned_cpod_id else None
+                unplaceable[need] = why_not(need, pool.cpods.values(), pinned_online)
+            _explain(writes, job, unplaceable[need])
+            continue
+        pool.take(placement, job.gpus_per_node)
+        usage[job.owner_id] = held + total
+        writes.assigned.append((job, placement))
+    return writes
+
+
+def _explain(writes: _Writes, job: Queued, reason: str) -> None:
     if job.reason != reason:  # write only changes: most passes leave waiting jobs as they are
-        session.execute(
-            update(Job)
-            .where(Job.id == job.id, Job.state == JobState.QUEUED)
-            .values(reason=reason)
-            .execution_options(synchronize_session=False)
-        )
+        writes.reasons.append((job.id, reason))
+
+
+# Core statements, run as executemany: the ORM's bulk update by primary key takes no extra WHERE.
+_JOBS = cast(Table, Job.__table__)
+
+_ASSIGN = (
+    update(_JOBS)
+    .where(
+        _JOBS.c.id == bindparam("b_id"),
+        _JOBS.c.state == JobState.QUEUED,
+        _JOBS.c.attempt == bindparam("b_attempt"),
+    )
+    .values(
+        state=JobState.ASSIGNED,
+        attempt=bindparam("b_next"),
+        cpod_id=bindparam("b_cpod"),
+        node_names=bindparam("b_nodes", type_=_JOBS.c.node_names.type),
+        assigned_at=bindparam("b_at", type_=_JOBS.c.assigned_at.type),
+        reason=None,
+    )
+)
+
+_EXPLAIN = (
+    update(_JOBS)
+    .where(_JOBS.c.id == bindparam("b_id"), _JOBS.c.state == JobState.QUEUED)
+    .values(reason=bindparam("b_reason"))
+)
+
+
+def _write(session: Session, writes: _Writes) -> list[tuple[Queued, Placement]]:
+    """Every assignment stays one conditional update on the job's state and attempt, sent as one
+    executemany. The pass holds the scheduler lock, so only a cancel (or a deletion) can win a race
+    against it; such jobs are found and left out before their attempt and event rows are written."""
+    if writes.reasons:
+        session.execute(_EXPLAIN, [{"b_id": job_id, "b_reason": reason} for job_id, reason in writes.reasons])
+    if not writes.assigned:
+        return []
+    now = utcnow()
+    result = session.execute(
+        _ASSIGN,
+        [
+            {
+                "b_id": job.id,
+                "b_attempt": job.attempt,
+                "b_next": job.attempt + 1,
+                "b_cpod": placement.cpod_id,
+                "b_nodes": placement.node_names,
+                "b_at": now,
+            }
+            for job, placement in writes.assigned
+        ],
+    )
+    won = writes.assigned
+    if result.rowcount != len(won):  # type: ignore[attr-defined]
+        current = {
+            (job_id, attempt)
+            for job_id, attempt in session.execute(
+                select(Job.id, Job.attempt).where(
+                    Job.id.in_([job.id for job, _ in won]), Job.state == JobState.ASSIGNED
+                )
+            )
+        }
+        won = [(job, placement) for job, placement in won if (job.id, job.attempt + 1) in current]
+    if not won:
+        return []
+    session.execute(
+        insert(JobAttempt),
+        [
+            {
+                "job_id": job.id,
+                "attempt": job.attempt + 1,
+                "cpod_id": placement.cpod_id,
+                "node_names": placement.node_names,
+                "gpus": job.gpus_per_node * job.nodes,
+                "assigned_at": now,
+            }
+            for job, placement in won
+        ],
+    )
+    session.execute(
+        insert(JobEvent),
+        [
+            {
+                "job_id": job.id,
+                "attempt": job.attempt + 1,
+                "kind": "assigned",
+                "detail": f"CPod {placement.cpod_id}, nodes {', '.join(placement.node_names)}",
+                "at": now,
+            }
+            for job, placement in won
+        ],
+    )
+    return won
