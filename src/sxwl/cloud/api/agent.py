@@ -9,7 +9,7 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Header, Query, Request, Response
 from pydantic import BaseModel
 
-from sxwl.cloud.api.deps import Ctx, bearer_token, documented_body, json_body
+from sxwl.cloud.api.deps import Ctx, PlainRoute, bearer_token, documented_body, json_body
 from sxwl.cloud.api.schemas import AccessKeyCheckOut, CPodBriefOut
 from sxwl.cloud.context import CloudContext
 from sxwl.cloud.db.models import CPod, JobState
@@ -114,15 +114,9 @@ def check_access_key(request: Request, ctx: Ctx) -> AccessKeyCheckOut:
 DOCUMENTED_BODIES: tuple[type[BaseModel], ...] = (Heartbeat,)
 
 
-@router.post(
-    "/heartbeat",
-    response_model=HeartbeatReply,
-    openapi_extra=documented_body(Heartbeat) | PROTOCOL_PARAMETER,
-)
 async def heartbeat(request: Request) -> Response:
-    # The hottest endpoint: parsed and encoded here on the event loop, then authenticated and written
-    # together with the heartbeats that arrived at the same time (one thread hop and one transaction).
-    # No FastAPI dependencies here: solving them costs more than this endpoint's own checks.
+    """The hottest endpoint: parsed and encoded here on the event loop, then authenticated and written
+    together with the heartbeats that arrived at the same time (one thread hop and one transaction)."""
     check_protocol(request.headers.get(PROTOCOL_HEADER))
     ctx: CloudContext = request.app.state.ctx
     token = bearer_token(request)
@@ -134,6 +128,16 @@ async def heartbeat(request: Request) -> Response:
     writer: GroupCommit[heartbeats.Beat, HeartbeatReply] = request.app.state.heartbeats
     reply = await writer.submit(heartbeats.Beat.of(token, body))
     return Response(reply.model_dump_json(), media_type="application/json")
+
+
+router.add_api_route(
+    "/heartbeat",
+    heartbeat,
+    methods=["POST"],
+    response_model=HeartbeatReply,
+    openapi_extra=documented_body(Heartbeat) | PROTOCOL_PARAMETER,
+    route_class_override=PlainRoute,
+)
 
 
 @router.get("/assignments", response_model=AssignmentsReply)

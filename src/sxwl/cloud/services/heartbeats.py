@@ -176,8 +176,8 @@ def _recheck(
     hashes: dict[str, str],
 ) -> None:
     """Some updates matched no row: another replica applied a newer heartbeat, or the CPod was revoked,
-    after this batch read the rows. The database decides: a beat counts as accepted when the cloud now
-    holds it or a newer one (all an agent needs to know to go on)."""
+    after this batch read the rows. The database decides: a beat was accepted when the cloud now holds
+    exactly it; the others are answered with what the cloud holds, so their agents go on after it."""
     by_id = {h.cpod_id: h for h in holders.values()}
     revoked: set[str] = set()
     for cpod_id, status, last_seq, revoked_at in session.execute(
@@ -193,5 +193,5 @@ def _recheck(
         holder = holders[hashes[beat.token]]
         if holder.cpod_id in revoked:
             outcomes[index] = token_error(session, beat.token)
-        elif holder.last_seq < beat.seq:
+        elif holder.last_seq != beat.seq:
             outcomes[index] = _reply(holder, accepted=False)
