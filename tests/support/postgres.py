@@ -22,7 +22,10 @@ def _bin_dir() -> Path:
 
 
 class TempPostgres:
-    def __init__(self) -> None:
+    def __init__(self, *, durable: bool = False) -> None:
+        """``durable``: commits wait for the WAL to reach the disk, as in production (benchmarks);
+        otherwise fsync is off, which tests do not need."""
+        self.durable = durable
         self.bin = _bin_dir()
         self.root = Path(tempfile.mkdtemp(prefix="sxwl-pg-"))
         self.data = self.root / "data"
@@ -40,9 +43,9 @@ class TempPostgres:
         self._run(
             str(self.bin / "initdb"), "-D", str(self.data), "-U", "postgres", "--auth=trust", "-E", "UTF8"
         )
-        options = (
-            f"-p {self.port} -k {self.root} -c listen_addresses=127.0.0.1 -c fsync=off -c max_connections=200"
-        )
+        options = f"-p {self.port} -k {self.root} -c listen_addresses=127.0.0.1 -c max_connections=200"
+        if not self.durable:
+            options += " -c fsync=off"
         self._run(
             str(self.bin / "pg_ctl"),
             "-D",

@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Any
 
 from fastapi import APIRouter, FastAPI
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from pydantic import BaseModel
+from pydantic.json_schema import models_json_schema
 
 import sxwl
 from sxwl.cloud import errors, logs
@@ -19,6 +23,7 @@ from sxwl.cloud.config import Settings
 from sxwl.cloud.context import CloudContext
 from sxwl.cloud.db import migrate
 from sxwl.cloud.middleware import BodyLimit, HttpMetrics, RequestContext
+from sxwl.cloud.services import heartbeats
 from sxwl.cloud.web import console
 
 log = logging.getLogger("sxwl.cloud")
@@ -33,6 +38,13 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         log.info("cloud started", extra={"event": "start"})
+        # What exists now (modules, the app, the pools) lives as long as the process: the collector
+        # need not walk it again on every full collection.
+        gc.freeze()
+        # Each request allocates a few hundred objects (a heartbeat's parsed inventory, say): with
+        # the default threshold of 700 the young generation is collected every request or two, and
+        # survivors are promoted and walked again in the older generations.
+        gc.set_threshold(20_000, 20, 20)
         ctx.notifier.bind(asyncio.get_running_loop())
         loops = [
             asyncio.create_task(liveness.run(ctx), name="liveness"),
@@ -54,10 +66,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         lifespan=lifespan,
     )
     app.state.ctx = ctx
+    app.state.heartbeats = heartbeats.writer(ctx)
     errors.install(app)
 
     api = APIRouter(prefix="/api/v1")
-    for router in (auth.router, me.router, admin.router, cpods.router, agent.router, jobs.router):
+    # The agent's routes first: they take most of the requests, and routes are matched in order.
+    for router in (agent.router, auth.router, me.router, admin.router, cpods.router, jobs.router):
         api.include_router(router)
     app.include_router(api)
 
@@ -83,5 +97,23 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             else settings.max_body_bytes
         ),
     )
-    app.add_middleware(RequestContext, metrics=metrics)
+    app.add_middleware(RequestContext, metrics=metrics, quiet_paths=frozenset({"/api/v1/agent/heartbeat"}))
+    document_bodies(app, agent.DOCUMENTED_BODIES)
     return app
+
+
+def document_bodies(app: FastAPI, models: tuple[type[BaseModel], ...]) -> None:
+    """Adds the schemas of bodies that endpoints parse themselves to the OpenAPI components."""
+    plain = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        spec = app.openapi_schema
+        if spec is None:
+            spec = plain()  # which also keeps it in app.openapi_schema
+            _, defs = models_json_schema(
+                [(m, "validation") for m in models], ref_template="#/components/schemas/{model}"
+            )
+            spec.setdefault("components", {}).setdefault("schemas", {}).update(defs.get("$defs", {}))
+        return spec
+
+    app.openapi = openapi  # type: ignore[method-assign]

@@ -7,12 +7,15 @@ import contextlib
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Header, Query, Request, Response
+from pydantic import BaseModel
 
-from sxwl.cloud.api.deps import Ctx, bearer_token
+from sxwl.cloud.api.deps import Ctx, PlainRoute, bearer_token, documented_body, json_body
 from sxwl.cloud.api.schemas import AccessKeyCheckOut, CPodBriefOut
+from sxwl.cloud.context import CloudContext
 from sxwl.cloud.db.models import CPod, JobState
 from sxwl.cloud.errors import AppError, invalid
-from sxwl.cloud.services import cpods, dispatch, jobs
+from sxwl.cloud.groupcommit import GroupCommit
+from sxwl.cloud.services import cpods, dispatch, heartbeats, jobs
 from sxwl.cloud.storage import TooLarge, clean_artifact_path
 from sxwl.protocol import (
     PROTOCOL_HEADER,
@@ -31,7 +34,11 @@ from sxwl.protocol.models import MIN_SUPPORTED_PROTOCOL
 router = APIRouter(prefix="/agent", tags=["agent"])
 
 
-def check_protocol(version: int | None) -> None:
+def check_protocol(version: int | str | None) -> None:
+    if isinstance(version, str):
+        if not version.strip().isdigit():
+            raise invalid(PROTOCOL_HEADER, "must be an integer")
+        version = int(version)
     if version is not None and not MIN_SUPPORTED_PROTOCOL <= version <= PROTOCOL_VERSION:
         raise AppError(
             400,
@@ -42,7 +49,15 @@ def check_protocol(version: int | None) -> None:
         )
 
 
-def protocol_header(
+# The header as FastAPI documents it, for endpoints that read it themselves.
+PROTOCOL_PARAMETER = {
+    "parameters": [
+        {"name": PROTOCOL_HEADER, "in": "header", "required": False, "schema": {"type": "integer"}}
+    ]
+}
+
+
+async def protocol_header(
     version: Annotated[int | None, Header(alias=PROTOCOL_HEADER)] = None,
 ) -> None:
     check_protocol(version)
@@ -95,14 +110,34 @@ def check_access_key(request: Request, ctx: Ctx) -> AccessKeyCheckOut:
         )
 
 
-@router.post("/heartbeat", response_model=HeartbeatReply, dependencies=[Depends(protocol_header)])
-def heartbeat(body: Heartbeat, request: Request, ctx: Ctx) -> HeartbeatReply:
-    # The hottest endpoint: authentication and the update share one session and one thread hop.
-    with ctx.db.session() as session:
-        cpod = cpods.authenticate(session, bearer_token(request))
-        if body.cpod_id is not None and body.cpod_id != cpod.id:
-            raise AppError(403, "this token belongs to another CPod", code="wrong_cpod")
-        return cpods.heartbeat(ctx, session, cpod, body)
+# Bodies read by json_body, for the OpenAPI document.
+DOCUMENTED_BODIES: tuple[type[BaseModel], ...] = (Heartbeat,)
+
+
+async def heartbeat(request: Request) -> Response:
+    """The hottest endpoint: parsed and encoded here on the event loop, then authenticated and written
+    together with the heartbeats that arrived at the same time (one thread hop and one transaction)."""
+    check_protocol(request.headers.get(PROTOCOL_HEADER))
+    ctx: CloudContext = request.app.state.ctx
+    token = bearer_token(request)
+    if token is None:
+        raise AppError(401, "CPod token required", headers={"WWW-Authenticate": "Bearer"})
+    body = await json_body(request, Heartbeat)
+    if len(body.nodes) > ctx.settings.heartbeat_max_nodes:
+        raise invalid("nodes", f"at most {ctx.settings.heartbeat_max_nodes} nodes per heartbeat")
+    writer: GroupCommit[heartbeats.Beat, HeartbeatReply] = request.app.state.heartbeats
+    reply = await writer.submit(heartbeats.Beat.of(token, body))
+    return Response(reply.model_dump_json(), media_type="application/json")
+
+
+router.add_api_route(
+    "/heartbeat",
+    heartbeat,
+    methods=["POST"],
+    response_model=HeartbeatReply,
+    openapi_extra=documented_body(Heartbeat) | PROTOCOL_PARAMETER,
+    route_class_override=PlainRoute,
+)
 
 
 @router.get("/assignments", response_model=AssignmentsReply)

@@ -9,10 +9,14 @@ from typing import Any
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.orm import Session, sessionmaker
 
+from sxwl.cloud.db.types import encode_json
+
 
 def make_engine(url: str) -> Engine:
     if url.startswith("sqlite"):
-        engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})
+        engine = create_engine(
+            url, connect_args={"check_same_thread": False, "timeout": 30}, json_serializer=encode_json
+        )
 
         @event.listens_for(engine, "connect")
         def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
@@ -26,7 +30,7 @@ def make_engine(url: str) -> Engine:
         return engine
     # A pool as large as the concurrency the server sees: opening and closing overflow connections
     # cost PostgreSQL more CPU per heartbeat than the heartbeat itself.
-    return create_engine(url, pool_size=40, max_overflow=20, pool_pre_ping=True)
+    return create_engine(url, pool_size=40, max_overflow=20, pool_pre_ping=True, json_serializer=encode_json)
 
 
 class Database:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from datetime import UTC, datetime
 from typing import Any
 
@@ -32,3 +33,13 @@ class UTCDateTime(TypeDecorator[datetime]):
 
 def utcnow() -> datetime:
     return datetime.now(UTC)
+
+
+class EncodedJSON(str):
+    """JSON text that is already encoded (by pydantic's encoder, say): JSON columns store it as it is
+    instead of decoding and encoding it again."""
+
+
+def encode_json(value: Any) -> str:
+    """The engines' JSON serializer."""
+    return value if isinstance(value, EncodedJSON) else json.dumps(value)

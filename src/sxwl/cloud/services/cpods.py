@@ -8,7 +8,6 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from pydantic import TypeAdapter
 from sqlalchemy import select, true, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, defer
@@ -16,12 +15,11 @@ from sqlalchemy.orm import Session, defer
 from sxwl.cloud.context import CloudContext
 from sxwl.cloud.db.models import AccessKey, CPod, CPodEvent, CPodStatus, Role, SessionKind, User
 from sxwl.cloud.db.types import utcnow
-from sxwl.cloud.errors import AppError, invalid
+from sxwl.cloud.errors import AppError
 from sxwl.cloud.security import ACCESS_KEY_PREFIX, new_token, token_hash
 from sxwl.cloud.services import jobs, sessions
-from sxwl.protocol import Heartbeat, HeartbeatReply, Node, RegisterRequest
+from sxwl.protocol import RegisterRequest
 
-NODES = TypeAdapter(list[Node])
 CPOD_TOKEN_PREFIX = "sxcp_"  # noqa: S105 - a prefix, not a secret
 
 
@@ -123,48 +121,20 @@ def authenticate(session: Session, token: str | None) -> CPod:
     if token is None:
         raise AppError(401, "CPod token required", headers={"WWW-Authenticate": "Bearer"})
     cpod = cpod_for_token(session, token)
-    if cpod is not None:
-        return cpod
+    if cpod is None:
+        raise token_error(session, token)
+    return cpod
+
+
+def token_error(session: Session, token: str) -> AppError:
+    """Why ``token``, which belongs to no live CPod, is refused."""
     if sessions.resolve(session, token, SessionKind.API) is not None:
-        raise AppError(403, "agent endpoints take a CPod token, not a user's", code="not_a_cpod")
-    raise AppError(
+        return AppError(403, "agent endpoints take a CPod token, not a user's", code="not_a_cpod")
+    return AppError(
         401,
         "CPod token is not valid: the CPod was revoked or registered again elsewhere",
         code="cpod_revoked",
         headers={"WWW-Authenticate": "Bearer"},
-    )
-
-
-def heartbeat(ctx: CloudContext, session: Session, cpod: CPod, hb: Heartbeat) -> HeartbeatReply:
-    if len(hb.nodes) > ctx.settings.heartbeat_max_nodes:
-        raise invalid("nodes", f"at most {ctx.settings.heartbeat_max_nodes} nodes per heartbeat")
-    now = utcnow()
-    reported = [f"{j.job_id}:{j.attempt}" for j in hb.jobs]
-    # Conditional on the sequence number: a delayed or replayed heartbeat never overwrites a newer one.
-    result = session.execute(
-        update(CPod)
-        .where(CPod.id == cpod.id, CPod.last_seq < hb.seq, CPod.revoked_at.is_(None))
-        .values(
-            nodes=NODES.dump_python(hb.nodes, exclude_none=True),
-            last_seq=hb.seq,
-            last_heartbeat_at=now,
-            status=CPodStatus.ONLINE,
-            reported_jobs=reported,
-        )
-        .execution_options(synchronize_session=False)
-    )
-    accepted = result.rowcount == 1  # type: ignore[attr-defined]
-    if accepted and cpod.status != CPodStatus.ONLINE:
-        record(session, cpod.id, "online", f"{len(hb.nodes)} nodes reported")
-    if accepted and (cpod.status != CPodStatus.ONLINE or reported != cpod.reported_jobs):
-        # New capacity, or jobs that came or went. Other changes (GPUs used outside sxwl, say) are
-        # seen by the scheduler's periodic pass; waking it on every heartbeat would cost a pass each.
-        ctx.notifier.wake_scheduler()
-    return HeartbeatReply(
-        heartbeat_interval_s=cpod.heartbeat_interval_s,
-        accepted=accepted,
-        last_seq=hb.seq if accepted else cpod.last_seq,
-        status=CPodStatus.ONLINE.value if accepted else cpod.status.value,
     )
 
 
@@ -181,9 +151,10 @@ def sweep_liveness(
     moved: list[tuple[str, CPodStatus]] = []
     with ctx.db.session() as session:
         rows = session.execute(
-            select(CPod.id, CPod.status, CPod.last_heartbeat_at, CPod.heartbeat_interval_s).where(
-                CPod.status.in_([CPodStatus.ONLINE, CPodStatus.UNKNOWN]), CPod.revoked_at.is_(None)
-            )
+            select(CPod.id, CPod.status, CPod.last_heartbeat_at, CPod.heartbeat_interval_s)
+            .where(CPod.status.in_([CPodStatus.ONLINE, CPodStatus.UNKNOWN]), CPod.revoked_at.is_(None))
+            # Rows locked in id order, as heartbeat batches lock them: neither waits on the other.
+            .order_by(CPod.id)
         ).all()
         for cpod_id, status, last, interval in rows:
             if last is None:

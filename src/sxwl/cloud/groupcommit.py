@@ -1,0 +1,69 @@
+"""Group commit: requests that arrive while a write is in progress are written together by the next
+one, in one transaction on one worker thread.
+
+A lone request is written at once (no timer, so no added latency when the cloud is quiet); under load
+the batches grow by themselves to what the database can take, and the thread hops, round trips and
+commits per request shrink with them."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Sequence
+from typing import Generic, TypeVar
+
+Item = TypeVar("Item")
+Result = TypeVar("Result")
+
+
+class GroupCommit(Generic[Item, Result]):
+    def __init__(
+        self,
+        write: Callable[[Sequence[Item]], Sequence[Result | Exception]],
+        *,
+        writers: int = 1,
+        max_batch: int = 256,
+    ) -> None:
+        """``write`` runs on a worker thread and returns one result per item, in order; a result that
+        is an exception is raised to that item's caller alone. Up to ``writers`` batches are written
+        at once (one while another waits for its commit), where the database allows it."""
+        self._write = write
+        self._writers = writers
+        self._max_batch = max_batch
+        self._pending: list[tuple[Item, asyncio.Future[Result]]] = []
+        self._active = 0  # counted by the writers themselves, so none is thought running once it ended
+        self._tasks: set[asyncio.Task[None]] = set()  # references, so running writers are not collected
+
+    async def submit(self, item: Item) -> Result:
+        future: asyncio.Future[Result] = asyncio.get_running_loop().create_future()
+        self._pending.append((item, future))
+        if self._active < self._writers:
+            self._active += 1
+            task = asyncio.create_task(self._drain())
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+        return await future
+
+    async def _drain(self) -> None:
+        try:
+            await self._drain_pending()
+        finally:
+            self._active -= 1
+
+    async def _drain_pending(self) -> None:
+        while self._pending:
+            batch = self._pending[: self._max_batch]
+            del self._pending[: self._max_batch]
+            try:
+                results = await asyncio.to_thread(self._write, [item for item, _ in batch])
+            except Exception as exc:  # the whole transaction failed: every caller in it hears why
+                for _, future in batch:
+                    if not future.done():
+                        future.set_exception(exc)
+                continue
+            for (_, future), result in zip(batch, results, strict=True):
+                if future.done():  # its caller went away
+                    continue
+                if isinstance(result, Exception):
+                    future.set_exception(result)
+                else:
+                    future.set_result(result)

@@ -1,0 +1,197 @@
+"""Heartbeats, applied in batches: one token lookup, one multi-row update and one commit for all the
+heartbeats that arrived together, so the database work per heartbeat shrinks as the load grows."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from pydantic import TypeAdapter
+from sqlalchemy import Table, bindparam, select, update
+from sqlalchemy.orm import Session
+
+from sxwl.cloud.context import CloudContext
+from sxwl.cloud.db.models import CPod, CPodStatus
+from sxwl.cloud.db.types import EncodedJSON, utcnow
+from sxwl.cloud.errors import AppError
+from sxwl.cloud.groupcommit import GroupCommit
+from sxwl.cloud.security import token_hash
+from sxwl.cloud.services.cpods import CPOD_TOKEN_PREFIX, record, token_error
+from sxwl.protocol import Heartbeat, HeartbeatReply, Node
+
+NODES = TypeAdapter(list[Node])
+
+_CPODS: Table = CPod.__table__  # type: ignore[assignment]  # a mapped class's table is a Table
+# Conditional on the sequence number: a delayed or replayed heartbeat never overwrites a newer one.
+_APPLY = (
+    update(_CPODS)
+    .where(
+        _CPODS.c.id == bindparam("b_id"),
+        _CPODS.c.last_seq < bindparam("b_seq"),
+        _CPODS.c.revoked_at.is_(None),
+    )
+    .values(
+        nodes=bindparam("b_nodes", type_=_CPODS.c.nodes.type),
+        last_seq=bindparam("b_seq"),
+        last_heartbeat_at=bindparam("b_now", type_=_CPODS.c.last_heartbeat_at.type),
+        status=CPodStatus.ONLINE.value,
+        reported_jobs=bindparam("b_reported", type_=_CPODS.c.reported_jobs.type),
+    )
+)
+# Built once (the statement and its compiled form are reused by every batch); Core, not ORM rows.
+_HOLDERS = select(
+    _CPODS.c.id,
+    _CPODS.c.token_hash,
+    _CPODS.c.heartbeat_interval_s,
+    _CPODS.c.status,
+    _CPODS.c.last_seq,
+    _CPODS.c.reported_jobs,
+).where(_CPODS.c.token_hash.in_(bindparam("hashes", expanding=True)), _CPODS.c.revoked_at.is_(None))
+
+
+@dataclass(frozen=True)
+class Beat:
+    """One heartbeat, checked and encoded on the event loop, waiting to be written."""
+
+    token: str
+    seq: int
+    nodes: EncodedJSON
+    node_count: int
+    reported_jobs: list[str]
+    claimed_cpod_id: str | None = None
+
+    @classmethod
+    def of(cls, token: str, hb: Heartbeat) -> Beat:
+        return cls(
+            token=token,
+            seq=hb.seq,
+            nodes=EncodedJSON(NODES.dump_json(hb.nodes, exclude_none=True).decode()),
+            node_count=len(hb.nodes),
+            reported_jobs=[f"{j.job_id}:{j.attempt}" for j in hb.jobs],
+            claimed_cpod_id=hb.cpod_id,
+        )
+
+
+@dataclass
+class _Holder:
+    """What the cloud holds for one CPod, as this batch moves it along."""
+
+    cpod_id: str
+    interval_s: float
+    status: CPodStatus
+    last_seq: int
+    reported_jobs: list[str]
+
+
+Outcome = HeartbeatReply | AppError
+
+
+def writer(ctx: CloudContext) -> GroupCommit[Beat, HeartbeatReply]:
+    """This process's heartbeat writer: beats that arrive together share a transaction."""
+
+    def write(beats: Sequence[Beat]) -> list[Outcome]:
+        with ctx.db.session() as session:
+            return apply(ctx, session, beats)
+
+    # SQLite has one writer at a time (a second would fail to upgrade its stale read snapshot);
+    # PostgreSQL writes the next batch while the last one waits for its commit to reach the disk.
+    return GroupCommit(write, writers=1 if ctx.db.url.startswith("sqlite") else 2)
+
+
+def apply(ctx: CloudContext, session: Session, beats: Sequence[Beat]) -> list[Outcome]:
+    """Authenticates and applies ``beats`` in order; one outcome per beat. Beats of one CPod in one
+    batch are applied in turn, exactly as if they had come one by one."""
+    hashes = {b.token: token_hash(b.token) for b in beats if b.token.startswith(CPOD_TOKEN_PREFIX)}
+    holders = {
+        row.token_hash: _Holder(row.id, row.heartbeat_interval_s, row.status, row.last_seq, row.reported_jobs)
+        for row in session.connection().execute(_HOLDERS, {"hashes": list(set(hashes.values()))})
+    }
+    now = utcnow()
+    outcomes: list[Outcome] = []
+    rows: list[dict[str, object]] = []
+    came_online: list[int] = []  # indexes of the beats that bring their CPod online
+    wake = False
+    for beat in beats:
+        holder = holders.get(hashes.get(beat.token, ""))
+        if holder is None:
+            outcomes.append(token_error(session, beat.token))
+            continue
+        if beat.claimed_cpod_id is not None and beat.claimed_cpod_id != holder.cpod_id:
+            outcomes.append(AppError(403, "this token belongs to another CPod", code="wrong_cpod"))
+            continue
+        if beat.seq <= holder.last_seq:
+            outcomes.append(_reply(holder, accepted=False))
+            continue
+        rows.append(
+            {
+                "b_id": holder.cpod_id,
+                "b_seq": beat.seq,
+                "b_nodes": beat.nodes,
+                "b_now": now,
+                "b_reported": beat.reported_jobs,
+            }
+        )
+        if holder.status != CPodStatus.ONLINE:
+            came_online.append(len(outcomes))
+        # New capacity, or jobs that came or went, wake the scheduler. Other changes (GPUs used
+        # outside sxwl, say) are seen by its periodic pass; waking it on every heartbeat would cost a
+        # pass each.
+        wake = wake or holder.status != CPodStatus.ONLINE or beat.reported_jobs != holder.reported_jobs
+        holder.status, holder.last_seq, holder.reported_jobs = CPodStatus.ONLINE, beat.seq, beat.reported_jobs
+        outcomes.append(_reply(holder, accepted=True))
+    if rows:
+        # In the order of the ids, as every batch does: two batches never wait on each other's rows.
+        rows.sort(key=lambda row: str(row["b_id"]))
+        applied = session.connection().execute(_APPLY, rows).rowcount
+        if applied != len(rows):
+            _recheck(session, beats, outcomes, holders, hashes)
+        for index in came_online:
+            outcome = outcomes[index]
+            if isinstance(outcome, HeartbeatReply) and outcome.accepted:
+                record(
+                    session,
+                    holders[hashes[beats[index].token]].cpod_id,
+                    "online",
+                    f"{beats[index].node_count} nodes reported",
+                )
+    if wake:
+        ctx.notifier.wake_scheduler()
+    return outcomes
+
+
+def _reply(holder: _Holder, *, accepted: bool) -> HeartbeatReply:
+    return HeartbeatReply(
+        heartbeat_interval_s=holder.interval_s,
+        accepted=accepted,
+        last_seq=holder.last_seq,
+        status=holder.status.value,
+    )
+
+
+def _recheck(
+    session: Session,
+    beats: Sequence[Beat],
+    outcomes: list[Outcome],
+    holders: dict[str, _Holder],
+    hashes: dict[str, str],
+) -> None:
+    """Some updates matched no row: another replica applied a newer heartbeat, or the CPod was revoked,
+    after this batch read the rows. The database decides: a beat was accepted when the cloud now holds
+    exactly it; the others are answered with what the cloud holds, so their agents go on after it."""
+    by_id = {h.cpod_id: h for h in holders.values()}
+    revoked: set[str] = set()
+    for cpod_id, status, last_seq, revoked_at in session.execute(
+        select(CPod.id, CPod.status, CPod.last_seq, CPod.revoked_at).where(CPod.id.in_(list(by_id)))
+    ):
+        by_id[cpod_id].status, by_id[cpod_id].last_seq = status, last_seq
+        if revoked_at is not None:
+            revoked.add(cpod_id)
+    for index, beat in enumerate(beats):
+        outcome = outcomes[index]
+        if not isinstance(outcome, HeartbeatReply) or not outcome.accepted:
+            continue
+        holder = holders[hashes[beat.token]]
+        if holder.cpod_id in revoked:
+            outcomes[index] = token_error(session, beat.token)
+        elif holder.last_seq != beat.seq:
+            outcomes[index] = _reply(holder, accepted=False)
