@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import gc
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -38,13 +37,6 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         log.info("cloud started", extra={"event": "start"})
-        # What exists now (modules, the app, the pools) lives as long as the process: the collector
-        # need not walk it again on every full collection.
-        gc.freeze()
-        # Each request allocates a few hundred objects (a heartbeat's parsed inventory, say): with
-        # the default threshold of 700 the young generation is collected every request or two, and
-        # survivors are promoted and walked again in the older generations.
-        gc.set_threshold(20_000, 20, 20)
         ctx.notifier.bind(asyncio.get_running_loop())
         loops = [
             asyncio.create_task(liveness.run(ctx), name="liveness"),
