@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Sequence
+from collections.abc import Coroutine, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -23,6 +23,12 @@ from tests.support.cpods import beat, gpu_node, register_cpod
 from tests.test_cpods_api import ctx_of, provider
 
 # ---- the group commit ------------------------------------------------------------------------------
+
+
+def run_in_own_loop(coroutine: Coroutine[Any, Any, None]) -> None:
+    """On a thread of its own: the browser tests' Playwright keeps an event loop running on this one."""
+    with ThreadPoolExecutor(1) as pool:
+        pool.submit(asyncio.run, coroutine).result()
 
 
 class Recorder:
@@ -54,7 +60,7 @@ class Recorder:
 
 
 def test_a_lone_item_is_written_at_once_and_concurrent_ones_together() -> None:
-    asyncio.run(_a_lone_item_is_written_at_once_and_concurrent_ones_together())
+    run_in_own_loop(_a_lone_item_is_written_at_once_and_concurrent_ones_together())
 
 
 async def _a_lone_item_is_written_at_once_and_concurrent_ones_together() -> None:
@@ -66,7 +72,7 @@ async def _a_lone_item_is_written_at_once_and_concurrent_ones_together() -> None
 
 
 def test_items_arriving_during_a_write_go_in_the_next_batch() -> None:
-    asyncio.run(_items_arriving_during_a_write_go_in_the_next_batch())
+    run_in_own_loop(_items_arriving_during_a_write_go_in_the_next_batch())
 
 
 async def _items_arriving_during_a_write_go_in_the_next_batch() -> None:
@@ -85,7 +91,7 @@ async def _items_arriving_during_a_write_go_in_the_next_batch() -> None:
 
 
 def test_errors_reach_only_their_callers_and_a_failed_write_reaches_all() -> None:
-    asyncio.run(_errors_reach_only_their_callers_and_a_failed_write_reaches_all())
+    run_in_own_loop(_errors_reach_only_their_callers_and_a_failed_write_reaches_all())
 
 
 async def _errors_reach_only_their_callers_and_a_failed_write_reaches_all() -> None:
@@ -100,7 +106,7 @@ async def _errors_reach_only_their_callers_and_a_failed_write_reaches_all() -> N
 
 @pytest.mark.parametrize("writers", [1, 2])
 def test_at_most_the_allowed_writers_at_once(writers: int) -> None:
-    asyncio.run(_at_most_the_allowed_writers_at_once(writers))
+    run_in_own_loop(_at_most_the_allowed_writers_at_once(writers))
 
 
 async def _at_most_the_allowed_writers_at_once(writers: int) -> None:
