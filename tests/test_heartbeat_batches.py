@@ -9,7 +9,6 @@ from collections.abc import Coroutine, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import event, select, update
 
@@ -104,21 +103,20 @@ async def _errors_reach_only_their_callers_and_a_failed_write_reaches_all() -> N
     assert await commit.submit(8) == 80  # and the writer carries on
 
 
-@pytest.mark.parametrize("writers", [1, 2])
-def test_at_most_the_allowed_writers_at_once(writers: int) -> None:
-    run_in_own_loop(_at_most_the_allowed_writers_at_once(writers))
+def test_one_write_at_a_time_in_batches_of_at_most_max_batch() -> None:
+    run_in_own_loop(_one_write_at_a_time_in_batches_of_at_most_max_batch())
 
 
-async def _at_most_the_allowed_writers_at_once(writers: int) -> None:
+async def _one_write_at_a_time_in_batches_of_at_most_max_batch() -> None:
     write = Recorder()
     write.release.clear()
-    commit: GroupCommit[int, int] = GroupCommit(write, writers=writers, max_batch=2)
-    tasks = [asyncio.create_task(commit.submit(i)) for i in range(1, 9)]
+    commit: GroupCommit[int, int] = GroupCommit(write, max_batch=2)
+    tasks = [asyncio.create_task(commit.submit(i)) for i in range(1, 8)]
     await asyncio.sleep(0.1)
     write.release.set()
-    assert [await t for t in tasks] == [i * 10 for i in range(1, 9)]
-    assert write.most_inside == writers
-    assert all(len(b) <= 2 for b in write.batches)
+    assert [await t for t in tasks] == [i * 10 for i in range(1, 8)]
+    assert write.most_inside == 1
+    assert write.batches == [[1, 2], [3, 4], [5, 6], [7]]
 
 
 # ---- a batch of heartbeats against the database -------------------------------------------------------

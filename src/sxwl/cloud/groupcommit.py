@@ -17,37 +17,32 @@ Result = TypeVar("Result")
 
 class GroupCommit(Generic[Item, Result]):
     def __init__(
-        self,
-        write: Callable[[Sequence[Item]], Sequence[Result | Exception]],
-        *,
-        writers: int = 1,
-        max_batch: int = 256,
+        self, write: Callable[[Sequence[Item]], Sequence[Result | Exception]], max_batch: int = 256
     ) -> None:
         """``write`` runs on a worker thread and returns one result per item, in order; a result that
-        is an exception is raised to that item's caller alone. Up to ``writers`` batches are written
-        at once (one while another waits for its commit), where the database allows it."""
+        is an exception is raised to that item's caller alone. One batch is written at a time: a
+        second writer was measured to split the batches and lengthen the tail on PostgreSQL, and
+        SQLite takes one writer anyway."""
         self._write = write
-        self._writers = writers
         self._max_batch = max_batch
         self._pending: list[tuple[Item, asyncio.Future[Result]]] = []
-        self._active = 0  # counted by the writers themselves, so none is thought running once it ended
-        self._tasks: set[asyncio.Task[None]] = set()  # references, so running writers are not collected
+        # Cleared by the writer with no await after its last look at the queue: never stale.
+        self._writing = False
+        self._writer: asyncio.Task[None] | None = None  # a reference, so the running writer is kept
 
     async def submit(self, item: Item) -> Result:
         future: asyncio.Future[Result] = asyncio.get_running_loop().create_future()
         self._pending.append((item, future))
-        if self._active < self._writers:
-            self._active += 1
-            task = asyncio.create_task(self._drain())
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
+        if not self._writing:
+            self._writing = True
+            self._writer = asyncio.create_task(self._drain())
         return await future
 
     async def _drain(self) -> None:
         try:
             await self._drain_pending()
         finally:
-            self._active -= 1
+            self._writing = False
 
     async def _drain_pending(self) -> None:
         while self._pending:

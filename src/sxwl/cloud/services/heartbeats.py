@@ -93,9 +93,7 @@ def writer(ctx: CloudContext) -> GroupCommit[Beat, HeartbeatReply]:
         with ctx.db.session() as session:
             return apply(ctx, session, beats)
 
-    # SQLite has one writer at a time (a second would fail to upgrade its stale read snapshot);
-    # PostgreSQL writes the next batch while the last one waits for its commit to reach the disk.
-    return GroupCommit(write, writers=1 if ctx.db.url.startswith("sqlite") else 2)
+    return GroupCommit(write)
 
 
 def apply(ctx: CloudContext, session: Session, beats: Sequence[Beat]) -> list[Outcome]:
@@ -140,7 +138,7 @@ def apply(ctx: CloudContext, session: Session, beats: Sequence[Beat]) -> list[Ou
         holder.status, holder.last_seq, holder.reported_jobs = CPodStatus.ONLINE, beat.seq, beat.reported_jobs
         outcomes.append(_reply(holder, accepted=True))
     if rows:
-        # In the order of the ids, as every batch does: two batches never wait on each other's rows.
+        # In the order of the ids, as the liveness sweep does: neither waits on the other's rows.
         rows.sort(key=lambda row: str(row["b_id"]))
         applied = session.connection().execute(_APPLY, rows).rowcount
         if applied != len(rows):
