@@ -27,6 +27,8 @@ from sxwl.cloud.web import console
 
 log = logging.getLogger("sxwl.cloud")
 
+API_PREFIX = "/api/v1"
+
 
 def create_app(settings: Settings | None = None) -> FastAPI:
     settings = settings or Settings()
@@ -61,12 +63,13 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.heartbeats = heartbeats.writer(ctx)
     errors.install(app)
 
-    api = APIRouter(prefix="/api/v1")
+    api = APIRouter(prefix=API_PREFIX)
     # The agent's routes first: they take most of the requests, and routes are matched in order.
     for router in (agent.router, auth.router, me.router, admin.router, cpods.router, jobs.router):
         api.include_router(router)
     app.include_router(api)
 
+    heartbeat_path = f"{API_PREFIX}{agent.router.prefix}{agent.HEARTBEAT_PATH}"
     registry = CollectorRegistry()
     metrics = HttpMetrics(registry)
 
@@ -83,13 +86,13 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         BodyLimit,
         limit_for=lambda path: (
             settings.heartbeat_max_bytes
-            if path == "/api/v1/agent/heartbeat"
+            if path == heartbeat_path
             else settings.artifact_max_bytes
             if path.startswith("/api/v1/agent/jobs/") and "/artifacts/" in path
             else settings.max_body_bytes
         ),
     )
-    app.add_middleware(RequestContext, metrics=metrics, quiet_paths=frozenset({"/api/v1/agent/heartbeat"}))
+    app.add_middleware(RequestContext, metrics=metrics, quiet_paths=frozenset({heartbeat_path}))
     document_bodies(app, agent.DOCUMENTED_BODIES)
     return app
 

@@ -119,9 +119,7 @@ async def heartbeat(request: Request) -> Response:
     together with the heartbeats that arrived at the same time (one thread hop and one transaction)."""
     check_protocol(request.headers.get(PROTOCOL_HEADER))
     ctx: CloudContext = request.app.state.ctx
-    token = bearer_token(request)
-    if token is None:
-        raise AppError(401, "CPod token required", headers={"WWW-Authenticate": "Bearer"})
+    token = cpods.require_token(bearer_token(request))
     body = await json_body(request, Heartbeat)
     if len(body.nodes) > ctx.settings.heartbeat_max_nodes:
         raise invalid("nodes", f"at most {ctx.settings.heartbeat_max_nodes} nodes per heartbeat")
@@ -130,8 +128,9 @@ async def heartbeat(request: Request) -> Response:
     return Response(reply.model_dump_json(), media_type="application/json")
 
 
+HEARTBEAT_PATH = "/heartbeat"
 router.add_api_route(
-    "/heartbeat",
+    HEARTBEAT_PATH,
     heartbeat,
     methods=["POST"],
     response_model=HeartbeatReply,

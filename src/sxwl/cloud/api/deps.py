@@ -126,6 +126,6 @@ class PlainRoute(APIRoute):
 
 def documented_body(model: type[BaseModel]) -> dict[str, Any]:
     """OpenAPI for a body read with :func:`json_body` (FastAPI documents only declared ones); the
-    app adds ``model``'s schema to the components (``app.documented_models``)."""
+    app adds ``model``'s schema to the components (``app.document_bodies``)."""
     ref = {"$ref": f"#/components/schemas/{model.__name__}"}
     return {"requestBody": {"required": True, "content": {"application/json": {"schema": ref}}}}

@@ -118,12 +118,17 @@ def cpod_for_token(session: Session, token: str) -> CPod | None:
 
 def authenticate(session: Session, token: str | None) -> CPod:
     """The calling CPod; 401 for no or a revoked token, 403 for a user's token on agent endpoints."""
-    if token is None:
-        raise AppError(401, "CPod token required", headers={"WWW-Authenticate": "Bearer"})
+    token = require_token(token)
     cpod = cpod_for_token(session, token)
     if cpod is None:
         raise token_error(session, token)
     return cpod
+
+
+def require_token(token: str | None) -> str:
+    if token is None:
+        raise AppError(401, "CPod token required", headers={"WWW-Authenticate": "Bearer"})
+    return token
 
 
 def token_error(session: Session, token: str) -> AppError:
