@@ -14,6 +14,7 @@ from rich.table import Table
 
 from sxwl.cli import client, jobs, server
 from sxwl.cli.client import CliError, Credentials
+from sxwl.cloud.logs import LogFormat
 
 app = typer.Typer(
     help="算想云 (sxwl): the cloud server and its command-line client.",
@@ -33,6 +34,15 @@ DataDir = Annotated[
     Path, typer.Option("--data-dir", envvar="SXWL_DATA_DIR", help="Where the database and keys live.")
 ]
 Port = Annotated[int, typer.Option("--port", help="Port to listen on.")]
+LogFormatOption = Annotated[
+    LogFormat | None,
+    typer.Option(
+        "--log-format",
+        help="Server log lines: text (short, for a terminal), json (for files and collectors), or auto: "
+        "text when standard error is a terminal. Default: SXWL_LOG_FORMAT, else auto.",
+        show_default=False,
+    ),
+]
 PasswordStdin = Annotated[
     bool, typer.Option("--password-stdin", help="Read the password from standard input.")
 ]
@@ -52,16 +62,17 @@ def serve(
     host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
     port: Port = 8000,
     data_dir: DataDir = Path(".sxwl"),
+    log_format: LogFormatOption = None,
 ) -> None:
     """Run the cloud server (applies database migrations first)."""
-    server.serve(server.settings_for(data_dir, port, host), host, port)
+    server.serve(server.settings_for(data_dir, port, host, log_format), host, port)
 
 
 @app.command()
-def up(port: Port = 8000, data_dir: DataDir = Path(".sxwl")) -> None:
+def up(port: Port = 8000, data_dir: DataDir = Path(".sxwl"), log_format: LogFormatOption = None) -> None:
     """Run the cloud with demo accounts (a provider, a user, an admin) and this machine as the demo
     provider's CPod; print the console URL and the logins."""
-    settings = server.settings_for(data_dir, port)
+    settings = server.settings_for(data_dir, port, log_format=log_format)
     demo = server.ensure_demo_accounts(settings)
     server.print_banner(settings.public_url, demo.logins)
     agent = server.start_local_agent(settings, demo.provider_access_key)

@@ -33,8 +33,12 @@ DEMO_ACCOUNTS = (
 )
 
 
-def settings_for(data_dir: Path, port: int | None = None, host: str = "127.0.0.1") -> Settings:
+def settings_for(
+    data_dir: Path, port: int | None = None, host: str = "127.0.0.1", log_format: logs.LogFormat | None = None
+) -> Settings:
     os.environ.setdefault("SXWL_DATA_DIR", str(data_dir))
+    if log_format is not None:  # the flag wins over the environment, and is validated like it
+        os.environ["SXWL_LOG_FORMAT"] = log_format
     settings = Settings(data_dir=data_dir)
     if port is not None and not settings.public_url:
         shown = "127.0.0.1" if host in ("0.0.0.0", "::") else host  # noqa: S104 - comparing, not binding
@@ -67,7 +71,7 @@ def tune_gc() -> None:
 
 
 def serve(settings: Settings, host: str, port: int) -> None:
-    logs.configure(settings.log_level)
+    logs.configure(settings.log_level, settings.log_format)
     app = create_app(settings)
     tune_gc()
     config = uvicorn.Config(app, host=host, port=port, log_config=None, timeout_graceful_shutdown=5)

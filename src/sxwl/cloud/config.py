@@ -9,6 +9,8 @@ from pathlib import Path
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from sxwl.cloud.logs import LogFormat
+
 
 def parse_rate(text: str) -> tuple[int, float]:
     """``"N/S"`` means at most N events per S seconds."""
@@ -45,6 +47,8 @@ class Settings(BaseSettings):
     rate_register_account: str = "5/3600"
 
     log_level: str = "INFO"
+    # auto: short text lines on a terminal, JSON lines otherwise (files, collectors).
+    log_format: LogFormat = "auto"
 
     # CPods: the interval an agent is told to heartbeat at (it may ask for another within the bounds),
     # how many missed intervals make a CPod "unknown", and how much longer until it is "offline".

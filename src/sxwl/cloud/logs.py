@@ -1,4 +1,5 @@
-"""Structured (JSON lines) logging with the request id of the request being served."""
+"""Logging with the request id of the request being served: JSON lines for files and collectors,
+short human-readable lines for a person watching a terminal."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import json
 import logging
 import sys
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Literal, TextIO
 
 request_id_var: contextvars.ContextVar[str | None] = contextvars.ContextVar("request_id", default=None)
 
@@ -51,9 +52,40 @@ def stamp_request_ids() -> None:
     logging.setLogRecordFactory(factory)
 
 
-def configure(level: str = "INFO") -> None:
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(JsonFormatter())
+LogFormat = Literal["auto", "json", "text"]
+
+
+class TextFormatter(logging.Formatter):
+    """``09:38:44 INFO  message``: what a person at a terminal reads. A request shows as its method,
+    path, status and duration; tracebacks follow their line."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        when = datetime.fromtimestamp(record.created).strftime("%H:%M:%S")
+        message = record.getMessage()
+        if message == "request" and hasattr(record, "status"):
+            fields = vars(record)
+            message = f"{fields['method']} {fields['path']} {fields['status']} {fields['duration_ms']} ms"
+        line = f"{when} {record.levelname:<7} {message}"
+        if record.exc_info:
+            line += "\n" + self.formatException(record.exc_info)
+        return line
+
+
+def _worth_watching(record: logging.LogRecord) -> bool:
+    """On a terminal, requests that went well are noise (a console page alone makes a dozen)."""
+    status = getattr(record, "status", None)
+    return not (record.getMessage() == "request" and isinstance(status, int) and status < 400)
+
+
+def configure(level: str = "INFO", fmt: LogFormat = "auto", stream: TextIO | None = None) -> None:
+    """``auto`` writes text lines when the stream is a terminal and JSON lines otherwise."""
+    stream = stream or sys.stderr
+    handler = logging.StreamHandler(stream)
+    if fmt == "text" or (fmt == "auto" and stream.isatty()):
+        handler.setFormatter(TextFormatter())
+        handler.addFilter(_worth_watching)
+    else:
+        handler.setFormatter(JsonFormatter())
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
