@@ -215,7 +215,7 @@ def test_default_config_path_is_conf_config_sample(tmp_path: Path) -> None:
 
 
 def test_contract_flow_example_with_bare_ranges(tmp_path: Path, key: Path) -> None:
-    # CONTRACT.md writes `etcd: [master[1:3]]`, which strict YAML rejects; 3kctl accepts it.
+    # The guide's sample writes `etcd: [master[1:3]]`, which strict YAML rejects; 3kctl accepts it.
     text = (
         "hosts:\n"
         + "".join(

@@ -1,8 +1,9 @@
 """Carries jobs between the cloud and the runtime: takes assignments and stop commands from the
 long-poll, reports each attempt's state, and ships its output and artifacts.
 
-Nothing here deletes work because an answer was empty or failed (DESIGN invariant 5): a job stops
-only on an explicit, acknowledged command, its max runtime, or a 409 saying its attempt is stale."""
+Nothing here deletes work because an answer was empty or failed (invariant 5, docs/architecture.md):
+a job stops only on an explicit, acknowledged command, its max runtime, or a 409 saying its attempt
+is stale."""
 
 from __future__ import annotations
 

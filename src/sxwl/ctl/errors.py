@@ -1,4 +1,5 @@
-"""Errors 3kctl prints as one message and an exit status (CONTRACT: 1 failed, 2 bad usage/config)."""
+"""Errors 3kctl prints as one message and an exit status (docs/provider-guide.en.md: 1 failed, 2 bad
+usage or config)."""
 
 from __future__ import annotations
 

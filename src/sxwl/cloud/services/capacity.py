@@ -1,5 +1,5 @@
 """Free GPUs per node of every online CPod: what the CPod last reported, minus the assignments it has
-not reported yet (DESIGN invariant 3), kept in memory between scheduling passes.
+not reported yet (invariant 3, docs/architecture.md), kept in memory between scheduling passes.
 
 Re-reading every CPod's node snapshot and every active job's placement made up most of a small
 pass. The cache holds only facts that never change under their key: a CPod's nodes and reported

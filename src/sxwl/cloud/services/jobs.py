@@ -26,7 +26,7 @@ from sxwl.cloud.db.models import (
 from sxwl.cloud.db.types import utcnow
 from sxwl.cloud.errors import AppError, invalid
 
-# What an agent may report after each state; terminal states never change (DESIGN invariant 4).
+# What an agent may report after each state; terminal states never change (invariant 4, docs/architecture.md).
 AGENT_TRANSITIONS: dict[JobState, frozenset[JobState]] = {
     JobState.ASSIGNED: frozenset({JobState.STARTING, JobState.RUNNING, JobState.LOST} | TERMINAL_STATES),
     JobState.STARTING: frozenset({JobState.RUNNING, JobState.LOST} | TERMINAL_STATES),

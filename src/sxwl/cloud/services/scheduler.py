@@ -1,5 +1,5 @@
 """One scheduling pass: order the queue (priority, fair share, FIFO), place what fits, assign each
-job with one conditional update (DESIGN invariant 3), and say why the rest waits."""
+job with one conditional update (invariant 3, docs/architecture.md), and say why the rest waits."""
 
 from __future__ import annotations
 
