@@ -13,7 +13,7 @@ from typing import Any
 import httpx
 import pytest
 
-from sxwl.agent.runtimes.kubernetes import ATTEMPT, COMPLETION_INDEX, JOB_ID
+from sxwl.agent.runtimes.kube_objects import ATTEMPT, COMPLETION_INDEX, JOB_ID
 from tests.support.agent import AgentProcess, eventually
 from tests.support.k8s import OUTCOME, K8sCluster
 

@@ -16,17 +16,10 @@ from kubernetes_asyncio.client.exceptions import ApiException
 
 from sxwl.agent import main as agent_main
 from sxwl.agent.runtimes.base import Runtime
-from sxwl.agent.runtimes.kubernetes import (
-    ATTEMPT,
-    COMPLETION_INDEX,
-    JOB_ID,
-    NETWORK_POLICY,
-    RESOURCE_QUOTA,
-    TENANT,
-    KubeJob,
-    KubernetesRuntime,
-    new_log_lines,
-)
+from sxwl.agent.runtimes.kube_logs import new_log_lines
+from sxwl.agent.runtimes.kube_objects import ATTEMPT, COMPLETION_INDEX, JOB_ID, TENANT, KubeJob
+from sxwl.agent.runtimes.kube_tenancy import NETWORK_POLICY, RESOURCE_QUOTA
+from sxwl.agent.runtimes.kubernetes import KubernetesRuntime
 from sxwl.protocol import Assignment
 from tests.support.agent import AgentProcess, eventually
 from tests.support.k8s import DURATION, EXIT_CODE, OUTCOME, K8sCluster, api_client, wait_until

@@ -18,7 +18,7 @@ from sxwl.agent.client import CloudClient, Refused, Rejected, Unreachable
 from sxwl.agent.jobsync import JobSync
 from sxwl.agent.runtimes.local import LocalRuntime
 from sxwl.agent.state import SavedRegistration, StateDir
-from sxwl.protocol import Assignment, Heartbeat, Node, RegisterRequest
+from sxwl.protocol import Heartbeat, Node, RegisterRequest
 
 log = logging.getLogger("sxwl.agent")
 T = TypeVar("T")
@@ -59,48 +59,6 @@ class Elector(Protocol):
     async def keep(self) -> None: ...
 
     async def release(self) -> None: ...
-
-
-class RefusingRuntime:
-    """A job runtime that takes no job: each assignment is reported failed with ``reason`` at once
-    (the cloud then ends the job with that reason). Used where no runtime for jobs exists yet."""
-
-    def __init__(self, reason: str) -> None:
-        self.reason = reason
-        self.jobs: dict[str, Any] = {}
-
-    def start(self, assignment: Assignment) -> Any:
-        raise RuntimeError(self.reason)
-
-    def knows(self, job_id: str, attempt: int) -> bool:
-        return False
-
-    def adopt(self) -> list[Any]:
-        return []
-
-    def used_gpus(self) -> list[int]:
-        return []
-
-    def poll(self) -> None:
-        return None
-
-    async def refresh(self) -> list[Any]:
-        return []
-
-    def log_path(self, job: Any) -> Path:
-        raise RuntimeError(self.reason)  # never called: there are no jobs
-
-    def output_dir(self, job: Any) -> Path | None:
-        return None
-
-    def stop(self, job_id: str, attempt: int, reason: str, cancel: bool) -> None:
-        return None
-
-    def save(self, job: Any) -> None:
-        return None
-
-    def done(self, job: Any) -> None:
-        return None
 
 
 async def _resolved(value: T | Awaitable[T]) -> T:

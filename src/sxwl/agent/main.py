@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import asyncio
-import importlib
 import logging
 import os
 import signal
 import sys
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -17,15 +16,19 @@ from sxwl.agent.client import Refused
 from sxwl.agent.inventory.local import LocalInventory
 from sxwl.agent.inventory.simulated import SimulatedGpus
 from sxwl.agent.leader import LeadershipLost
-from sxwl.agent.loop import Agent, AgentConfig, RefusingRuntime
+from sxwl.agent.loop import Agent, AgentConfig
 from sxwl.agent.state import local_cluster_uid
+
+if TYPE_CHECKING:  # the Kubernetes client is imported only by agents that use it: it is slow to load
+    from kubernetes_asyncio.client import ApiClient
+
+    from sxwl.agent.runtimes.kubernetes import KubernetesRuntime
 
 # Exit statuses a supervisor can tell apart: restarting helps after 1, never after 3.
 EXIT_FAILED = 1
 EXIT_REFUSED = 3
 DEFAULT_NAMESPACE = "sxwl-system"
 TENANT_NAMESPACE_PREFIX = "sxwl-tenant-"
-NO_KUBERNETES_JOBS = "jobs on kubernetes CPods are not available in this version"
 
 app = typer.Typer(add_completion=False, context_settings={"help_option_names": ["-h", "--help"]})
 
@@ -143,7 +146,7 @@ class KubernetesUnavailable(Exception):
     """The Kubernetes API cannot be reached or refuses what the agent must read at start."""
 
 
-async def kubernetes_api(kubeconfig: Path | None) -> Any:
+async def kubernetes_api(kubeconfig: Path | None) -> ApiClient:
     """An ApiClient: --kubeconfig's, else the pod's ServiceAccount in a pod, else the default
     kubeconfig."""
     from kubernetes_asyncio import config as k8s_config
@@ -159,19 +162,11 @@ async def kubernetes_api(kubeconfig: Path | None) -> Any:
     return ApiClient(configuration=configuration)
 
 
-def job_runtime(api: Any, config: AgentConfig) -> Any:
-    """The kubernetes job runtime when this build has it; otherwise a runtime that fails every
-    assignment with a clear reason."""
-    try:
-        module = importlib.import_module("sxwl.agent.runtimes.kubernetes")
-    except ImportError:
-        module = None
-    runtime_class = getattr(module, "KubernetesRuntime", None)
-    if runtime_class is None:
-        logging.getLogger("sxwl.agent").warning("%s: assigned jobs are reported failed", NO_KUBERNETES_JOBS)
-        return RefusingRuntime(NO_KUBERNETES_JOBS)
+def job_runtime(api: ApiClient, config: AgentConfig) -> KubernetesRuntime:
+    from sxwl.agent.runtimes.kubernetes import KubernetesRuntime
+
     # Job records under the state dir: on the chart's emptyDir they outlive a container restart.
-    return runtime_class(
+    return KubernetesRuntime(
         api,
         namespace_prefix=TENANT_NAMESPACE_PREFIX,
         stop_grace_s=config.stop_grace_s,

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import base64
 import hashlib
-import hmac
 import secrets
 
 from argon2 import PasswordHasher
@@ -63,6 +62,3 @@ class SecretBox:
             return self._fernet.decrypt(ciphertext.encode()).decode()
         except InvalidToken:
             raise ValueError("stored secret cannot be decrypted: was SXWL_SECRET_KEY changed?") from None
-
-    def sign(self, message: str) -> str:
-        return hmac.new(self._master, message.encode(), hashlib.sha256).hexdigest()

@@ -1,23 +1,12 @@
-"""The ``kubernetes`` runtime: each job attempt is a Kubernetes Job in its tenant's namespace.
+"""The ``kubernetes`` runtime: each job attempt is a Kubernetes Job in its tenant's namespace
+(kube_tenancy.py), made from the manifests of kube_manifests.py, its pods' logs spooled by
+kube_logs.py.
 
-- One namespace per tenant, ``<prefix><owner_id>``, labelled ``sxwl.ai/tenant``, made on first use
-  with a NetworkPolicy (ingress only from pods of the same namespace: the ranks of a job talk, other
-  tenants cannot reach them), a ResourceQuota, and Pod Security ``baseline`` enforced.
-- A single-node attempt is a Job (completions = parallelism = 1, backoffLimit 0); a multi-node one an
-  Indexed Job (completions = parallelism = nodes) with a headless Service, so that rank 0 is
-  ``<job>-0.<service>``. Every pod gets torchrun's env (MASTER_ADDR, MASTER_PORT, NNODES, NODE_RANK
-  from the completion index, NPROC_PER_NODE), SXWL_JOB_ID / SXWL_JOB_NAME / SXWL_ATTEMPT, and the
-  user's env.
-- Tenant pods: no service-account token, no privilege escalation, no host namespaces or paths, a
-  memory-backed ``/dev/shm``, ``nvidia.com/gpu`` limits, a nodeSelector on the GPU product.
 - Names, labels and annotations carry the job id and attempt: the Job's name is a function of them,
   so an attempt is created at most once (a second create is answered 409 and adopted), and a
   restarted agent rebuilds its state from the cluster.
 - Status from Job and Pod conditions; image-pull errors and pods unschedulable past a timeout end the
   attempt as failed with the reason; stop and cancel delete the Job with foreground propagation.
-- Logs: every pod's log (with timestamps, so nothing is shipped twice) is appended to a local spool
-  file, each line prefixed ``[rank N] ``; JobSync ships that file by offset like the local runtime's.
-  The spool's length is saved with the record, so a restart truncates a half-written tail.
 - No artifacts: there is no volume shared with the agent (``output_dir`` is None).
 
 All I/O happens in ``refresh`` (one list of Jobs and one of Pods per pass, cluster-wide, filtered by
@@ -25,123 +14,44 @@ label); the other methods only change local state."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import os
-import re
 import shutil
 import tempfile
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass, field
-from datetime import datetime
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from sxwl.agent.runtimes.base import Outcome
+from sxwl.agent.runtimes.kube_logs import collect_logs, truncate_spool
+from sxwl.agent.runtimes.kube_manifests import job_manifest, service_manifest
+from sxwl.agent.runtimes.kube_objects import (
+    API_ERRORS,
+    ATTEMPT,
+    GPU,
+    JOB_ID,
+    JOB_NAME,
+    MANAGED_BY,
+    MANAGER,
+    TENANT,
+    KubeJob,
+    create_ignoring_conflict,
+    dns_label,
+    rank,
+    short,
+)
+from sxwl.agent.runtimes.kube_tenancy import Tenancy
 from sxwl.protocol import Assignment
 
 log = logging.getLogger("sxwl.agent.kubernetes")
 
-MANAGED_BY = "app.kubernetes.io/managed-by"
-MANAGER = "sxwl-agent"
-JOB_ID = "sxwl.ai/job-id"
-ATTEMPT = "sxwl.ai/attempt"
-TENANT = "sxwl.ai/tenant"
-JOB_NAME = "sxwl.ai/job-name"
-COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"
-GPU = "nvidia.com/gpu"
-GPU_PRODUCT = "nvidia.com/gpu.product"
-CONTAINER = "main"
-NETWORK_POLICY = "sxwl-tenant-isolation"
-RESOURCE_QUOTA = "sxwl-tenant-quota"
 IMAGE_PULL_REASONS = {"ImagePullBackOff", "ErrImagePull", "InvalidImageName", "ErrImageNeverPull"}
-DEFAULT_QUOTA = {"requests.nvidia.com/gpu": "1024", "pods": "1000"}
-# Lines of a pod's log fetched again around the last one shipped (clock skew between agent and node).
-LOG_SINCE_MARGIN_S = 120
-API_ERRORS = (ApiException, aiohttp.ClientError, asyncio.TimeoutError, OSError)
-
-
-def dns_label(text: str, limit: int = 63) -> str:
-    """A DNS-1123 label made from ``text``: lower case, ``-`` for anything else, trimmed."""
-    label = re.sub(r"[^a-z0-9-]+", "-", text.lower()).strip("-")
-    return label[:limit].rstrip("-") or "x"
-
-
-def _ts_key(stamp: str) -> str:
-    """An RFC 3339 UTC timestamp with nanoseconds padded to nine digits: strings that sort in time."""
-    stamp = stamp.rstrip("Z")
-    whole, _, fraction = stamp.partition(".")
-    return f"{whole}.{fraction.ljust(9, '0')[:9]}"
-
-
-def new_log_lines(text: str, mark: str | None, seen_at_mark: int) -> tuple[list[str], str | None, int]:
-    """The lines of a ``timestamps=true`` pod log not shipped yet: those after ``mark`` (the newest
-    timestamp shipped, normalised by ``_ts_key``), and those at it beyond the ``seen_at_mark`` already
-    shipped. Returns them without their timestamps, the new mark and how many lines it has shipped."""
-    out: list[str] = []
-    skip = seen_at_mark if mark is not None else 0
-    count = skip
-    for raw in text.splitlines():
-        stamp, _, line = raw.partition(" ")
-        if not stamp[:1].isdigit():
-            continue  # not a timestamped line
-        key = _ts_key(stamp)
-        if mark is not None and key < mark:
-            continue
-        if key == mark and skip > 0:
-            skip -= 1
-            continue
-        if key != mark:
-            mark, count = key, 0
-        count += 1
-        out.append(line)
-    return out, mark, count
-
-
-@dataclass
-class KubeJob:
-    """What the agent keeps about one attempt, in ``job.json`` beside its log spool."""
-
-    job_id: str
-    attempt: int
-    name: str
-    owner_id: str
-    namespace: str
-    k8s_name: str
-    nodes: int
-    gpus_per_node: int
-    max_runtime_s: int | None
-    started_at: float
-    spec: dict[str, Any] | None = None  # the assignment, until the Job exists
-    created: bool = False  # the Job exists in the cluster (or did)
-    log_offset: int = 0
-    spool_size: int = 0  # bytes of the spool covered by ``log_marks``
-    log_marks: dict[str, list[Any]] = field(default_factory=dict)  # pod -> [timestamp, lines at it]
-    stop_reason: str | None = None
-    stop_cancel: bool = False
-    stop_at: float | None = None
-    delete_sent: bool = False
-    outcome: Outcome | None = None
-    exit_code: int | None = None
-    reported: bool = False
-    reported_state: str | None = None
-    fenced: bool = False
-    lost_reason: str | None = None
-    artifacts_uploaded: list[str] = field(default_factory=list)
-
-    @property
-    def key(self) -> str:
-        return f"{self.job_id}:{self.attempt}"
-
-    @property
-    def service(self) -> str:
-        return self.k8s_name
 
 
 @dataclass
@@ -170,19 +80,17 @@ class KubernetesRuntime:
         self.api = api_client
         self.batch = client.BatchV1Api(api_client)
         self.core = client.CoreV1Api(api_client)
-        self.networking = client.NetworkingV1Api(api_client)
+        self.tenancy = Tenancy(api_client, prefix=namespace_prefix, quota=tenant_quota)
         self.prefix = namespace_prefix
         self.stop_grace_s = stop_grace_s
         self.unschedulable_timeout_s = unschedulable_timeout_s
         self.master_port = master_port
-        self.tenant_quota = dict(tenant_quota or DEFAULT_QUOTA)
         self.run_as_non_root = run_as_non_root
         self.pod_annotations = pod_annotations
         base = state_dir if state_dir is not None else Path(tempfile.mkdtemp(prefix="sxwl-k8s-"))
         self.root = base / "k8s-jobs"
         self.jobs: dict[str, KubeJob] = {}
         self._seen: dict[str, _Seen] = {}
-        self._namespaces: set[str] = set()
         self._adopted = False
         self._garbage: dict[str, KubeJob] = {}  # reported attempts whose Job is still to delete
         self._unschedulable_since: dict[str, float] = {}  # pod uid -> first seen unschedulable
@@ -212,10 +120,7 @@ class KubernetesRuntime:
         if self.root.exists():
             for path in sorted(self.root.glob("*/job.json")):
                 job = KubeJob(**json.loads(path.read_text()))
-                spool = self.log_path(job)
-                if spool.exists() and spool.stat().st_size > job.spool_size:
-                    with spool.open("r+b") as handle:  # a tail written after the last save
-                        handle.truncate(job.spool_size)
+                truncate_spool(self.log_path(job), job)
                 if job.reported:
                     self._garbage[job.key] = job
                 else:
@@ -230,7 +135,7 @@ class KubernetesRuntime:
     # ---- lifecycle -------------------------------------------------------------------------------
 
     def namespace_for(self, owner_id: str) -> str:
-        return dns_label(self.prefix + owner_id)
+        return self.tenancy.namespace_for(owner_id)
 
     def knows(self, job_id: str, attempt: int) -> bool:
         return f"{job_id}:{attempt}" in self.jobs or self.workdir(job_id, attempt).exists()
@@ -320,7 +225,8 @@ class KubernetesRuntime:
                 if job.outcome is not None or job.key in self._seen:
                     continue
                 mine = pods.get(job.key, [])
-                await self._collect_logs(job, mine)
+                if await collect_logs(self.core, job, mine, self.log_path(job)):
+                    self.save(job)
                 await self._observe(job, k8s_jobs.get(job.key), mine)
             for key, job in list(self._garbage.items()):
                 await self._delete(job)
@@ -328,7 +234,7 @@ class KubernetesRuntime:
                     del self._garbage[key]
                     shutil.rmtree(self.workdir(job.job_id, job.attempt), ignore_errors=True)
         except API_ERRORS as exc:
-            log.warning("kubernetes API: %s; retrying on the next pass", _short(exc))
+            log.warning("kubernetes API: %s; retrying on the next pass", short(exc))
         return lost
 
     async def _list(self) -> tuple[dict[str, Any], dict[str, list[Any]]]:
@@ -399,65 +305,31 @@ class KubernetesRuntime:
             created=True,
         )
 
-    async def _create_ignoring_conflict(self, call: Any, *args: Any) -> bool:
-        """True when created now, False when it already existed."""
-        try:
-            await call(*args)
-        except ApiException as exc:
-            if exc.status == 409:
-                return False
-            raise
-        return True
-
-    async def _ensure_namespace(self, job: KubeJob) -> None:
-        ns = job.namespace
-        if ns in self._namespaces:
-            return
-        labels = {
-            TENANT: dns_label(job.owner_id),
-            MANAGED_BY: MANAGER,
-            "pod-security.kubernetes.io/enforce": "baseline",
-        }
-        await self._create_ignoring_conflict(
-            self.core.create_namespace, {"metadata": {"name": ns, "labels": labels}}
-        )
-        meta = {"name": NETWORK_POLICY, "labels": {MANAGED_BY: MANAGER}}
-        await self._create_ignoring_conflict(
-            self.networking.create_namespaced_network_policy,
-            ns,
-            {
-                "metadata": meta,
-                "spec": {
-                    "podSelector": {},
-                    "policyTypes": ["Ingress"],
-                    # Only pods of this namespace (the tenant's own) may connect: ranks talk freely.
-                    "ingress": [{"from": [{"podSelector": {}}]}],
-                },
-            },
-        )
-        await self._create_ignoring_conflict(
-            self.core.create_namespaced_resource_quota,
-            ns,
-            {"metadata": {**meta, "name": RESOURCE_QUOTA}, "spec": {"hard": self.tenant_quota}},
-        )
-        self._namespaces.add(ns)
-
     async def _create(self, job: KubeJob) -> None:
         assert job.spec is not None
         assignment = Assignment.model_validate(job.spec)
         try:
-            await self._ensure_namespace(job)
+            await self.tenancy.ensure(job.owner_id)
             if job.nodes > 1:
-                await self._create_ignoring_conflict(
-                    self.core.create_namespaced_service, job.namespace, self.service_manifest(job)
+                await create_ignoring_conflict(
+                    self.core.create_namespaced_service,
+                    job.namespace,
+                    service_manifest(job, master_port=self.master_port),
                 )
-            created = await self._create_ignoring_conflict(
-                self.batch.create_namespaced_job, job.namespace, self.job_manifest(job, assignment)
+            manifest = job_manifest(
+                job,
+                assignment,
+                master_port=self.master_port,
+                stop_grace_s=self.stop_grace_s,
+                run_as_non_root=self.run_as_non_root,
+                pod_annotations=self.pod_annotations(assignment) if self.pod_annotations else {},
             )
+            create = self.batch.create_namespaced_job
+            created = await create_ignoring_conflict(create, job.namespace, manifest)
         except ApiException as exc:
             if exc.status in (400, 403, 404, 422):  # the request itself is wrong: will not get better
                 self._seen[job.key] = _Seen(
-                    "failed", None, f"could not create the Kubernetes Job: {_short(exc)}"
+                    "failed", None, f"could not create the Kubernetes Job: {short(exc)}"
                 )
                 return
             raise
@@ -549,168 +421,14 @@ class KubernetesRuntime:
             else:
                 self._unschedulable_since.pop(uid, None)
 
-    async def _collect_logs(self, job: KubeJob, pods: list[Any]) -> None:
-        """Appends what each pod wrote since the last pass to the spool, prefixed by its rank."""
-        chunks: list[bytes] = []
-        for pod in sorted(pods, key=_rank):
-            statuses = pod.status.container_statuses or []
-            if not any(s.state and (s.state.running or s.state.terminated) for s in statuses):
-                continue
-            name = pod.metadata.name
-            mark, seen = job.log_marks.get(name, [None, 0])
-            kwargs: dict[str, Any] = {"container": CONTAINER, "timestamps": True}
-            if mark is not None:
-                elapsed = time.time() - _parse_mark(mark)
-                kwargs["since_seconds"] = max(1, int(elapsed) + LOG_SINCE_MARGIN_S)
-            try:
-                text = await self.core.read_namespaced_pod_log(name, pod.metadata.namespace, **kwargs)
-            except ApiException as exc:
-                log.debug("no log yet from pod %s: %s", name, _short(exc))
-                continue
-            lines, mark, seen = new_log_lines(str(text or ""), mark, seen)
-            if lines:
-                prefix = f"[rank {_rank(pod)}] "
-                chunks.append("".join(f"{prefix}{line}\n" for line in lines).encode())
-                job.log_marks[name] = [mark, seen]
-        if not chunks:
-            return
-        path = self.log_path(job)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with path.open("ab") as handle:
-            handle.truncate(job.spool_size)
-            handle.seek(job.spool_size)
-            for chunk in chunks:
-                handle.write(chunk)
-            job.spool_size = handle.tell()
-        self.save(job)
-
-    # ---- manifests -------------------------------------------------------------------------------
-
-    def labels(self, job: KubeJob) -> dict[str, str]:
-        return {
-            MANAGED_BY: MANAGER,
-            JOB_ID: job.job_id,
-            ATTEMPT: str(job.attempt),
-            TENANT: dns_label(job.owner_id),
-        }
-
-    def service_manifest(self, job: KubeJob) -> dict[str, Any]:
-        return {
-            "metadata": {"name": job.service, "labels": self.labels(job)},
-            "spec": {
-                "clusterIP": "None",
-                "selector": {JOB_ID: job.job_id, ATTEMPT: str(job.attempt)},
-                "publishNotReadyAddresses": True,  # rank 0's name resolves before it is Ready
-                "ports": [{"name": "master", "port": self.master_port}],
-            },
-        }
-
-    def job_manifest(self, job: KubeJob, assignment: Assignment) -> dict[str, Any]:
-        multi = job.nodes > 1
-        env: dict[str, Any] = {k: {"value": v} for k, v in assignment.env.items()}
-        env.update(
-            SXWL_JOB_ID={"value": job.job_id},
-            SXWL_JOB_NAME={"value": job.name},
-            SXWL_ATTEMPT={"value": str(job.attempt)},
-            MASTER_ADDR={"value": f"{job.k8s_name}-0.{job.service}" if multi else "127.0.0.1"},
-            MASTER_PORT={"value": str(self.master_port)},
-            NNODES={"value": str(job.nodes)},
-            NPROC_PER_NODE={"value": str(max(1, job.gpus_per_node))},
-            NODE_RANK=(
-                {"valueFrom": {"fieldRef": {"fieldPath": f"metadata.annotations['{COMPLETION_INDEX}']"}}}
-                if multi
-                else {"value": "0"}
-            ),
-            PYTHONUNBUFFERED={"value": "1"},
-        )
-        container: dict[str, Any] = {
-            "name": CONTAINER,
-            "image": assignment.image,
-            "env": [{"name": name, **value} for name, value in env.items()],
-            "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}],  # noqa: S108 - the pod's shm,
-            "securityContext": {"allowPrivilegeEscalation": False, "privileged": False},
-        }
-        if isinstance(assignment.command, str):
-            container["command"] = ["/bin/sh", "-c", assignment.command]
-        elif assignment.command:
-            container["command"] = list(assignment.command)
-        if job.gpus_per_node:
-            container["resources"] = {"limits": {GPU: str(job.gpus_per_node)}}
-        if multi:
-            container["ports"] = [{"name": "master", "containerPort": self.master_port}]
-        pod_security: dict[str, Any] = {"seccompProfile": {"type": "RuntimeDefault"}}
-        if self.run_as_non_root:
-            pod_security["runAsNonRoot"] = True
-        pod_spec: dict[str, Any] = {
-            "restartPolicy": "Never",
-            "automountServiceAccountToken": False,
-            "enableServiceLinks": False,
-            "hostNetwork": False,
-            "hostPID": False,
-            "hostIPC": False,
-            "terminationGracePeriodSeconds": max(0, int(self.stop_grace_s)),
-            "securityContext": pod_security,
-            "containers": [container],
-            "volumes": [{"name": "dshm", "emptyDir": {"medium": "Memory"}}],
-        }
-        if assignment.gpu_product:
-            pod_spec["nodeSelector"] = {GPU_PRODUCT: assignment.gpu_product}
-        if multi:
-            pod_spec["subdomain"] = job.service
-        annotations = {JOB_ID: job.job_id, ATTEMPT: str(job.attempt), JOB_NAME: job.name}
-        pod_annotations = {
-            **annotations,
-            **(self.pod_annotations(assignment) if self.pod_annotations else {}),
-        }
-        spec: dict[str, Any] = {
-            "completions": job.nodes,
-            "parallelism": job.nodes,
-            "backoffLimit": 0,
-            "template": {
-                "metadata": {"labels": self.labels(job), "annotations": pod_annotations},
-                "spec": pod_spec,
-            },
-        }
-        if multi:
-            spec["completionMode"] = "Indexed"
-        if job.max_runtime_s:
-            spec["activeDeadlineSeconds"] = job.max_runtime_s
-        return {
-            "metadata": {"name": job.k8s_name, "labels": self.labels(job), "annotations": annotations},
-            "spec": spec,
-        }
-
-
-def _rank(pod: Any) -> int:
-    index = (pod.metadata.annotations or {}).get(COMPLETION_INDEX, "0")
-    return int(index) if str(index).isdigit() else 0
-
 
 def _exit_code(pods: list[Any]) -> int | None:
     """The first non-zero exit code among the pods, by rank; else 0 if one exited, else None."""
     codes = []
-    for pod in sorted(pods, key=_rank):
+    for pod in sorted(pods, key=rank):
         for status in pod.status.container_statuses or []:
             terminated = status.state.terminated if status.state else None
             if terminated is not None and terminated.exit_code is not None:
                 codes.append(int(terminated.exit_code))
     nonzero = [c for c in codes if c != 0]
     return nonzero[0] if nonzero else (0 if codes else None)
-
-
-def _parse_mark(mark: str) -> float:
-    whole = mark.partition(".")[0]
-    try:
-        return datetime.fromisoformat(whole + "+00:00").timestamp()
-    except ValueError:
-        return 0.0
-
-
-def _short(exc: BaseException) -> str:
-    if isinstance(exc, ApiException):
-        try:
-            message = json.loads(exc.body or "{}").get("message")
-        except (ValueError, AttributeError):
-            message = None
-        return f"{exc.status} {message or exc.reason}"
-    return str(exc) or type(exc).__name__

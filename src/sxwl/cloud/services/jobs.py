@@ -396,12 +396,3 @@ def ack_command(session: Session, cpod_id: str, command_id: int) -> bool:
         .execution_options(synchronize_session=False)
     )
     return bool(result.rowcount)  # type: ignore[attr-defined]
-
-
-def active_gpus_by_owner(session: Session) -> dict[str, int]:
-    rows = session.execute(
-        select(Job.owner_id, func.sum(Job.gpus_per_node * Job.nodes))
-        .where(Job.state.in_(ACTIVE_STATES))
-        .group_by(Job.owner_id)
-    ).all()
-    return {owner: int(total or 0) for owner, total in rows}

@@ -1,0 +1,104 @@
+"""Pod logs into the attempt's spool file: every pod's log is read with timestamps, so nothing is
+shipped twice, and appended prefixed ``[rank N] ``; JobSync ships the spool by offset like the local
+runtime's log. The spool's length is saved with the record, so a restart truncates a half-written
+tail."""
+
+from __future__ import annotations
+
+import logging
+import time
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from kubernetes_asyncio import client
+from kubernetes_asyncio.client.exceptions import ApiException
+
+from sxwl.agent.runtimes.kube_objects import CONTAINER, KubeJob, rank, short
+
+log = logging.getLogger("sxwl.agent.kubernetes")
+
+# Lines of a pod's log fetched again around the last one shipped (clock skew between agent and node).
+LOG_SINCE_MARGIN_S = 120
+
+
+def _ts_key(stamp: str) -> str:
+    """An RFC 3339 UTC timestamp with nanoseconds padded to nine digits: strings that sort in time."""
+    stamp = stamp.rstrip("Z")
+    whole, _, fraction = stamp.partition(".")
+    return f"{whole}.{fraction.ljust(9, '0')[:9]}"
+
+
+def _parse_mark(mark: str) -> float:
+    whole = mark.partition(".")[0]
+    try:
+        return datetime.fromisoformat(whole + "+00:00").timestamp()
+    except ValueError:
+        return 0.0
+
+
+def new_log_lines(text: str, mark: str | None, seen_at_mark: int) -> tuple[list[str], str | None, int]:
+    """The lines of a ``timestamps=true`` pod log not shipped yet: those after ``mark`` (the newest
+    timestamp shipped, normalised by ``_ts_key``), and those at it beyond the ``seen_at_mark`` already
+    shipped. Returns them without their timestamps, the new mark and how many lines it has shipped."""
+    out: list[str] = []
+    skip = seen_at_mark if mark is not None else 0
+    count = skip
+    for raw in text.splitlines():
+        stamp, _, line = raw.partition(" ")
+        if not stamp[:1].isdigit():
+            continue  # not a timestamped line
+        key = _ts_key(stamp)
+        if mark is not None and key < mark:
+            continue
+        if key == mark and skip > 0:
+            skip -= 1
+            continue
+        if key != mark:
+            mark, count = key, 0
+        count += 1
+        out.append(line)
+    return out, mark, count
+
+
+def truncate_spool(spool: Path, job: KubeJob) -> None:
+    """Drops a tail written after the record was last saved (its marks do not cover it)."""
+    if spool.exists() and spool.stat().st_size > job.spool_size:
+        with spool.open("r+b") as handle:
+            handle.truncate(job.spool_size)
+
+
+async def collect_logs(core: client.CoreV1Api, job: KubeJob, pods: list[Any], spool: Path) -> bool:
+    """Appends what each pod wrote since the last pass to the spool, prefixed by its rank; True when
+    the record changed and must be saved."""
+    chunks: list[bytes] = []
+    for pod in sorted(pods, key=rank):
+        statuses = pod.status.container_statuses or []
+        if not any(s.state and (s.state.running or s.state.terminated) for s in statuses):
+            continue
+        name = pod.metadata.name
+        mark, seen = job.log_marks.get(name, [None, 0])
+        kwargs: dict[str, Any] = {"container": CONTAINER, "timestamps": True}
+        if mark is not None:
+            elapsed = time.time() - _parse_mark(mark)
+            kwargs["since_seconds"] = max(1, int(elapsed) + LOG_SINCE_MARGIN_S)
+        try:
+            text = await core.read_namespaced_pod_log(name, pod.metadata.namespace, **kwargs)
+        except ApiException as exc:
+            log.debug("no log yet from pod %s: %s", name, short(exc))
+            continue
+        lines, mark, seen = new_log_lines(str(text or ""), mark, seen)
+        if lines:
+            prefix = f"[rank {rank(pod)}] "
+            chunks.append("".join(f"{prefix}{line}\n" for line in lines).encode())
+            job.log_marks[name] = [mark, seen]
+    if not chunks:
+        return False
+    spool.parent.mkdir(parents=True, exist_ok=True)
+    with spool.open("ab") as handle:
+        handle.truncate(job.spool_size)
+        handle.seek(job.spool_size)
+        for chunk in chunks:
+            handle.write(chunk)
+        job.spool_size = handle.tell()
+    return True

@@ -1,0 +1,112 @@
+"""What the ``kubernetes`` runtime keeps about an attempt and how it names things in the cluster:
+the record (``KubeJob``), the labels and annotations every object carries, DNS-safe names, and the
+small helpers every part of the runtime uses to talk to the API."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+from kubernetes_asyncio.client.exceptions import ApiException
+
+from sxwl.agent.runtimes.base import Outcome
+
+MANAGED_BY = "app.kubernetes.io/managed-by"
+MANAGER = "sxwl-agent"
+JOB_ID = "sxwl.ai/job-id"
+ATTEMPT = "sxwl.ai/attempt"
+TENANT = "sxwl.ai/tenant"
+JOB_NAME = "sxwl.ai/job-name"
+COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"
+GPU = "nvidia.com/gpu"
+GPU_PRODUCT = "nvidia.com/gpu.product"
+CONTAINER = "main"
+API_ERRORS = (ApiException, aiohttp.ClientError, asyncio.TimeoutError, OSError)
+
+
+@dataclass
+class KubeJob:
+    """What the agent keeps about one attempt, in ``job.json`` beside its log spool."""
+
+    job_id: str
+    attempt: int
+    name: str
+    owner_id: str
+    namespace: str
+    k8s_name: str
+    nodes: int
+    gpus_per_node: int
+    max_runtime_s: int | None
+    started_at: float
+    spec: dict[str, Any] | None = None  # the assignment, until the Job exists
+    created: bool = False  # the Job exists in the cluster (or did)
+    log_offset: int = 0
+    spool_size: int = 0  # bytes of the spool covered by ``log_marks``
+    log_marks: dict[str, list[Any]] = field(default_factory=dict)  # pod -> [timestamp, lines at it]
+    stop_reason: str | None = None
+    stop_cancel: bool = False
+    stop_at: float | None = None
+    delete_sent: bool = False
+    outcome: Outcome | None = None
+    exit_code: int | None = None
+    reported: bool = False
+    reported_state: str | None = None
+    fenced: bool = False
+    lost_reason: str | None = None
+    artifacts_uploaded: list[str] = field(default_factory=list)
+
+    @property
+    def key(self) -> str:
+        return f"{self.job_id}:{self.attempt}"
+
+    @property
+    def service(self) -> str:
+        return self.k8s_name
+
+
+def dns_label(text: str, limit: int = 63) -> str:
+    """A DNS-1123 label made from ``text``: lower case, ``-`` for anything else, trimmed."""
+    label = re.sub(r"[^a-z0-9-]+", "-", text.lower()).strip("-")
+    return label[:limit].rstrip("-") or "x"
+
+
+def labels(job: KubeJob) -> dict[str, str]:
+    """The labels of every object made for the attempt: the runtime finds its objects by them."""
+    return {
+        MANAGED_BY: MANAGER,
+        JOB_ID: job.job_id,
+        ATTEMPT: str(job.attempt),
+        TENANT: dns_label(job.owner_id),
+    }
+
+
+def rank(pod: Any) -> int:
+    index = (pod.metadata.annotations or {}).get(COMPLETION_INDEX, "0")
+    return int(index) if str(index).isdigit() else 0
+
+
+async def create_ignoring_conflict(call: Callable[..., Awaitable[object]], *args: object) -> bool:
+    """True when created now, False when it already existed."""
+    try:
+        await call(*args)
+    except ApiException as exc:
+        if exc.status == 409:
+            return False
+        raise
+    return True
+
+
+def short(exc: BaseException) -> str:
+    """An API error as one line: its status and the server's message."""
+    if isinstance(exc, ApiException):
+        try:
+            message = json.loads(exc.body or "{}").get("message")
+        except (ValueError, AttributeError):
+            message = None
+        return f"{exc.status} {message or exc.reason}"
+    return str(exc) or type(exc).__name__
