@@ -1,12 +1,45 @@
 """Wake-ups inside one cloud process: the scheduler after a submit or a freed GPU, and the long-polls
 of a CPod after an assignment or a command. Services run in worker threads, so every signal is
 handed to the event loop thread-safely. Other replicas notice the same changes by re-reading the
-database at least once a second."""
+database at least once a second.
+
+Services never wake anyone themselves: they note on their unit of work what it changed
+(``on_commit(session).wake_scheduler()``), and the notifier sends those wake-ups once that
+transaction has committed, and never when it rolls back. A waiter woken earlier could read before
+the commit, find nothing, and sleep until its next re-read."""
 
 from __future__ import annotations
 
 import asyncio
 from collections import defaultdict
+from dataclasses import dataclass, field
+
+from sqlalchemy import event as orm_event
+from sqlalchemy.orm import Session, sessionmaker
+
+_PENDING = "sxwl.wakeups"
+
+
+@dataclass
+class Wakeups:
+    """What one unit of work wakes when it commits."""
+
+    scheduler: bool = False
+    cpods: set[str] = field(default_factory=set)
+
+    def wake_scheduler(self) -> None:
+        self.scheduler = True
+
+    def wake_cpod(self, cpod_id: str) -> None:
+        self.cpods.add(cpod_id)
+
+
+def on_commit(session: Session) -> Wakeups:
+    """The wake-ups ``session``'s transaction sends once it has committed."""
+    pending = session.info.get(_PENDING)
+    if not isinstance(pending, Wakeups):
+        pending = session.info[_PENDING] = Wakeups()
+    return pending
 
 
 class Notifier:
@@ -28,6 +61,20 @@ class Notifier:
 
     def bind(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
+
+    def watch(self, sessions: sessionmaker[Session]) -> None:
+        """Sends what units of work of ``sessions`` noted with ``on_commit`` after each commit."""
+        orm_event.listen(sessions, "after_commit", self._committed)
+        orm_event.listen(sessions, "after_rollback", _discard)
+
+    def _committed(self, session: Session) -> None:
+        pending = session.info.pop(_PENDING, None)
+        if not isinstance(pending, Wakeups):
+            return
+        if pending.scheduler:
+            self.wake_scheduler()
+        for cpod_id in pending.cpods:
+            self.wake_cpod(cpod_id)
 
     def _soon(self, callback: object, *args: object) -> None:
         if self._loop is None or self._loop.is_closed():
@@ -56,3 +103,7 @@ class Notifier:
             waiters.discard(event)
             if not waiters:
                 del self._waiters[cpod_id]
+
+
+def _discard(session: Session) -> None:
+    session.info.pop(_PENDING, None)

@@ -55,7 +55,7 @@ def rename_cpod(cpod_id: str, body: CPodRenameIn, user: CurrentUser, ctx: Ctx) -
 def revoke_cpod(cpod_id: str, user: CurrentUser, ctx: Ctx) -> Response:
     """Revokes the CPod's token: its agent's next call gets 401 and it stops."""
     with ctx.db.session() as session:
-        cpods.revoke(ctx, session, user, cpod_id)
+        cpods.revoke(session, user, cpod_id)
     return Response(status_code=204)
 
 

@@ -52,7 +52,6 @@ def submit(body: JobIn, user: CurrentUser, ctx: Ctx) -> JobOut:
     with ctx.db.session() as session:
         job = jobs.submit(ctx, session, session.merge(user), spec)
         out = job_out(session, job)
-    ctx.notifier.wake_scheduler()
     return out
 
 
@@ -86,7 +85,7 @@ def get_job(job_id: str, user: CurrentUser, ctx: Ctx) -> JobOut:
 def cancel(job_id: str, user: CurrentUser, ctx: Ctx) -> JobOut:
     """Queued jobs end at once; running ones are stopped by their agent (SIGTERM, then SIGKILL)."""
     with ctx.db.session() as session:
-        return job_out(session, jobs.cancel(ctx, session, session.merge(user), job_id))
+        return job_out(session, jobs.cancel(session, session.merge(user), job_id))
 
 
 @router.get("/{job_id}/events", response_model=list[JobEventOut])

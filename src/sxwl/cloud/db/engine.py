@@ -37,12 +37,12 @@ class Database:
     def __init__(self, url: str) -> None:
         self.url = url
         self.engine = make_engine(url)
-        self._sessions = sessionmaker(self.engine, expire_on_commit=False)
+        self.sessions = sessionmaker(self.engine, expire_on_commit=False)
 
     @contextmanager
     def session(self) -> Iterator[Session]:
         """A unit of work: committed when the block ends normally, rolled back otherwise."""
-        with self._sessions() as session, session.begin():
+        with self.sessions() as session, session.begin():
             yield session
 
     def dispose(self) -> None:

@@ -184,7 +184,7 @@ def sweep_liveness(
                 record(session, cpod_id, target.value, f"{missed} heartbeats missed")
                 moved.append((cpod_id, target))
                 if target == CPodStatus.OFFLINE:
-                    jobs.requeue_cpod_jobs(ctx, session, cpod_id, f"CPod {cpod_id} went offline")
+                    jobs.requeue_cpod_jobs(session, cpod_id, f"CPod {cpod_id} went offline")
     return moved
 
 
@@ -254,7 +254,7 @@ def rename(session: Session, user: User, cpod_id: str, name: str) -> CPod:
     return cpod
 
 
-def revoke(ctx: CloudContext, session: Session, user: User, cpod_id: str) -> CPod:
+def revoke(session: Session, user: User, cpod_id: str) -> CPod:
     """Its token stops working at once; the agent is told on its next call (401) and stops."""
     cpod = get_for(session, user, cpod_id, for_update=True)
     if cpod.revoked_at is None:
@@ -262,7 +262,7 @@ def revoke(ctx: CloudContext, session: Session, user: User, cpod_id: str) -> CPo
         cpod.token_hash = None
         cpod.status = CPodStatus.OFFLINE
         record(session, cpod.id, "revoked", None, actor=user)
-        jobs.requeue_cpod_jobs(ctx, session, cpod.id, f"CPod {cpod.id} was revoked")
+        jobs.requeue_cpod_jobs(session, cpod.id, f"CPod {cpod.id} was revoked")
     return cpod
 
 

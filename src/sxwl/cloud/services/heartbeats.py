@@ -15,6 +15,7 @@ from sxwl.cloud.db.models import CPod, CPodStatus
 from sxwl.cloud.db.types import EncodedJSON, utcnow
 from sxwl.cloud.errors import AppError
 from sxwl.cloud.groupcommit import GroupCommit
+from sxwl.cloud.notify import on_commit
 from sxwl.cloud.security import token_hash
 from sxwl.cloud.services.cpods import CPOD_TOKEN_PREFIX, record, token_error
 from sxwl.protocol import Heartbeat, HeartbeatReply, Node
@@ -153,7 +154,7 @@ def apply(ctx: CloudContext, session: Session, beats: Sequence[Beat]) -> list[Ou
                     f"{beats[index].node_count} nodes reported",
                 )
     if wake:
-        ctx.notifier.wake_scheduler()
+        on_commit(session).wake_scheduler()
     return outcomes
 
 

@@ -25,6 +25,7 @@ from sxwl.cloud.db.models import (
 )
 from sxwl.cloud.db.types import utcnow
 from sxwl.cloud.errors import AppError, invalid
+from sxwl.cloud.notify import on_commit
 
 # What an agent may report after each state; terminal states never change (invariant 4, docs/architecture.md).
 AGENT_TRANSITIONS: dict[JobState, frozenset[JobState]] = {
@@ -86,6 +87,7 @@ def submit(ctx: CloudContext, session: Session, owner: User, spec: JobSpec) -> J
     session.add(job)
     session.flush()
     event(session, job, "submitted", f"{spec.nodes} node(s) × {spec.gpus_per_node} GPU(s)")
+    on_commit(session).wake_scheduler()
     return job
 
 
@@ -167,21 +169,22 @@ def stop_command(
     )
     if exists is None:
         session.add(AgentCommand(cpod_id=cpod_id, kind=kind, job_id=job.id, attempt=attempt, reason=reason))
+        on_commit(session).wake_cpod(cpod_id)
 
 
-def cancel(ctx: CloudContext, session: Session, user: User, job_id: str) -> Job:
+def cancel(session: Session, user: User, job_id: str) -> Job:
     job = get_for(session, user, job_id, for_update=True)
     if job.state in TERMINAL_STATES:
         raise AppError(409, f"job is already {job.state.value}", code="job_finished")
     if job.state == JobState.QUEUED:
         finish(job, JobState.CANCELLED, reason=f"cancelled by {user.email}")
         event(session, job, "cancelled", f"by {user.email}")
+        on_commit(session).wake_scheduler()  # its place in the queue is free
     elif job.cancel_requested_at is None:
         job.cancel_requested_at = utcnow()
         assert job.cpod_id is not None
         stop_command(session, job, job.cpod_id, job.attempt, f"cancelled by {user.email}", cancel=True)
         event(session, job, "cancel_requested", f"by {user.email}")
-        ctx.notifier.wake_cpod(job.cpod_id)
     return job
 
 
@@ -199,7 +202,7 @@ def close_attempt(session: Session, job: Job, outcome: str) -> None:
         placed.outcome = outcome
 
 
-def requeue(ctx: CloudContext, session: Session, job: Job, why: str) -> None:
+def requeue(session: Session, job: Job, why: str) -> None:
     """The attempt is lost: queue a new attempt (or give up after max_attempts) and fence the old one."""
     old_cpod, old_attempt = job.cpod_id, job.attempt
     close_attempt(session, job, JobState.LOST.value)
@@ -219,15 +222,15 @@ def requeue(ctx: CloudContext, session: Session, job: Job, why: str) -> None:
         job.node_names = []
         job.reason = f"queued again: {why}"
         event(session, job, "requeued", why)
-        ctx.notifier.wake_scheduler()
+        on_commit(session).wake_scheduler()
 
 
-def requeue_cpod_jobs(ctx: CloudContext, session: Session, cpod_id: str, why: str) -> int:
+def requeue_cpod_jobs(session: Session, cpod_id: str, why: str) -> int:
     jobs = session.scalars(
         select(Job).where(Job.cpod_id == cpod_id, Job.state.in_(ACTIVE_STATES)).with_for_update()
     ).all()
     for job in jobs:
-        requeue(ctx, session, job, why)
+        requeue(session, job, why)
     return len(jobs)
 
 
@@ -280,7 +283,7 @@ def report_status(
             details={"state": job.state.value},
         )
     if state == JobState.LOST:
-        requeue(ctx, session, job, reason or "the agent could not resume it")
+        requeue(session, job, reason or "the agent could not resume it")
         return job
     if state in TERMINAL_STATES:
         if state == JobState.FAILED and job.cancel_requested_at is not None:
@@ -289,7 +292,7 @@ def report_status(
             reason = f"exit code {exit_code}"
         close_attempt(session, job, state.value)
         finish(job, state, exit_code, reason)
-        ctx.notifier.wake_scheduler()
+        on_commit(session).wake_scheduler()
     else:
         job.state = state
         job.reason = None

@@ -20,6 +20,7 @@ from sxwl.cloud.context import CloudContext
 from sxwl.cloud.db.engine import Database
 from sxwl.cloud.db.models import Job, JobAttempt, JobEvent, JobState, User
 from sxwl.cloud.db.types import utcnow
+from sxwl.cloud.notify import on_commit
 from sxwl.cloud.services.capacity import CapacityCache, Hold
 from sxwl.cloud.services.placement import Need, Placement, Pool, why_not
 
@@ -108,10 +109,7 @@ def schedule_once(ctx: CloudContext) -> list[Assigned]:
     another pass committed would hand out the same free GPUs twice."""
     cache = capacity_cache(ctx)
     with cache.lock, _one_pass_at_a_time(ctx):
-        assigned = _pass(ctx, cache)
-    for item in assigned:
-        ctx.notifier.wake_cpod(item.cpod_id)
-    return assigned
+        return _pass(ctx, cache)
 
 
 @contextlib.contextmanager
@@ -157,6 +155,8 @@ def _pass(ctx: CloudContext, cache: CapacityCache) -> list[Assigned]:
         pool = cache.refresh(session)
         writes = _decide(ctx, session, queued, pool, cache.usage())
         won = _write(session, writes)
+        for _, placement in won:
+            on_commit(session).wake_cpod(placement.cpod_id)
     # Committed: later passes of this process need not read these placements back.
     for job, placement in won:
         cache.hold(

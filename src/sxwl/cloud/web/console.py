@@ -457,7 +457,7 @@ async def revoke_cpod(cpod_id: str, request: Request) -> Response:
     principal, _ = checked
     try:
         with ctx_of(request).db.session() as session:
-            cpods.revoke(ctx_of(request), session, principal.user, cpod_id)
+            cpods.revoke(session, principal.user, cpod_id)
     except AppError as exc:
         return error_page(request, exc.status, principal)
     return redirect(f"/compute?notice=cpod_revoked#cpod-{cpod_id}")

@@ -200,7 +200,6 @@ async def submit_job(request: Request) -> Response:
         if exc.status == 422:
             return _form(request, principal, form, jobs_view.submit_errors(lang, exc), 422)
         return error_page(request, exc.status, principal)
-    ctx.notifier.wake_scheduler()
     return redirect(f"/jobs/{job_id}?notice=job_submitted")
 
 
@@ -280,12 +279,10 @@ async def cancel_job(job_id: str, request: Request) -> Response:
         return _job(request, principal, job_id, 403, translate(lang, "error.csrf"))
     try:
         with ctx.db.session() as session:
-            job = job_service.cancel(ctx, session, session.merge(principal.user), job_id)
+            job = job_service.cancel(session, session.merge(principal.user), job_id)
             done = job.state.value == "cancelled"
     except AppError as exc:
         if exc.status == 409:
             return _job(request, principal, job_id, 409, conflict=True)
         return error_page(request, exc.status, principal)
-    if done:
-        ctx.notifier.wake_scheduler()  # its place in the queue is free
     return redirect(f"/jobs/{job_id}?notice={'job_cancelled' if done else 'job_cancel_requested'}")
