@@ -1,4 +1,4 @@
-"""Sign-in limits (docs/security.md) and sign-out, on both engines."""
+"""Sign-in limits (docs/operations.md) and sign-out, on both engines."""
 
 from __future__ import annotations
 

@@ -49,7 +49,7 @@ class Settings(BaseSettings):
     rate_register_ip: str = "10/3600"
     rate_register_account: str = "5/3600"
     # How long a sign-in to an account over its failure limit waits before its password is checked
-    # (docs/security.md).
+    # (docs/operations.md).
     login_locked_delay_s: float = Field(default=1.0, ge=0)
 
     # The reverse proxies whose X-Forwarded-For and X-Forwarded-Proto are believed (for rate limits

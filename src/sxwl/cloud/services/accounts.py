@@ -96,7 +96,7 @@ def rate_key(email: str) -> str:
 
 
 async def sign_in(ctx: CloudContext, client_ip: str, email: str, password: str) -> User:
-    """The password check under the login policy of docs/security.md: only failures count, per
+    """The password check under the login policy of docs/operations.md: only failures count, per
     source address and per account. A source over its limit is refused before any check; an account
     over its limit still lets the right password in, after a delay, and answers a wrong one with
     429. The delay is awaited, not slept in a worker thread that other requests need."""

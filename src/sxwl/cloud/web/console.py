@@ -260,9 +260,7 @@ async def register_submit(request: Request) -> Response:
 
 @router.post("/logout")
 async def logout(request: Request) -> Response:
-    """Ends the session in the database, not only in this browser. Without the CSRF token nothing
-    happens (403), so another site cannot sign a user out, and a session never outlives a cookie
-    that was cleared without it."""
+    """Revokes the session in the database; without the CSRF token changes nothing (403)."""
     ctx = ctx_of(request)
     form = await request.form()
     principal = console_principal(ctx, request)
