@@ -169,13 +169,14 @@ def test_password_change_revokes_every_session(client: TestClient) -> None:
 
 
 def test_login_rate_limit_per_account(make_client: Callable[..., TestClient]) -> None:
-    client = make_client(rate_login_account="3/60", rate_login_ip="100/60")
+    client = make_client(rate_login_account="3/60", rate_login_ip="100/60", login_locked_delay_s=0)
     register(client, "owner@example.com")
     for _ in range(3):
         client.post("/api/v1/auth/login", json={"email": "owner@example.com", "password": "wrong password"})
-    # The right password is refused too while the account is throttled.
+    # A wrong password is refused while the account is throttled (the right one is not:
+    # tests/test_login_policy.py).
     limited = client.post(
-        "/api/v1/auth/login", json={"email": "OWNER@example.com", "password": "correct horse"}
+        "/api/v1/auth/login", json={"email": "OWNER@example.com", "password": "still wrong"}
     )
     assert limited.status_code == 429
     assert limited.json()["error"]["code"] == "too_many_requests"

@@ -13,6 +13,7 @@ from pathlib import Path
 from types import FrameType
 
 import uvicorn
+from fastapi import FastAPI
 from rich.console import Console
 from rich.table import Table
 from sqlalchemy import select
@@ -24,6 +25,7 @@ from sxwl.cloud.config import Settings
 from sxwl.cloud.context import CloudContext
 from sxwl.cloud.db import migrate
 from sxwl.cloud.db.models import Job, Role, User
+from sxwl.cloud.head_deadline import protocol_with_head_timeout
 from sxwl.cloud.services import access_keys, accounts, jobs
 
 DEMO_ACCOUNTS = (
@@ -74,8 +76,24 @@ def serve(settings: Settings, host: str, port: int) -> None:
     logs.configure(settings.log_level, settings.log_format)
     app = create_app(settings)
     tune_gc()
-    config = uvicorn.Config(app, host=host, port=port, log_config=None, timeout_graceful_shutdown=5)
-    Server(config, app.state.ctx).run()
+    Server(uvicorn_config(app, settings, host, port), app.state.ctx).run()
+
+
+def uvicorn_config(app: FastAPI, settings: Settings, host: str, port: int) -> uvicorn.Config:
+    proxies = settings.trusted_proxy_list()
+    return uvicorn.Config(
+        app,
+        host=host,
+        port=port,
+        log_config=None,
+        timeout_graceful_shutdown=5,
+        http=protocol_with_head_timeout(settings.request_head_timeout_s),
+        timeout_keep_alive=settings.keep_alive_timeout_s,
+        # uvicorn believes X-Forwarded-For from loopback unless told otherwise: anyone on the machine
+        # could then pick the address that rate limits and logs see.
+        proxy_headers=bool(proxies),
+        forwarded_allow_ips=proxies,
+    )
 
 
 @dataclass(frozen=True)

@@ -84,12 +84,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     console.install(app)
     app.add_middleware(
         BodyLimit,
-        limit_for=lambda path: (
-            settings.heartbeat_max_bytes
+        rule_for=lambda path: (
+            (settings.heartbeat_max_bytes, settings.request_body_timeout_s)
             if path == heartbeat_path
-            else settings.artifact_max_bytes
+            else (settings.artifact_max_bytes, settings.artifact_upload_timeout_s)
             if path.startswith("/api/v1/agent/jobs/") and "/artifacts/" in path
-            else settings.max_body_bytes
+            else (settings.max_body_bytes, settings.request_body_timeout_s)
         ),
     )
     app.add_middleware(RequestContext, metrics=metrics, quiet_paths=frozenset({heartbeat_path}))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import secrets
 from pathlib import Path
@@ -22,6 +23,10 @@ def parse_rate(text: str) -> tuple[int, float]:
     if limit[0] < 1 or limit[1] <= 0:
         raise ValueError(f"count and seconds must be positive, got {text!r}")
     return limit
+
+
+def _proxy_items(text: str) -> list[str]:
+    return [item.strip() for item in text.split(",") if item.strip()]
 
 
 class Settings(BaseSettings):
@@ -45,6 +50,19 @@ class Settings(BaseSettings):
     rate_login_account: str = "10/300"
     rate_register_ip: str = "10/3600"
     rate_register_account: str = "5/3600"
+    # How long a sign-in to an account over its failure limit waits before its password is checked
+    # (docs/operations.md).
+    login_locked_delay_s: float = Field(default=1.0, ge=0)
+
+    # The reverse proxies whose X-Forwarded-For and X-Forwarded-Proto are believed (for rate limits
+    # and logs): IP addresses or CIDR networks, comma-separated. Empty: nobody's.
+    trusted_proxies: str = ""
+    # Slow clients: the most a request's head (line and headers), its body, and an idle keep-alive
+    # connection may take; an artifact upload, up to artifact_max_bytes, has its own.
+    request_head_timeout_s: float = Field(default=10.0, gt=0)
+    request_body_timeout_s: float = Field(default=30.0, gt=0)
+    artifact_upload_timeout_s: float = Field(default=3600.0, gt=0)
+    keep_alive_timeout_s: int = Field(default=5, ge=1)
 
     log_level: str = "INFO"
     # auto: short text lines on a terminal, JSON lines otherwise (files, collectors).
@@ -78,6 +96,19 @@ class Settings(BaseSettings):
     def _valid_rate(cls, value: str) -> str:
         parse_rate(value)
         return value
+
+    @field_validator("trusted_proxies")
+    @classmethod
+    def _valid_proxies(cls, value: str) -> str:
+        for item in _proxy_items(value):
+            try:
+                ipaddress.ip_network(item)
+            except ValueError:
+                raise ValueError(f"expected IP addresses or CIDR networks, got {item!r}") from None
+        return value
+
+    def trusted_proxy_list(self) -> list[str]:
+        return [str(ipaddress.ip_network(item)) for item in _proxy_items(self.trusted_proxies)]
 
     def resolved_database_url(self) -> str:
         url = self.database_url or f"sqlite:///{self.data_dir / 'sxwl.db'}"

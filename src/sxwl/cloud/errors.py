@@ -1,4 +1,6 @@
-"""The JSON error body of the contract, for every error the cloud returns."""
+"""The JSON error body of the contract, for every error the cloud returns. Unhandled exceptions are
+answered in ``middleware.RequestContext`` (so the 500 carries the request id), slow or oversized
+requests in ``middleware.BodyLimit`` and ``head_deadline``."""
 
 from __future__ import annotations
 
@@ -15,10 +17,12 @@ DEFAULT_CODES = {
     403: "forbidden",
     404: "not_found",
     405: "method_not_allowed",
+    408: "timeout",
     409: "conflict",
     413: "too_large",
     422: "invalid",
     429: "too_many_requests",
+    431: "too_large",
     500: "internal",
 }
 
@@ -93,7 +97,3 @@ def install(app: FastAPI) -> None:
             return response
         message = exc.detail if isinstance(exc.detail, str) else DEFAULT_CODES.get(exc.status_code, "error")
         return JSONResponse(error_body(exc.status_code, message), exc.status_code, headers=exc.headers)
-
-    @app.exception_handler(Exception)
-    async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
-        return JSONResponse(error_body(500, "internal server error"), 500)

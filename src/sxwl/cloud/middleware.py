@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import random
@@ -70,17 +71,31 @@ class RequestContext:
         token = request_id_var.set(request_id)
         started = time.perf_counter()
         status = 500
+        response_started = response_complete = False
 
         async def send_with_id(message: Message) -> None:
-            nonlocal status
+            nonlocal status, response_started, response_complete
             if message["type"] == "http.response.start":
                 status = message["status"]
+                response_started = True
                 message.setdefault("headers", [])
                 message["headers"] = [*message["headers"], (b"x-request-id", request_id.encode())]
+            elif message["type"] == "http.response.body" and not message.get("more_body", False):
+                response_complete = True
             await send(message)
 
         try:
             await self.app(scope, receive, send_with_id)
+        except Exception:
+            log.exception("unhandled error", extra={"method": scope["method"], "path": scope["path"]})
+            if response_started and not response_complete:
+                # Half a response cannot be taken back: the server closes the connection, which is
+                # how HTTP says that the body is cut short.
+                raise
+            if not response_started:
+                # Answered here, inside this middleware, so the 500 carries the request id; the
+                # exception goes no further, so the server keeps the connection for the next request.
+                await _send_json(send_with_id, 500, error_body(500, "internal server error"))
         finally:
             elapsed = time.perf_counter() - started
             route_name = route_template(scope)
@@ -104,31 +119,49 @@ class RequestContext:
 
 
 class BodyLimit:
-    """Refuses bodies over the path's limit with 413, by Content-Length or while streaming,
-    before the application reads them whole."""
+    """Refuses bodies over the path's limit with 413, by Content-Length or while streaming, before
+    the application reads them whole, and bodies still arriving after the path's deadline (counted
+    from the request's start) with 408 and a closed connection: a client that trickles its body in
+    would otherwise hold the request open for ever."""
 
-    def __init__(self, app: ASGIApp, limit_for: Callable[[str], int]) -> None:
+    def __init__(self, app: ASGIApp, rule_for: Callable[[str], tuple[int, float]]) -> None:
         self.app = app
-        self.limit_for = limit_for
+        self.rule_for = rule_for
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        limit = self.limit_for(scope["path"])
+        limit, timeout_s = self.rule_for(scope["path"])
         for name, value in scope.get("headers", []):
             if name == b"content-length" and value.isdigit() and int(value) > limit:
                 await self._refuse(send, limit)
                 return
+        deadline = asyncio.get_running_loop().time() + timeout_s
         received = 0
-        refused = False
+        body_done = refused = response_started = False
 
         async def limited_receive() -> Message:
-            nonlocal received, refused
+            nonlocal received, body_done, refused
             if refused:
                 return {"type": "http.disconnect"}
-            message = await receive()
+            if body_done:  # later calls only wait for the client to leave (long-polls, streams)
+                return await receive()
+            try:
+                async with asyncio.timeout_at(deadline):
+                    message = await receive()
+            except TimeoutError:
+                refused = True
+                if not response_started:
+                    await _send_json(
+                        send,
+                        408,
+                        error_body(408, f"request body not received within {timeout_s:g} s"),
+                        close=True,  # the rest of the body is not waited for
+                    )
+                return {"type": "http.disconnect"}
             if message["type"] == "http.request":
+                body_done = not message.get("more_body", False)
                 received += len(message.get("body", b""))
                 if received > limit:
                     # Answer now and tell the app the client left, so it stops reading.
@@ -138,18 +171,25 @@ class BodyLimit:
             return message
 
         async def guarded_send(message: Message) -> None:
+            nonlocal response_started
             if not refused:
+                response_started = True
                 await send(message)
 
         await self.app(scope, limited_receive, guarded_send)
 
     async def _refuse(self, send: Send, limit: int) -> None:
-        body = json.dumps(
-            error_body(413, f"request body larger than {limit} bytes", details={"max_bytes": limit})
-        ).encode()
-        headers: list[Any] = [
-            (b"content-type", b"application/json"),
-            (b"content-length", str(len(body)).encode()),
-        ]
-        await send({"type": "http.response.start", "status": 413, "headers": headers})
-        await send({"type": "http.response.body", "body": body})
+        body = error_body(413, f"request body larger than {limit} bytes", details={"max_bytes": limit})
+        await _send_json(send, 413, body)
+
+
+async def _send_json(send: Send, status: int, content: dict[str, Any], close: bool = False) -> None:
+    body = json.dumps(content).encode()
+    headers: list[tuple[bytes, bytes]] = [
+        (b"content-type", b"application/json"),
+        (b"content-length", str(len(body)).encode()),
+    ]
+    if close:
+        headers.append((b"connection", b"close"))
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})

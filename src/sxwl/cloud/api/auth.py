@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from anyio import to_thread
 from fastapi import APIRouter, Request, Response
 
 from sxwl.cloud.api.deps import Ctx, CurrentPrincipal, client_ip
 from sxwl.cloud.api.schemas import LoginIn, RegisterIn, TokenOut, UserOut
-from sxwl.cloud.db.models import Role, SessionKind
+from sxwl.cloud.context import CloudContext
+from sxwl.cloud.db.models import Role, SessionKind, User
 from sxwl.cloud.services import accounts, sessions
 
 router = APIRouter(prefix="/auth", tags=["auth"])
@@ -19,11 +21,15 @@ def register(body: RegisterIn, request: Request, ctx: Ctx) -> UserOut:
 
 
 @router.post("/login", response_model=TokenOut)
-def login(body: LoginIn, request: Request, ctx: Ctx) -> TokenOut:
-    user = accounts.sign_in(ctx, client_ip(request), body.email, body.password)
-    with ctx.db.session() as session:
-        token = sessions.start(session, user, SessionKind.API, ctx.settings.api_token_ttl_s)
+async def login(body: LoginIn, request: Request, ctx: Ctx) -> TokenOut:
+    user = await accounts.sign_in(ctx, client_ip(request), body.email, body.password)
+    token = await to_thread.run_sync(_start_session, ctx, user)
     return TokenOut(access_token=token, expires_in=ctx.settings.api_token_ttl_s)
+
+
+def _start_session(ctx: CloudContext, user: User) -> str:
+    with ctx.db.session() as session:
+        return sessions.start(session, user, SessionKind.API, ctx.settings.api_token_ttl_s)
 
 
 @router.post("/logout", status_code=204)

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
 
+from anyio import to_thread
 from email_validator import EmailNotValidError, validate_email
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
@@ -93,10 +95,30 @@ def rate_key(email: str) -> str:
         return email.strip().lower()
 
 
-def sign_in(ctx: CloudContext, client_ip: str, email: str, password: str) -> User:
-    """Rate-limited (per address and per account) password check."""
-    ctx.limiters.login_ip.hit(client_ip)
-    ctx.limiters.login_account.hit(rate_key(email))
+async def sign_in(ctx: CloudContext, client_ip: str, email: str, password: str) -> User:
+    """The password check under the login policy of docs/operations.md: only failures count, per
+    source address and per account. A source over its limit is refused before any check; an account
+    over its limit still lets the right password in, after a delay, and answers a wrong one with
+    429. The delay is awaited, not slept in a worker thread that other requests need."""
+    limits = ctx.limiters
+    limits.login_ip.check(client_ip)
+    account = rate_key(email)
+    locked = limits.login_account.refusal(account)
+    if locked is not None:
+        await asyncio.sleep(ctx.settings.login_locked_delay_s)
+    try:
+        user = await to_thread.run_sync(_authenticate, ctx, email, password)
+    except AppError as exc:
+        limits.login_ip.record(client_ip)
+        limits.login_account.record(account)
+        if locked is None:
+            raise
+        raise limits.login_account.refusal(account) or locked from exc
+    limits.login_account.clear(account)
+    return user
+
+
+def _authenticate(ctx: CloudContext, email: str, password: str) -> User:
     with ctx.db.session() as session:
         return authenticate(ctx, session, email, password)
 

@@ -365,7 +365,9 @@ def read_log(ctx: CloudContext, session: Session, job: Job, attempt: int, offset
     # An earlier attempt never grows again; the current one is done when the job is. A queued job's
     # log is not complete: its (next) attempt has yet to run.
     finished = attempt < job.attempt or job.state in TERMINAL_STATES
-    return LogSlice(bytes(out), max(position, offset) if out else offset, finished and position >= end)
+    # An offset past the end is answered with the end, where a reader can really continue.
+    next_offset = min(position, end)
+    return LogSlice(bytes(out), next_offset, finished and next_offset >= end)
 
 
 def record_artifact(session: Session, job: Job, attempt: int, path: str, size: int, sha256: str) -> None:

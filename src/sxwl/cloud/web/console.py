@@ -213,7 +213,7 @@ async def login_submit(request: Request) -> Response:
     except ValidationError as exc:
         return render(request, "login.html", status=422, errors=field_errors(lang, exc), **values)
     try:
-        user = accounts.sign_in(ctx, client_ip(request), body.email, body.password)
+        user = await accounts.sign_in(ctx, client_ip(request), body.email, body.password)
     except AppError as exc:
         message = (
             rate_limit_message(lang, exc) if exc.status == 429 else translate(lang, "error.bad_credentials")
@@ -260,10 +260,14 @@ async def register_submit(request: Request) -> Response:
 
 @router.post("/logout")
 async def logout(request: Request) -> Response:
+    """Revokes the session in the database; without the CSRF token changes nothing (403)."""
     ctx = ctx_of(request)
     form = await request.form()
     principal = console_principal(ctx, request)
-    if principal and csrf_ok(request, str(form.get("csrf_token", ""))):
+    if principal:
+        if not csrf_ok(request, str(form.get("csrf_token", ""))):
+            message = translate(language(request), "error.csrf")
+            return render(request, "error.html", principal, status=403, status_code=403, message=message)
         with ctx.db.session() as session:
             sessions.revoke(session, session.merge(principal.auth))
     response = redirect("/login?notice=logged_out")
