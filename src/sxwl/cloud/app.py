@@ -15,7 +15,7 @@ from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
 import sxwl
-from sxwl.cloud import errors, logs
+from sxwl.cloud import errors, logs, web
 from sxwl.cloud.api import admin, agent, auth, cpods, jobs, me
 from sxwl.cloud.background import liveness, scheduling
 from sxwl.cloud.config import Settings
@@ -23,7 +23,6 @@ from sxwl.cloud.context import CloudContext
 from sxwl.cloud.db import migrate
 from sxwl.cloud.middleware import BodyLimit, HttpMetrics, RequestContext
 from sxwl.cloud.services import heartbeats
-from sxwl.cloud.web import console
 
 log = logging.getLogger("sxwl.cloud")
 
@@ -81,7 +80,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     def prometheus() -> Response:
         return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
-    console.install(app)
+    web.install(app)
     app.add_middleware(
         BodyLimit,
         rule_for=lambda path: (

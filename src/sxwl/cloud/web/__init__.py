@@ -1,1 +1,18 @@
-"""The server-rendered web console."""
+"""The server-rendered web console: ``kit`` (rendering, errors, who may see a page) and one module of
+pages per area, assembled here."""
+
+from __future__ import annotations
+
+from fastapi import FastAPI
+from fastapi.staticfiles import StaticFiles
+
+from sxwl.cloud.web import account_pages, admin_pages, auth_pages, compute_pages, jobs_pages
+from sxwl.cloud.web.kit import HERE, PageRefused, error_page, page_refused
+
+
+def install(app: FastAPI) -> None:
+    for pages in (auth_pages, account_pages, compute_pages, jobs_pages, admin_pages):
+        app.include_router(pages.router)
+    app.mount("/static", StaticFiles(directory=HERE / "static"), name="static")
+    app.add_exception_handler(PageRefused, page_refused)
+    app.state.html_error = error_page

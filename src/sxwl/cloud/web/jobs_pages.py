@@ -11,23 +11,23 @@ from urllib.parse import urlencode
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
-from sxwl.cloud.api.deps import Principal, console_principal, csrf_ok
+from sxwl.cloud.api.deps import Principal, csrf_ok
 from sxwl.cloud.db.models import Role
 from sxwl.cloud.db.types import utcnow
 from sxwl.cloud.errors import AppError
 from sxwl.cloud.services import cpods
 from sxwl.cloud.services import jobs as job_service
 from sxwl.cloud.web import jobs_view
-from sxwl.cloud.web.console import (
+from sxwl.cloud.web.i18n import translate
+from sxwl.cloud.web.kit import (
+    JobsFragmentViewer,
+    JobsViewer,
     ctx_of,
     error_page,
     language,
     redirect,
     render,
-    signed_in,
-    signed_out_fragment,
 )
-from sxwl.cloud.web.i18n import translate
 
 router = APIRouter(include_in_schema=False)
 
@@ -36,25 +36,6 @@ LIST_REFRESH_MS = 5000
 JOB_REFRESH_MS = 3000
 FINISHED_JOB_REFRESH_MS = 30_000
 CLI_EXAMPLE = "sxwl jobs submit --gpus 1 -- python train.py"
-
-
-def _jobs_principal(request: Request) -> Principal | Response:
-    """Compute users and admins; providers get 403 (they run no jobs)."""
-    principal = signed_in(request)
-    if isinstance(principal, Response):
-        return principal
-    if principal.user.role == Role.PROVIDER:
-        return error_page(request, 403, principal)
-    return principal
-
-
-def _fragment_principal(request: Request) -> Principal | Response:
-    principal = console_principal(ctx_of(request), request)
-    if principal is None:
-        return signed_out_fragment()
-    if principal.user.role == Role.PROVIDER:
-        return error_page(request, 403, principal)
-    return principal
 
 
 def _helpers(lang: str) -> dict[str, Any]:
@@ -117,10 +98,7 @@ def _list_values(request: Request, principal: Principal) -> dict[str, Any]:
 
 
 @router.get("/jobs")
-def jobs_page(request: Request) -> Response:
-    principal = _jobs_principal(request)
-    if isinstance(principal, Response):
-        return principal
+def jobs_page(request: Request, principal: JobsViewer) -> Response:
     values = _list_values(request, principal)
     query = request.url.query
     return render(
@@ -134,10 +112,7 @@ def jobs_page(request: Request) -> Response:
 
 
 @router.get("/jobs/fragment")
-def jobs_fragment(request: Request) -> Response:
-    principal = _fragment_principal(request)
-    if isinstance(principal, Response):
-        return principal
+def jobs_fragment(request: Request, principal: JobsFragmentViewer) -> Response:
     return render(request, "_jobs_live.html", principal, **_list_values(request, principal))
 
 
@@ -170,18 +145,12 @@ def _form(
 
 
 @router.get("/jobs/new")
-def new_job_page(request: Request) -> Response:
-    principal = _jobs_principal(request)
-    if isinstance(principal, Response):
-        return principal
+def new_job_page(request: Request, principal: JobsViewer) -> Response:
     return _form(request, principal)
 
 
 @router.post("/jobs/new")
-async def submit_job(request: Request) -> Response:
-    principal = _jobs_principal(request)
-    if isinstance(principal, Response):
-        return principal
+async def submit_job(request: Request, principal: JobsViewer) -> Response:
     ctx, lang = ctx_of(request), language(request)
     raw = await request.form()
     form = {k: str(raw.get(k, "")) for k in jobs_view.FORM_FIELDS}
@@ -250,18 +219,12 @@ def _job(
 
 
 @router.get("/jobs/{job_id}")
-def job_page(job_id: str, request: Request) -> Response:
-    principal = _jobs_principal(request)
-    if isinstance(principal, Response):
-        return principal
+def job_page(job_id: str, request: Request, principal: JobsViewer) -> Response:
     return _job(request, principal, job_id)
 
 
 @router.get("/jobs/{job_id}/fragment")
-def job_fragment(job_id: str, request: Request) -> Response:
-    principal = _fragment_principal(request)
-    if isinstance(principal, Response):
-        return principal
+def job_fragment(job_id: str, request: Request, principal: JobsFragmentViewer) -> Response:
     values = _job_values(request, principal, job_id)
     if isinstance(values, AppError):
         return error_page(request, values.status, principal)
@@ -269,10 +232,7 @@ def job_fragment(job_id: str, request: Request) -> Response:
 
 
 @router.post("/jobs/{job_id}/cancel")
-async def cancel_job(job_id: str, request: Request) -> Response:
-    principal = _jobs_principal(request)
-    if isinstance(principal, Response):
-        return principal
+async def cancel_job(job_id: str, request: Request, principal: JobsViewer) -> Response:
     ctx, lang = ctx_of(request), language(request)
     form = await request.form()
     if not csrf_ok(request, str(form.get("csrf_token", ""))):
