@@ -21,10 +21,10 @@ from sqlalchemy.orm import Session
 from sxwl.cloud.context import CloudContext
 from sxwl.cloud.db import migrate
 from sxwl.cloud.db.engine import make_engine
-from sxwl.cloud.db.models import AccessKey, CPod, CPodStatus, Job, JobAttempt, JobState, Role, User
+from sxwl.cloud.db.models import AccessKey, Artifact, CPod, CPodStatus, Job, JobAttempt, JobState, Role, User
 from sxwl.cloud.db.types import utcnow
 from sxwl.cloud.security import token_hash
-from sxwl.cloud.services import access_keys, cpods, scheduler
+from sxwl.cloud.services import access_keys, cpods, jobs, scheduler
 from tests.conftest import MakeSettings, login, register
 from tests.support.cpods import A100, access_key, beat, gpu_node
 
@@ -401,3 +401,16 @@ def test_migration_0005_keeps_the_newest_active_key_and_the_latest_open_attempt(
         ).all()
         assert attempts == [(1, "lost", False), (2, "lost", False), (3, None, True)]
     engine.dispose()
+
+
+def test_concurrent_records_of_one_artifact_path_keep_one_row(queued_job: tuple[CloudContext, str]) -> None:
+    ctx, job_id = queued_job
+
+    def record(i: int) -> None:
+        with ctx.db.session() as session:
+            jobs.record_artifact(session, session.get_one(Job, job_id), 1, "out/model.bin", i, f"{i:064x}")
+
+    at_once(N, record)
+    with ctx.db.session() as session:
+        (row,) = session.scalars(select(Artifact).where(Artifact.job_id == job_id)).all()
+        assert row.sha256 == f"{row.size:064x}"  # one upload's record, whole
