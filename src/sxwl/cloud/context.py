@@ -33,7 +33,7 @@ class CloudContext:
     def __post_init__(self) -> None:
         s = self.settings
         self.artifacts = LocalArtifactStore(s.data_dir / "artifacts")
-        self.notifier.watch(self.db.sessions)
+        self.notifier.watch(self.db.sessions, self.db.immediate_sessions)
         self.limiters = Limiters(
             login_ip=RateLimiter(s.rate_login_ip, "login attempts from this address"),
             login_account=RateLimiter(s.rate_login_account, "login attempts for this account"),

@@ -62,10 +62,12 @@ class Notifier:
     def bind(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
 
-    def watch(self, sessions: sessionmaker[Session]) -> None:
-        """Sends what units of work of ``sessions`` noted with ``on_commit`` after each commit."""
-        orm_event.listen(sessions, "after_commit", self._committed)
-        orm_event.listen(sessions, "after_rollback", _discard)
+    def watch(self, *makers: sessionmaker[Session]) -> None:
+        """Sends what units of work of these session makers noted with ``on_commit`` after each
+        commit."""
+        for sessions in makers:
+            orm_event.listen(sessions, "after_commit", self._committed)
+            orm_event.listen(sessions, "after_rollback", _discard)
 
     def _committed(self, session: Session) -> None:
         pending = session.info.pop(_PENDING, None)

@@ -18,6 +18,7 @@ from sqlalchemy import (
     LargeBinary,
     String,
     UniqueConstraint,
+    text,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
@@ -26,6 +27,12 @@ from sxwl.cloud.db.types import UTCDateTime, utcnow
 
 def new_id() -> str:
     return uuid.uuid4().hex
+
+
+def partial_unique(name: str, *columns: str, where: str) -> Index:
+    """A unique index over the rows matching ``where`` only, on SQLite and PostgreSQL alike: how the
+    database itself keeps an "only one at a time" rule (docs/operations.md, "Only one")."""
+    return Index(name, *columns, unique=True, sqlite_where=text(where), postgresql_where=text(where))
 
 
 def str_enum(enum_cls: type[enum.StrEnum]) -> Enum:
@@ -89,7 +96,10 @@ class AccessKey(Base):
     """A provider's accessKey: hashed for lookup, encrypted so its owner can see it again."""
 
     __tablename__ = "access_keys"
-    __table_args__ = (Index("ix_access_keys_user_active", "user_id", "revoked_at"),)
+    __table_args__ = (
+        Index("ix_access_keys_user_active", "user_id", "revoked_at"),
+        partial_unique("uq_access_keys_one_active", "user_id", where="revoked_at IS NULL"),
+    )
 
     id: Mapped[str] = mapped_column(String(32), primary_key=True, default=new_id)
     user_id: Mapped[str] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"))
@@ -259,6 +269,8 @@ class JobAttempt(Base):
     """One placement of a job on a CPod: fencing checks it, and GPU time is counted from it."""
 
     __tablename__ = "job_attempts"
+    # One row per (job, attempt) is the primary key; at most one of a job's attempts is open.
+    __table_args__ = (partial_unique("uq_job_attempts_one_open", "job_id", where="finished_at IS NULL"),)
 
     job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True)
     attempt: Mapped[int] = mapped_column(Integer, primary_key=True)

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from sqlalchemy import select
+from sqlalchemy import select, update
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from sxwl.cloud.context import CloudContext
@@ -24,6 +25,8 @@ def active(session: Session, user: User) -> AccessKey | None:
 
 
 def issue(ctx: CloudContext, session: Session, user: User, actor: User) -> str:
+    """A new active key. The database keeps one active key per provider (uq_access_keys_one_active):
+    if another request issued one at the same moment, this one is refused and changes nothing."""
     _require_provider(user)
     key = new_token(ACCESS_KEY_PREFIX)
     session.add(
@@ -35,7 +38,15 @@ def issue(ctx: CloudContext, session: Session, user: User, actor: User) -> str:
             created_by_id=actor.id,
         )
     )
-    session.flush()
+    try:
+        session.flush()
+    except IntegrityError:
+        raise AppError(
+            409,
+            "another accessKey was issued for this account at the same moment; "
+            "it is the current one: show it again, or rotate once more",
+            code="access_key_conflict",
+        ) from None
     return key
 
 
@@ -49,15 +60,20 @@ def reveal(ctx: CloudContext, session: Session, user: User) -> str:
 
 
 def rotate(ctx: CloudContext, session: Session, user: User, actor: User) -> str:
-    """Revokes the active key and issues a new one in the same transaction."""
+    """Revokes the active key and issues a new one in the same transaction.
+
+    Concurrent rotations end as if they ran one after another: each revokes whatever key is active
+    when it writes. On PostgreSQL they queue on the provider's row (NO KEY UPDATE, so that a
+    registration's foreign-key check on it does not wait, which could deadlock with the registration's
+    lock on the key); on SQLite the revocation is one conditional UPDATE, which runs under the
+    database's write lock and so sees every rotation committed before it."""
     _require_provider(user)
-    # Lock the user's row so two concurrent rotations cannot both leave a key active.
-    session.execute(select(User.id).where(User.id == user.id).with_for_update())
-    current = active(session, user)
-    if current is not None:
-        current.revoked_at = utcnow()
-        current.revoked_by_id = actor.id
-        session.flush()
+    session.execute(select(User.id).where(User.id == user.id).with_for_update(key_share=True))
+    session.execute(
+        update(AccessKey)
+        .where(AccessKey.user_id == user.id, AccessKey.revoked_at.is_(None))
+        .values(revoked_at=utcnow(), revoked_by_id=actor.id)
+    )
     return issue(ctx, session, user, actor)
 
 

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from anyio import to_thread
 from email_validator import EmailNotValidError, validate_email
 from sqlalchemy import func, select
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from sxwl.cloud.context import CloudContext
@@ -50,16 +51,20 @@ def find_by_email(session: Session, email: str) -> User | None:
     return session.scalar(select(User).where(User.email == email))
 
 
+def _email_taken() -> AppError:
+    return AppError(
+        409,
+        "an account with this email already exists",
+        code="email_taken",
+        details=[{"field": "email", "message": "already registered"}],
+    )
+
+
 def create_user(ctx: CloudContext, session: Session, new: NewAccount, created_by: User | None = None) -> User:
     """Creates the account (and a provider's accessKey). The email must already be normalised."""
     check_password(new.password)
     if find_by_email(session, new.email) is not None:
-        raise AppError(
-            409,
-            "an account with this email already exists",
-            code="email_taken",
-            details=[{"field": "email", "message": "already registered"}],
-        )
+        raise _email_taken()
     user = User(
         email=new.email,
         password_hash=ctx.passwords.hash(new.password),
@@ -69,7 +74,11 @@ def create_user(ctx: CloudContext, session: Session, new: NewAccount, created_by
         phone=new.phone,
     )
     session.add(user)
-    session.flush()
+    try:
+        session.flush()
+    except IntegrityError:
+        # The same email registered by a concurrent request after the check above.
+        raise _email_taken() from None
     if user.role == Role.PROVIDER:
         access_keys.issue(ctx, session, user, actor=created_by or user)
     return user

@@ -29,15 +29,21 @@ def record(
     session.add(CPodEvent(cpod_id=cpod_id, kind=kind, detail=detail, actor_id=actor.id if actor else None))
 
 
-def provider_for_access_key(session: Session, key: str) -> User | None:
-    """The provider whose *active* accessKey this is; a rotated-away key finds nobody."""
+def provider_for_access_key(session: Session, key: str, hold: bool = False) -> User | None:
+    """The provider whose *active* accessKey this is; a rotated-away key finds nobody.
+
+    ``hold``: the key stays active until this unit of work ends. On PostgreSQL the key's row is
+    locked FOR SHARE, so a rotation's revocation waits for it, or, if the revocation came first,
+    this lookup waits and then sees the key revoked. On SQLite the unit of work must have been
+    opened with ``immediate=True`` (docs/operations.md, "Only one")."""
     if not key.startswith(ACCESS_KEY_PREFIX):
         return None
-    return session.scalar(
+    stmt = (
         select(User)
         .join(AccessKey, AccessKey.user_id == User.id)
         .where(AccessKey.key_hash == token_hash(key), AccessKey.revoked_at.is_(None))
     )
+    return session.scalar(stmt.with_for_update(read=True, of=AccessKey) if hold else stmt)
 
 
 def clamp_interval(ctx: CloudContext, wanted: float | None) -> float:
@@ -54,8 +60,8 @@ def register(ctx: CloudContext, access_key: str, req: RegisterRequest) -> tuple[
     token (the previous one stops working) and lifts a revocation."""
     for attempt in range(2):
         try:
-            with ctx.db.session() as session:
-                owner = provider_for_access_key(session, access_key)
+            with ctx.db.session(immediate=True) as session:
+                owner = provider_for_access_key(session, access_key, hold=True)
                 if owner is None:
                     raise AppError(
                         401,

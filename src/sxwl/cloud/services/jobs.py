@@ -371,16 +371,24 @@ def read_log(ctx: CloudContext, session: Session, job: Job, attempt: int, offset
 
 
 def record_artifact(session: Session, job: Job, attempt: int, path: str, size: int, sha256: str) -> None:
+    """One row per (job, path): a later upload of the path replaces the record, also when two uploads
+    of it are recorded at the same moment (the unique index refuses the second insert)."""
     existing = session.scalar(select(Artifact).where(Artifact.job_id == job.id, Artifact.path == path))
     if existing is None:
-        session.add(Artifact(job_id=job.id, attempt=attempt, path=path, size=size, sha256=sha256))
-    else:
-        existing.attempt, existing.size, existing.sha256, existing.created_at = (
-            attempt,
-            size,
-            sha256,
-            utcnow(),
-        )
+        try:
+            with session.begin_nested():
+                session.add(Artifact(job_id=job.id, attempt=attempt, path=path, size=size, sha256=sha256))
+            return
+        except IntegrityError:
+            existing = session.scalars(
+                select(Artifact).where(Artifact.job_id == job.id, Artifact.path == path)
+            ).one()
+    existing.attempt, existing.size, existing.sha256, existing.created_at = (
+        attempt,
+        size,
+        sha256,
+        utcnow(),
+    )
 
 
 def artifacts(session: Session, job: Job) -> list[Artifact]:
