@@ -8,7 +8,7 @@ import json
 import time
 from typing import Any, TextIO
 
-from sxwl.ctl.config import Host
+from sxwl.ctl.cluster import Host
 from sxwl.ctl.ssh import run_sync
 from sxwl.ctl.steps import Context, Step, StepFailed
 

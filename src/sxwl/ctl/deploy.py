@@ -9,13 +9,16 @@ line), ``cpod.name=NAME``, and ``image.repository`` / ``image.tag`` from the man
 
 from __future__ import annotations
 
+import json
 import re
 import shlex
+import sys
 import time
 from typing import TextIO
 
 from rich import box
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from sxwl.ctl import kubekey
@@ -66,6 +69,28 @@ def preflight_table(report: Report, title: str = "preflight") -> Table:
             ),
         )
     return table
+
+
+def print_preflight(out: Console, report: Report, *, as_json: bool) -> None:
+    """The preflight table with a line per failed or warned check and its fix, or the JSON report."""
+    if as_json:
+        sys.stdout.write(json.dumps(report.to_json(), ensure_ascii=False, indent=2) + "\n")
+        return
+    out.print(preflight_table(report))
+    notes = [
+        (h.host, n, c) for h in report.hosts for n, c in h.checks.items() if c.status in ("fail", "warn")
+    ]
+    for host, name, check in notes:
+        symbol = "[red]✗[/]" if check.status == "fail" else "[yellow]⚠[/]"
+        out.print(f"{symbol} {host} {name}: {escape(check.detail)}", highlight=False)
+        if check.fix:
+            out.print(f"    fix: {escape(check.fix)}", highlight=False)
+    verdict = (
+        "[green]all hosts ready[/]"
+        if report.ok
+        else f"[red]{len(report.failures())} problem{'s' if len(report.failures()) != 1 else ''} to fix[/]"
+    )
+    out.print(f"{verdict} ({len(report.hosts)} hosts in {report.wall_s:.1f}s)")
 
 
 def preflight_legend(checks: list[str]) -> str:

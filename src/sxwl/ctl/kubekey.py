@@ -7,7 +7,7 @@ from typing import Any
 import yaml
 
 from sxwl.ctl.artifact import Manifest
-from sxwl.ctl.config import ROLE_GROUPS, ClusterConfig
+from sxwl.ctl.cluster import ROLE_GROUPS, ClusterConfig
 
 API_VERSION = "kubekey.kubesphere.io/v1alpha2"
 CONTROL_PLANE_DOMAIN = "lb.kubesphere.local"

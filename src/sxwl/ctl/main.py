@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import getpass
-import json
 import os
 import sys
 from pathlib import Path
@@ -196,27 +195,6 @@ def ssh_setup(
     out.print(f"host keys recorded in {work.known_hosts}")
 
 
-def print_report(report: Report, as_json: bool) -> None:
-    if as_json:
-        sys.stdout.write(json.dumps(report.to_json(), ensure_ascii=False, indent=2) + "\n")
-        return
-    out.print(deploy.preflight_table(report))
-    notes = [
-        (h.host, n, c) for h in report.hosts for n, c in h.checks.items() if c.status in ("fail", "warn")
-    ]
-    for host, name, check in notes:
-        symbol = "[red]✗[/]" if check.status == "fail" else "[yellow]⚠[/]"
-        out.print(f"{symbol} {host} {name}: {escape(check.detail)}", highlight=False)
-        if check.fix:
-            out.print(f"    fix: {escape(check.fix)}", highlight=False)
-    verdict = (
-        "[green]all hosts ready[/]"
-        if report.ok
-        else f"[red]{len(report.failures())} problem{'s' if len(report.failures()) != 1 else ''} to fix[/]"
-    )
-    out.print(f"{verdict} ({len(report.hosts)} hosts in {report.wall_s:.1f}s)")
-
-
 @app.command()
 def preflight(
     file: ConfigFile = cfg.DEFAULT_CONFIG,
@@ -242,7 +220,7 @@ def preflight(
 
     report = run_sync(go())
     work.log("preflight").write_text(deploy.preflight_text(report) + "\n")
-    print_report(report, as_json)
+    deploy.print_preflight(out, report, as_json=as_json)
     if not report.ok:
         raise typer.Exit(EXIT_FAILED)
 

@@ -9,7 +9,7 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
-from sxwl.ctl.config import ClusterConfig, Host
+from sxwl.ctl.cluster import ClusterConfig, Host
 from sxwl.ctl.ssh import RunResult, SshPool
 
 Status = Literal["ok", "warn", "fail", "skip"]

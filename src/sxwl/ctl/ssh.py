@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 
 import asyncssh
 
-from sxwl.ctl.config import Host
+from sxwl.ctl.cluster import Host
 
 DEFAULT_CONCURRENCY = 64
 DEFAULT_CONNECT_TIMEOUT = 10.0

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import asyncssh
 
-from sxwl.ctl.config import ClusterConfig, Host
+from sxwl.ctl.cluster import ClusterConfig, Host
 from sxwl.ctl.ssh import SshPool
 
 # Appends the key read from stdin unless present; idempotent, and keeps the files' modes strict.

@@ -19,7 +19,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 from sxwl.ctl.artifact import Chart, Manifest, load_manifest
-from sxwl.ctl.config import ClusterConfig, Host
+from sxwl.ctl.cluster import ClusterConfig, Host
 from sxwl.ctl.errors import CtlError, UsageError
 from sxwl.ctl.runner import Command, Outcome, Runner, Tools
 from sxwl.ctl.ssh import KnownHosts, SshPool
