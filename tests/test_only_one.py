@@ -24,7 +24,7 @@ from sxwl.cloud.db.engine import make_engine
 from sxwl.cloud.db.models import AccessKey, Artifact, CPod, CPodStatus, Job, JobAttempt, JobState, Role, User
 from sxwl.cloud.db.types import utcnow
 from sxwl.cloud.security import token_hash
-from sxwl.cloud.services import access_keys, cpods, jobs, scheduler
+from sxwl.cloud.services import access_keys, attempts, cpods, scheduler
 from tests.conftest import MakeSettings, login, register
 from tests.support.cpods import A100, access_key, beat, gpu_node
 
@@ -408,7 +408,9 @@ def test_concurrent_records_of_one_artifact_path_keep_one_row(queued_job: tuple[
 
     def record(i: int) -> None:
         with ctx.db.session() as session:
-            jobs.record_artifact(session, session.get_one(Job, job_id), 1, "out/model.bin", i, f"{i:064x}")
+            attempts.record_artifact(
+                session, session.get_one(Job, job_id), 1, "out/model.bin", i, f"{i:064x}"
+            )
 
     at_once(N, record)
     with ctx.db.session() as session:

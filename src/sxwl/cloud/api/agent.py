@@ -15,7 +15,7 @@ from sxwl.cloud.context import CloudContext
 from sxwl.cloud.db.models import CPod, JobState
 from sxwl.cloud.errors import AppError, invalid
 from sxwl.cloud.groupcommit import GroupCommit
-from sxwl.cloud.services import cpods, dispatch, heartbeats, jobs
+from sxwl.cloud.services import attempts, cpods, dispatch, heartbeats, job_logs
 from sxwl.cloud.storage import TooLarge, clean_artifact_path
 from sxwl.protocol import (
     PROTOCOL_HEADER,
@@ -166,21 +166,21 @@ async def assignments(
 @router.post("/commands/{command_id}/ack", status_code=204)
 def ack_command(command_id: int, cpod: CurrentCPod, ctx: Ctx) -> Response:
     with ctx.db.session() as session:
-        jobs.ack_command(session, cpod.id, command_id)
+        attempts.ack_command(session, cpod.id, command_id)
     return Response(status_code=204)
 
 
 @router.post("/jobs/{job_id}/status", response_model=JobStatusReply)
 def job_status(job_id: str, body: JobStatus, cpod: CurrentCPod, ctx: Ctx) -> JobStatusReply:
     with ctx.db.session() as session:
-        job = jobs.report_status(
-            ctx, session, cpod, job_id, body.attempt, JobState(body.state), body.exit_code, body.reason
+        job = attempts.report_status(
+            session, cpod, job_id, body.attempt, JobState(body.state), body.exit_code, body.reason
         )
         return JobStatusReply(state=job.state.value, stop=job.cancel_requested_at is not None)
 
 
 @router.post("/jobs/{job_id}/logs", response_model=LogAppendReply)
-async def job_logs(
+async def append_job_log(
     job_id: str,
     request: Request,
     cpod: CurrentCPod,
@@ -193,8 +193,8 @@ async def job_logs(
 
     def append() -> int:
         with ctx.db.session() as session:
-            job = jobs.job_for_agent(session, cpod, job_id, attempt)
-            return jobs.append_log(session, job, attempt, offset, data)
+            job = attempts.job_for_agent(session, cpod, job_id, attempt)
+            return job_logs.append_log(session, job, attempt, offset, data)
 
     return LogAppendReply(next_offset=await asyncio.to_thread(append))
 
@@ -215,7 +215,7 @@ async def upload_artifact(
 
     def check() -> None:
         with ctx.db.session() as session:
-            jobs.job_for_agent(session, cpod, job_id, attempt)
+            attempts.job_for_agent(session, cpod, job_id, attempt)
 
     await asyncio.to_thread(check)
     try:
@@ -227,8 +227,8 @@ async def upload_artifact(
 
     def save() -> None:
         with ctx.db.session() as session:
-            job = jobs.job_for_agent(session, cpod, job_id, attempt)
-            jobs.record_artifact(session, job, attempt, clean, size, digest)
+            job = attempts.job_for_agent(session, cpod, job_id, attempt)
+            attempts.record_artifact(session, job, attempt, clean, size, digest)
 
     await asyncio.to_thread(save)
     return {"path": clean, "size": size, "sha256": digest}

@@ -12,7 +12,7 @@ from sxwl.cloud.api.deps import Ctx, CurrentUser
 from sxwl.cloud.api.schemas import ArtifactOut, JobEventOut, JobIn, JobOut, JobPageOut
 from sxwl.cloud.db.models import Job, JobState
 from sxwl.cloud.errors import AppError, invalid
-from sxwl.cloud.services import jobs
+from sxwl.cloud.services import job_events, job_logs, jobs
 from sxwl.cloud.storage import clean_artifact_path
 
 router = APIRouter(prefix="/jobs", tags=["jobs"])
@@ -89,17 +89,17 @@ def cancel(job_id: str, user: CurrentUser, ctx: Ctx) -> JobOut:
 
 
 @router.get("/{job_id}/events", response_model=list[JobEventOut])
-def job_events(job_id: str, user: CurrentUser, ctx: Ctx) -> list[JobEventOut]:
+def list_job_events(job_id: str, user: CurrentUser, ctx: Ctx) -> list[JobEventOut]:
     with ctx.db.session() as session:
         job = jobs.get_for(session, user, job_id)
         return [
             JobEventOut(at=e.at, attempt=e.attempt, kind=e.kind, detail=e.detail)
-            for e in jobs.events(session, job)
+            for e in job_events.events(session, job)
         ]
 
 
 @router.get("/{job_id}/logs")
-def job_logs(
+def read_job_log(
     job_id: str,
     user: CurrentUser,
     ctx: Ctx,
@@ -113,7 +113,7 @@ def job_logs(
         chosen = attempt or max(job.attempt, 1)
         if chosen > max(job.attempt, 1):
             raise invalid("attempt", f"job has {job.attempt} attempt(s)")
-        piece = jobs.read_log(ctx, session, job, chosen, offset)
+        piece = job_logs.read_log(ctx, session, job, chosen, offset)
     return Response(
         piece.data,
         media_type="text/plain; charset=utf-8",

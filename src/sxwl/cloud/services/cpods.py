@@ -17,13 +17,13 @@ from sxwl.cloud.db.models import AccessKey, CPod, CPodEvent, CPodStatus, Role, S
 from sxwl.cloud.db.types import utcnow
 from sxwl.cloud.errors import AppError
 from sxwl.cloud.security import ACCESS_KEY_PREFIX, new_token, token_hash
-from sxwl.cloud.services import jobs, sessions
+from sxwl.cloud.services import attempts, sessions
 from sxwl.protocol import RegisterRequest
 
 CPOD_TOKEN_PREFIX = "sxcp_"  # noqa: S105 - a prefix, not a secret
 
 
-def record(
+def add_event(
     session: Session, cpod_id: str, kind: str, detail: str | None = None, actor: User | None = None
 ) -> None:
     session.add(CPodEvent(cpod_id=cpod_id, kind=kind, detail=detail, actor_id=actor.id if actor else None))
@@ -97,7 +97,7 @@ def _register(ctx: CloudContext, session: Session, owner: User, req: RegisterReq
         )
         session.add(cpod)
         session.flush()
-        record(session, cpod.id, "registered", f"{req.runtime} agent {req.agent_version}")
+        add_event(session, cpod.id, "registered", f"{req.runtime} agent {req.agent_version}")
     else:
         was_revoked = cpod.revoked_at is not None
         cpod.token_hash = token_hash(token)
@@ -106,7 +106,7 @@ def _register(ctx: CloudContext, session: Session, owner: User, req: RegisterReq
         cpod.agent_version = req.agent_version
         cpod.heartbeat_interval_s = interval
         detail = "registered again after revocation" if was_revoked else "registered again (new agent token)"
-        record(session, cpod.id, "registered", f"{detail}; {req.runtime} agent {req.agent_version}")
+        add_event(session, cpod.id, "registered", f"{detail}; {req.runtime} agent {req.agent_version}")
     return cpod, token
 
 
@@ -187,10 +187,10 @@ def sweep_liveness(
                 .execution_options(synchronize_session=False)
             )
             if changed.rowcount == 1:  # type: ignore[attr-defined]
-                record(session, cpod_id, target.value, f"{missed} heartbeats missed")
+                add_event(session, cpod_id, target.value, f"{missed} heartbeats missed")
                 moved.append((cpod_id, target))
                 if target == CPodStatus.OFFLINE:
-                    jobs.requeue_cpod_jobs(session, cpod_id, f"CPod {cpod_id} went offline")
+                    attempts.requeue_cpod_jobs(session, cpod_id, f"CPod {cpod_id} went offline")
     return moved
 
 
@@ -255,7 +255,7 @@ def get_for(session: Session, user: User, cpod_id: str, for_update: bool = False
 def rename(session: Session, user: User, cpod_id: str, name: str) -> CPod:
     cpod = get_for(session, user, cpod_id, for_update=True)
     if cpod.name != name:
-        record(session, cpod.id, "renamed", f"{cpod.name} → {name}", actor=user)
+        add_event(session, cpod.id, "renamed", f"{cpod.name} → {name}", actor=user)
         cpod.name = name
     return cpod
 
@@ -267,8 +267,8 @@ def revoke(session: Session, user: User, cpod_id: str) -> CPod:
         cpod.revoked_at = utcnow()
         cpod.token_hash = None
         cpod.status = CPodStatus.OFFLINE
-        record(session, cpod.id, "revoked", None, actor=user)
-        jobs.requeue_cpod_jobs(session, cpod.id, f"CPod {cpod.id} was revoked")
+        add_event(session, cpod.id, "revoked", None, actor=user)
+        attempts.requeue_cpod_jobs(session, cpod.id, f"CPod {cpod.id} was revoked")
     return cpod
 
 

@@ -17,7 +17,7 @@ from sxwl.cloud.errors import AppError
 from sxwl.cloud.groupcommit import GroupCommit
 from sxwl.cloud.notify import on_commit
 from sxwl.cloud.security import token_hash
-from sxwl.cloud.services.cpods import CPOD_TOKEN_PREFIX, record, token_error
+from sxwl.cloud.services.cpods import CPOD_TOKEN_PREFIX, add_event, token_error
 from sxwl.protocol import Heartbeat, HeartbeatReply, Node
 
 NODES = TypeAdapter(list[Node])
@@ -147,7 +147,7 @@ def apply(ctx: CloudContext, session: Session, beats: Sequence[Beat]) -> list[Ou
         for index in came_online:
             outcome = outcomes[index]
             if isinstance(outcome, HeartbeatReply) and outcome.accepted:
-                record(
+                add_event(
                     session,
                     holders[hashes[beats[index].token]].cpod_id,
                     "online",

@@ -19,7 +19,7 @@ from sqlalchemy.orm import Session
 from sxwl.cloud.api.schemas import ENV_NAME, RESERVED_ENV, JobIn
 from sxwl.cloud.db.models import TERMINAL_STATES, Artifact, Job, JobEvent, JobState, Role, User
 from sxwl.cloud.errors import AppError
-from sxwl.cloud.services import jobs
+from sxwl.cloud.services import job_events, jobs
 from sxwl.cloud.web.i18n import translate
 
 PER_PAGE = 20
@@ -305,7 +305,7 @@ def job_detail(session: Session, user: User, lang: str, job_id: str, now: dateti
         terminal=terminal,
         cancellable=not terminal and job.cancel_requested_at is None,
         cancel_requested=job.cancel_requested_at is not None and not terminal,
-        events=_events(lang, jobs.events(session, job)),
+        events=_events(lang, job_events.events(session, job)),
         artifacts=_artifacts(job.id, jobs.artifacts(session, job)),
     )
 

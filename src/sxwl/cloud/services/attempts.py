@@ -1,0 +1,196 @@
+"""The life of a job attempt once it is placed: the agent's reports through the state machine,
+fencing of attempts that are no longer current, stop commands to CPods and their acknowledgement,
+requeueing of lost work, and the artifacts an attempt uploads."""
+
+from __future__ import annotations
+
+from sqlalchemy import select, update
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from sxwl.cloud.db.models import (
+    ACTIVE_STATES,
+    TERMINAL_STATES,
+    AgentCommand,
+    Artifact,
+    CPod,
+    Job,
+    JobAttempt,
+    JobState,
+)
+from sxwl.cloud.db.types import utcnow
+from sxwl.cloud.errors import AppError
+from sxwl.cloud.notify import on_commit
+from sxwl.cloud.services.job_events import add_event
+
+# What an agent may report after each state; terminal states never change (invariant 4, docs/architecture.md).
+AGENT_TRANSITIONS: dict[JobState, frozenset[JobState]] = {
+    JobState.ASSIGNED: frozenset({JobState.STARTING, JobState.RUNNING, JobState.LOST} | TERMINAL_STATES),
+    JobState.STARTING: frozenset({JobState.RUNNING, JobState.LOST} | TERMINAL_STATES),
+    JobState.RUNNING: frozenset({JobState.LOST} | TERMINAL_STATES),
+}
+
+
+def stop_command(
+    session: Session, job: Job, cpod_id: str, attempt: int, reason: str, cancel: bool = False
+) -> None:
+    """Tells a CPod to stop one attempt, once: repeated calls do not pile up commands."""
+    kind = "cancel" if cancel else "stop"
+    exists = session.scalar(
+        select(AgentCommand.id).where(
+            AgentCommand.cpod_id == cpod_id,
+            AgentCommand.job_id == job.id,
+            AgentCommand.attempt == attempt,
+            AgentCommand.kind == kind,
+            AgentCommand.acked_at.is_(None),
+        )
+    )
+    if exists is None:
+        session.add(AgentCommand(cpod_id=cpod_id, kind=kind, job_id=job.id, attempt=attempt, reason=reason))
+        on_commit(session).wake_cpod(cpod_id)
+
+
+def finish(job: Job, state: JobState, exit_code: int | None = None, reason: str | None = None) -> None:
+    job.state = state
+    job.finished_at = utcnow()
+    job.exit_code = exit_code
+    job.reason = reason
+
+
+def close_attempt(session: Session, job: Job, outcome: str) -> None:
+    placed = session.get(JobAttempt, (job.id, job.attempt))
+    if placed is not None and placed.finished_at is None:
+        placed.finished_at = utcnow()
+        placed.outcome = outcome
+
+
+def requeue(session: Session, job: Job, why: str) -> None:
+    """The attempt is lost: queue a new attempt (or give up after max_attempts) and fence the old one."""
+    old_cpod, old_attempt = job.cpod_id, job.attempt
+    close_attempt(session, job, JobState.LOST.value)
+    job.state = JobState.LOST
+    add_event(session, job, "lost", why)
+    if old_cpod is not None:
+        stop_command(session, job, old_cpod, old_attempt, f"attempt {old_attempt} was lost: {why}")
+    if job.cancel_requested_at is not None:
+        finish(job, JobState.CANCELLED, reason="cancelled while its CPod was lost")
+        add_event(session, job, "cancelled", job.reason)
+    elif job.attempt >= job.max_attempts:
+        finish(job, JobState.FAILED, reason=f"lost {job.attempt} times; last: {why}")
+        add_event(session, job, "failed", job.reason)
+    else:
+        job.state = JobState.QUEUED
+        job.cpod_id = None
+        job.node_names = []
+        job.reason = f"queued again: {why}"
+        add_event(session, job, "requeued", why)
+        on_commit(session).wake_scheduler()
+
+
+def requeue_cpod_jobs(session: Session, cpod_id: str, why: str) -> int:
+    jobs = session.scalars(
+        select(Job).where(Job.cpod_id == cpod_id, Job.state.in_(ACTIVE_STATES)).with_for_update()
+    ).all()
+    for job in jobs:
+        requeue(session, job, why)
+    return len(jobs)
+
+
+class StaleAttempt(AppError):
+    def __init__(self, job: Job, attempt: int) -> None:
+        super().__init__(
+            409,
+            f"attempt {attempt} of job {job.id} is no longer current "
+            f"(current: {job.attempt}, {job.state.value}); stop it",
+            code="stale_attempt",
+            details={"stop": True, "current_attempt": job.attempt},
+        )
+
+
+def job_for_agent(session: Session, cpod: CPod, job_id: str, attempt: int) -> Job:
+    """The job, locked, if this CPod runs this attempt of it; otherwise 403/404/409 (with a stop command)."""
+    job = session.scalar(select(Job).where(Job.id == job_id).with_for_update())
+    if job is None:
+        raise AppError(404, f"no job {job_id}")
+    if job.attempt != attempt or job.cpod_id != cpod.id:
+        placed = session.get(JobAttempt, (job_id, attempt))
+        if placed is None or placed.cpod_id != cpod.id:
+            raise AppError(403, "this job attempt was not assigned to this CPod", code="not_your_job")
+        stop_command(session, job, cpod.id, attempt, "stale attempt")
+        raise StaleAttempt(job, attempt)
+    return job
+
+
+def report_status(
+    session: Session,
+    cpod: CPod,
+    job_id: str,
+    attempt: int,
+    state: JobState,
+    exit_code: int | None,
+    reason: str | None,
+) -> Job:
+    job = job_for_agent(session, cpod, job_id, attempt)
+    if job.state == state:
+        return job  # a retried report
+    if job.state in TERMINAL_STATES or state not in AGENT_TRANSITIONS.get(job.state, frozenset()):
+        raise AppError(
+            409,
+            f"job is {job.state.value}; it cannot become {state.value}",
+            code="bad_transition",
+            details={"state": job.state.value},
+        )
+    if state == JobState.LOST:
+        requeue(session, job, reason or "the agent could not resume it")
+        return job
+    if state in TERMINAL_STATES:
+        if state == JobState.FAILED and job.cancel_requested_at is not None:
+            state, reason = JobState.CANCELLED, reason or "cancelled"
+        if reason is None and state == JobState.FAILED and exit_code is not None:
+            reason = f"exit code {exit_code}"
+        close_attempt(session, job, state.value)
+        finish(job, state, exit_code, reason)
+        on_commit(session).wake_scheduler()
+    else:
+        job.state = state
+        job.reason = None
+        if state == JobState.RUNNING:
+            job.started_at = utcnow()
+            placed = session.get(JobAttempt, (job.id, job.attempt))
+            if placed is not None:
+                placed.started_at = job.started_at
+    add_event(session, job, state.value, reason)
+    return job
+
+
+def record_artifact(session: Session, job: Job, attempt: int, path: str, size: int, sha256: str) -> None:
+    """One row per (job, path): a later upload of the path replaces the record, also when two uploads
+    of it are recorded at the same moment (the unique index refuses the second insert)."""
+    existing = session.scalar(select(Artifact).where(Artifact.job_id == job.id, Artifact.path == path))
+    if existing is None:
+        try:
+            with session.begin_nested():
+                session.add(Artifact(job_id=job.id, attempt=attempt, path=path, size=size, sha256=sha256))
+            return
+        except IntegrityError:
+            existing = session.scalars(
+                select(Artifact).where(Artifact.job_id == job.id, Artifact.path == path)
+            ).one()
+    existing.attempt, existing.size, existing.sha256, existing.created_at = (
+        attempt,
+        size,
+        sha256,
+        utcnow(),
+    )
+
+
+def ack_command(session: Session, cpod_id: str, command_id: int) -> bool:
+    result = session.execute(
+        update(AgentCommand)
+        .where(
+            AgentCommand.id == command_id, AgentCommand.cpod_id == cpod_id, AgentCommand.acked_at.is_(None)
+        )
+        .values(acked_at=utcnow())
+        .execution_options(synchronize_session=False)
+    )
+    return bool(result.rowcount)  # type: ignore[attr-defined]

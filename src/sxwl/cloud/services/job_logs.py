@@ -1,0 +1,79 @@
+"""A job attempt's log: appended by its agent in chunks at byte offsets (idempotent, gaps refused),
+read by users from an offset."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sqlalchemy import func, select
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from sxwl.cloud.context import CloudContext
+from sxwl.cloud.db.models import TERMINAL_STATES, Job, LogChunk
+from sxwl.cloud.errors import AppError
+
+
+def log_size(session: Session, job_id: str, attempt: int) -> int:
+    last = session.execute(
+        select(LogChunk.offset, func.length(LogChunk.data))
+        .where(LogChunk.job_id == job_id, LogChunk.attempt == attempt)
+        .order_by(LogChunk.offset.desc())
+        .limit(1)
+    ).first()
+    return int(last[0] + last[1]) if last else 0
+
+
+def append_log(session: Session, job: Job, attempt: int, offset: int, data: bytes) -> int:
+    """Idempotent append: bytes already held are skipped, a gap is refused with the expected offset."""
+    size = log_size(session, job.id, attempt)
+    if offset > size:
+        raise AppError(
+            409,
+            f"log offset {offset} is past the end ({size}); resend from {size}",
+            code="log_gap",
+            details={"next_offset": size},
+        )
+    fresh = data[size - offset :]
+    if fresh:
+        try:
+            with session.begin_nested():
+                session.add(LogChunk(job_id=job.id, attempt=attempt, offset=size, data=fresh))
+        except IntegrityError:
+            pass  # the same bytes arrived twice at once; the first one is kept
+    return size + len(fresh)
+
+
+@dataclass(frozen=True)
+class LogSlice:
+    data: bytes
+    next_offset: int
+    complete: bool
+
+
+def read_log(ctx: CloudContext, session: Session, job: Job, attempt: int, offset: int) -> LogSlice:
+    limit = ctx.settings.log_read_max_bytes
+    rows = session.execute(
+        select(LogChunk.offset, LogChunk.data)
+        .where(
+            LogChunk.job_id == job.id,
+            LogChunk.attempt == attempt,
+            LogChunk.offset + func.length(LogChunk.data) > offset,
+        )
+        .order_by(LogChunk.offset)
+    ).all()
+    out = bytearray()
+    position = offset
+    for start, data in rows:
+        if start > position or len(out) >= limit:
+            break
+        piece = data[position - start :][: limit - len(out)]
+        out += piece
+        position += len(piece)
+    end = log_size(session, job.id, attempt)
+    # An earlier attempt never grows again; the current one is done when the job is. A queued job's
+    # log is not complete: its (next) attempt has yet to run.
+    finished = attempt < job.attempt or job.state in TERMINAL_STATES
+    # An offset past the end is answered with the end, where a reader can really continue.
+    next_offset = min(position, end)
+    return LogSlice(bytes(out), next_offset, finished and next_offset >= end)
