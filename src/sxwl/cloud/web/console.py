@@ -10,13 +10,21 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-from fastapi import APIRouter, FastAPI, Request
+from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.responses import HTMLResponse, PlainTextResponse, RedirectResponse, Response
 from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
 from pydantic import ValidationError
 
-from sxwl.cloud.api.deps import CSRF_COOKIE, SESSION_COOKIE, Principal, client_ip, console_principal, csrf_ok
+from sxwl.cloud.api.deps import (
+    CSRF_COOKIE,
+    SESSION_COOKIE,
+    Principal,
+    client_ip,
+    console_principal,
+    csrf_ok,
+    plain_parameters,
+)
 from sxwl.cloud.api.schemas import CPodRenameIn, LoginIn, PasswordChangeIn, RegisterIn
 from sxwl.cloud.context import CloudContext
 from sxwl.cloud.db.models import Role, SessionKind, User
@@ -25,6 +33,7 @@ from sxwl.cloud.errors import AppError
 from sxwl.cloud.services import access_keys, accounts, cpods, sessions
 from sxwl.cloud.web import compute_view
 from sxwl.cloud.web.i18n import DEFAULT_LANGUAGE, LANGUAGES, translate
+from sxwl.protocol.fields import CONTROL_CHARS, Int32
 
 HERE = Path(__file__).parent
 templates = Jinja2Templates(directory=HERE / "templates")
@@ -151,6 +160,8 @@ def field_errors(lang: str, exc: ValidationError | AppError) -> FormErrors:
             key = "error.phone_invalid"
         elif kind == "string_too_long":
             key = "error.too_long"
+        elif CONTROL_CHARS in message:
+            key = "error.control_chars"
         else:
             result.setdefault(field, message)
             continue
@@ -438,8 +449,15 @@ async def rename_cpod(cpod_id: str, request: Request) -> Response:
     try:
         body = CPodRenameIn.model_validate({"name": typed})
     except ValidationError as exc:
-        too_long = any(e["type"] == "string_too_long" for e in exc.errors())
-        message = translate(language(request), "error.cpod_name_long" if too_long else "error.required")
+        kinds = {e["type"] for e in exc.errors()}
+        key = (
+            "error.cpod_name_long"
+            if "string_too_long" in kinds
+            else "error.control_chars"
+            if "value_error" in kinds  # the name's only value check: control characters
+            else "error.required"
+        )
+        message = translate(language(request), key)
         return _compute(request, principal, 422, rename_error=(cpod_id, message, typed))
     try:
         with ctx_of(request).db.session() as session:
@@ -486,7 +504,7 @@ def gpus_fragment(request: Request) -> Response:
 
 
 @router.get("/admin/users")
-def admin_users(request: Request, page: int = 1, role: str = "", q: str = "") -> Response:
+def admin_users(request: Request, page: Int32 = 1, role: str = "", q: str = "") -> Response:
     principal = signed_in(request)
     if isinstance(principal, Response):
         return principal
@@ -517,7 +535,8 @@ def error_page(request: Request, status: int, principal: Principal | None = None
 def install(app: FastAPI) -> None:
     from sxwl.cloud.web import jobs_pages  # imports this module: not at the top
 
-    app.include_router(router)
-    app.include_router(jobs_pages.router)
+    checked = [Depends(plain_parameters)]
+    app.include_router(router, dependencies=checked)
+    app.include_router(jobs_pages.router, dependencies=checked)
     app.mount("/static", StaticFiles(directory=HERE / "static"), name="static")
     app.state.html_error = error_page
