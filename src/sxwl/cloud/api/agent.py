@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Header, Query, Request, Response
@@ -39,11 +40,10 @@ ATTEMPT_ERRORS = errors(404, 409, 413)
 
 def check_protocol(version: int | str | None) -> None:
     if isinstance(version, str):
-        text = version.strip()
         # ASCII digits only (str.isdigit() also takes "²", which int() does not), and few of them.
-        if not (text.isascii() and text.isdigit() and len(text) <= 10 and int(text) <= INT32_MAX):
+        if not re.fullmatch(r"-?[0-9]{1,10}", version.strip()) or abs(int(version)) > INT32_MAX:
             raise invalid(PROTOCOL_HEADER, f"must be a whole number of at most {INT32_MAX}")
-        version = int(text)
+        version = int(version)
     if version is not None and not MIN_SUPPORTED_PROTOCOL <= version <= PROTOCOL_VERSION:
         raise AppError(
             400,

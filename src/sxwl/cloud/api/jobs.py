@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Annotated
 
 from fastapi import APIRouter, Query, Response
-from fastapi.responses import FileResponse, PlainTextResponse
+from fastapi.responses import FileResponse
 from sqlalchemy.orm import Session
 
 from sxwl.cloud.api.deps import Ctx, CurrentUser
@@ -112,7 +112,11 @@ def job_events(job_id: str, user: CurrentUser, ctx: Ctx) -> list[JobEventOut]:
         ]
 
 
-@router.get("/{job_id}/logs", response_class=PlainTextResponse, responses=NOT_FOUND)
+@router.get(
+    "/{job_id}/logs",
+    response_class=Response,
+    responses={200: {"content": {"text/plain": {"schema": {"type": "string"}}}}, **NOT_FOUND},
+)
 def job_logs(
     job_id: str,
     user: CurrentUser,

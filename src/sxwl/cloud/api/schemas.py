@@ -10,7 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from sxwl.cloud.services.accounts import MAX_PASSWORD, MIN_PASSWORD, normalize_email
 from sxwl.protocol import Node
-from sxwl.protocol.fields import Name, Text
+from sxwl.protocol.fields import Name, Text, refuse_nul
 
 PHONE_PATTERN = r"^\+?[0-9][0-9 \-]{4,30}$"
 
@@ -156,7 +156,7 @@ RESERVED_ENV = ("SXWL_", "CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES")
 
 class JobIn(Strict):
     name: Name = Field(default="job", min_length=1, max_length=100)
-    command: list[Text] | Text
+    command: list[str] | str
     image: Text | None = Field(default=None, max_length=500)
     env: dict[str, Text] = Field(default_factory=dict, max_length=200)
     gpu_product: Name | None = Field(default=None, min_length=1, max_length=128)
@@ -169,16 +169,19 @@ class JobIn(Strict):
     @field_validator("command")
     @classmethod
     def _command(cls, value: list[str] | str) -> list[str] | str:
+        # Checked here rather than typed as Text: errors then name "command", not a branch of the union.
         if isinstance(value, str):
             if not value.strip():
                 raise ValueError("must not be empty")
             if len(value) > 100_000:
                 raise ValueError("is longer than 100000 characters")
-            return value
+            return refuse_nul(value)
         if not value or not value[0].strip():
             raise ValueError("must not be empty")
         if sum(len(v) for v in value) > 100_000:
             raise ValueError("is longer than 100000 characters")
+        for part in value:
+            refuse_nul(part)
         return value
 
     @field_validator("env")
