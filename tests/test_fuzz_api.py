@@ -64,7 +64,8 @@ class Served:
 @pytest.fixture
 def served(tmp_path: Path, db_url: str) -> Iterator[Served]:
     """A cloud on loopback (uvicorn, as in production), with a user, a provider, a CPod and a job."""
-    app = create_app(cloud.test_settings(tmp_path / "data", db_url))
+    # Long-polls held for at most a moment: the fuzzer asks for any wait, and waits for every answer.
+    app = create_app(cloud.test_settings(tmp_path / "data", db_url, longpoll_max_s=0.2))
     port = free_port()
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)

@@ -1,9 +1,9 @@
 """Field types that every boundary shares (REST API, console forms, agent protocol), declared once.
 
-Integers are bounded to the database column they reach or are compared with, so an oversized value is
-a 422 naming its field instead of an overflow in the driver (docs/api.md, "Input bounds"). Names refuse
-control and invisible formatting characters: a bidirectional override in a job's or a CPod's name
-would make the console show something other than what is stored."""
+Integers are bounded to the database column they reach or are compared with, so an oversized value
+is a 422 naming its field instead of an overflow in the driver. Names refuse control and invisible
+formatting characters: a bidirectional override in a job's or a CPod's name would make the console
+show something other than what is stored (docs/architecture.md, "Input at the boundary")."""
 
 from __future__ import annotations
 

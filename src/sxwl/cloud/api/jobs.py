@@ -22,7 +22,8 @@ NOT_FOUND = errors(404)
 # Artifacts are whatever a job wrote: served as bytes to save, never as a page of the console's
 # origin. Octet-stream and attachment keep browsers from rendering them (an HTML or SVG artifact
 # would otherwise run its scripts with the console's cookies); nosniff stops them guessing the type
-# back; the sandboxing CSP holds even where one renders it anyway (docs/api.md, "Artifacts").
+# back; the sandboxing CSP holds even where one renders it anyway (docs/architecture.md, "Input at
+# the boundary").
 ARTIFACT_HEADERS = {
     "X-Content-Type-Options": "nosniff",
     "Content-Security-Policy": "default-src 'none'; sandbox",
