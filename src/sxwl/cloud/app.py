@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
-from fastapi import APIRouter, FastAPI
+from fastapi import APIRouter, Depends, FastAPI
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from pydantic import BaseModel
@@ -17,6 +17,7 @@ from pydantic.json_schema import models_json_schema
 import sxwl
 from sxwl.cloud import errors, logs, web
 from sxwl.cloud.api import admin, agent, auth, cpods, jobs, me
+from sxwl.cloud.api.deps import plain_parameters
 from sxwl.cloud.background import liveness, scheduling
 from sxwl.cloud.config import Settings
 from sxwl.cloud.context import CloudContext
@@ -62,7 +63,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.heartbeats = heartbeats.writer(ctx)
     errors.install(app)
 
-    api = APIRouter(prefix=API_PREFIX)
+    api = APIRouter(prefix=API_PREFIX, dependencies=[Depends(plain_parameters)])
     # The agent's routes first: they take most of the requests, and routes are matched in order.
     for router in (agent.router, auth.router, me.router, admin.router, cpods.router, jobs.router):
         api.include_router(router)

@@ -20,8 +20,10 @@ class GroupCommit(Generic[Item, Result]):
         self, write: Callable[[Sequence[Item]], Sequence[Result | Exception]], max_batch: int = 256
     ) -> None:
         """``write`` runs on a worker thread and returns one result per item, in order; a result that
-        is an exception is raised to that item's caller alone. One batch is written at a time: a
-        second writer was measured to split the batches and lengthen the tail on PostgreSQL, and
+        is an exception is raised to that item's caller alone. When ``write`` itself raises (the
+        transaction failed), the batch's items are written again one by one, so an item that breaks
+        the transaction fails alone and the others get their own answers. One batch is written at
+        a time: a second writer was measured to split the batches and lengthen the tail on PostgreSQL, and
         SQLite takes one writer anyway."""
         self._write = write
         self._max_batch = max_batch
@@ -50,11 +52,9 @@ class GroupCommit(Generic[Item, Result]):
             del self._pending[: self._max_batch]
             try:
                 results = await asyncio.to_thread(self._write, [item for item, _ in batch])
-            except Exception as exc:  # the whole transaction failed: every caller in it hears why
-                for _, future in batch:
-                    if not future.done():
-                        future.set_exception(exc)
-                continue
+            except Exception as exc:
+                # One item may have broken the transaction for all: each is tried alone.
+                results = [exc] if len(batch) == 1 else [await self._write_alone(item) for item, _ in batch]
             for (_, future), result in zip(batch, results, strict=True):
                 if future.done():  # its caller went away
                     continue
@@ -62,3 +62,10 @@ class GroupCommit(Generic[Item, Result]):
                     future.set_exception(result)
                 else:
                     future.set_result(result)
+
+    async def _write_alone(self, item: Item) -> Result | Exception:
+        try:
+            (result,) = await asyncio.to_thread(self._write, [item])
+        except Exception as exc:  # this item's own transaction failed: its caller alone hears why
+            return exc
+        return result

@@ -4,6 +4,7 @@ implement the same interface."""
 from __future__ import annotations
 
 import asyncio
+import errno
 import hashlib
 import os
 import tempfile
@@ -11,22 +12,30 @@ from collections.abc import AsyncIterator
 from pathlib import Path, PurePosixPath
 from typing import BinaryIO, Protocol
 
-MAX_PATH = 1024
+MAX_PATH = 1024  # bytes of UTF-8, well inside PATH_MAX (4096) with the store's root in front
+MAX_SEGMENT = 255  # NAME_MAX of the file systems the store runs on
 
 
 def clean_artifact_path(raw: str) -> str:
     """A relative POSIX path inside the job's artifact space; ``..``, absolute paths and the like
-    are refused."""
-    if not raw or len(raw) > MAX_PATH or "\0" in raw or "\\" in raw:
-        raise ValueError("must be a relative path of at most 1024 characters")
+    are refused, and so are names the file system could not hold."""
+    encoded = raw.encode("utf-8", "replace")
+    if not raw or len(encoded) > MAX_PATH or "\0" in raw or "\\" in raw:
+        raise ValueError(f"must be a relative path of at most {MAX_PATH} bytes")
     path = PurePosixPath(raw)
     if path.is_absolute() or any(part in ("..", ".", "") for part in raw.split("/")):
         raise ValueError("must be relative and must not contain '..' or '.' segments")
+    if any(len(part) > MAX_SEGMENT for part in encoded.split(b"/")):
+        raise ValueError(f"each part of the path must be at most {MAX_SEGMENT} bytes")
     return str(path)
 
 
 class TooLarge(Exception):
     pass
+
+
+class PathConflict(Exception):
+    """The path needs a directory where the job already stored a file, or the reverse."""
 
 
 class ArtifactStore(Protocol):
@@ -50,7 +59,10 @@ class LocalArtifactStore:
         self, job_id: str, path: str, chunks: AsyncIterator[bytes], max_bytes: int
     ) -> tuple[int, str]:
         target = self.local_path(job_id, path)
-        handle, temp = await asyncio.to_thread(_open_temp, target)
+        try:
+            handle, temp = await asyncio.to_thread(_open_temp, target)
+        except (FileExistsError, NotADirectoryError):
+            raise PathConflict(f"a part of {path} is already an artifact file, not a directory") from None
         digest = hashlib.sha256()
         size = 0
         try:
@@ -61,7 +73,12 @@ class LocalArtifactStore:
                 digest.update(chunk)
                 await asyncio.to_thread(handle.write, chunk)
             await asyncio.to_thread(handle.close)
-            await asyncio.to_thread(os.replace, temp, target)  # never a half-written file
+            try:
+                await asyncio.to_thread(os.replace, temp, target)  # never a half-written file
+            except OSError as exc:
+                if exc.errno not in (errno.EISDIR, errno.ENOTEMPTY, errno.EEXIST):
+                    raise
+                raise PathConflict(f"{path} is already a directory of artifacts, not a file") from None
         except BaseException:
             handle.close()
             await asyncio.to_thread(_remove, temp)

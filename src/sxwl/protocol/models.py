@@ -9,6 +9,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from sxwl.protocol.fields import Int32, Name, NonNegInt32, NonNegInt64, PosInt32, Text
+
 # Bumped on incompatible changes; the cloud accepts MIN_SUPPORTED..PROTOCOL_VERSION.
 PROTOCOL_VERSION = 1
 MIN_SUPPORTED_PROTOCOL = 1
@@ -22,23 +24,29 @@ class Wire(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
 
-class GpuDevice(Wire):
-    index: int = Field(ge=0)
-    uuid: str | None = Field(default=None, max_length=128)
+class WireIn(Wire):
+    """What agents send: strict types, so ``"seq": "7"`` or ``true`` for a number is refused, not coerced."""
+
+    model_config = ConfigDict(extra="ignore", strict=True)
+
+
+class GpuDevice(WireIn):
+    index: NonNegInt32
+    uuid: Text | None = Field(default=None, max_length=128)
     utilization_pct: int | None = Field(default=None, ge=0, le=100)
-    memory_used_mib: int | None = Field(default=None, ge=0)
+    memory_used_mib: NonNegInt64 | None = None
     temperature_c: int | None = Field(default=None, ge=-50, le=200)
 
 
-class GpuInfo(Wire):
-    vendor: str = Field(min_length=1, max_length=32)
-    product: str = Field(min_length=1, max_length=128)
-    memory_mib: int = Field(ge=0)
+class GpuInfo(WireIn):
+    vendor: Name = Field(min_length=1, max_length=32)
+    product: Name = Field(min_length=1, max_length=128)
+    memory_mib: NonNegInt64
     count: int = Field(ge=0, le=1024)
     allocatable: int = Field(ge=0, le=1024)
     used: int = Field(default=0, ge=0, le=1024)
-    driver: str | None = Field(default=None, max_length=64)
-    cuda: str | None = Field(default=None, max_length=32)
+    driver: Text | None = Field(default=None, max_length=64)
+    cuda: Text | None = Field(default=None, max_length=32)
     devices: list[GpuDevice] = Field(default_factory=list, max_length=1024)
 
     @model_validator(mode="after")
@@ -50,26 +58,26 @@ class GpuInfo(Wire):
         return self
 
 
-class Node(Wire):
-    name: str = Field(min_length=1, max_length=253)
+class Node(WireIn):
+    name: Name = Field(min_length=1, max_length=253)
     status: Literal["ready", "not_ready"]
-    cpu_cores: int = Field(ge=0)
-    memory_mib: int = Field(ge=0)
+    cpu_cores: NonNegInt32
+    memory_mib: NonNegInt64
     gpu: GpuInfo | None = None
 
 
-class JobReport(Wire):
-    job_id: str = Field(min_length=1, max_length=64)
-    attempt: int = Field(ge=1)
-    state: str = Field(min_length=1, max_length=32)
+class JobReport(WireIn):
+    job_id: Text = Field(min_length=1, max_length=64)
+    attempt: PosInt32
+    state: Text = Field(min_length=1, max_length=32)
 
 
-class RegisterRequest(Wire):
+class RegisterRequest(WireIn):
     cluster_uid: str = Field(min_length=8, max_length=128, pattern=r"^[A-Za-z0-9._:-]+$")
-    name: str | None = Field(default=None, min_length=1, max_length=64)
+    name: Name | None = Field(default=None, min_length=1, max_length=64)
     runtime: Runtime
-    agent_version: str = Field(min_length=1, max_length=64)
-    protocol_version: int = Field(default=PROTOCOL_VERSION, ge=1)
+    agent_version: Text = Field(min_length=1, max_length=64)
+    protocol_version: PosInt32 = PROTOCOL_VERSION
     # The interval the agent would like; the cloud clamps it to its bounds and answers the one to use.
     heartbeat_interval_s: float | None = Field(default=None, gt=0)
 
@@ -82,12 +90,12 @@ class RegisterReply(Wire):
     last_seq: int = 0
 
 
-class Heartbeat(Wire):
-    seq: int = Field(ge=0)
+class Heartbeat(WireIn):
+    seq: NonNegInt64
     nodes: list[Node]
     jobs: list[JobReport] = Field(default_factory=list)
     # Optional self-check: a token used for another CPod's id is refused.
-    cpod_id: str | None = None
+    cpod_id: Text | None = Field(default=None, max_length=64)
 
     @field_validator("nodes")
     @classmethod
@@ -144,11 +152,11 @@ class AssignmentsReply(Wire):
     commands: list[Command] = Field(default_factory=list)
 
 
-class JobStatus(Wire):
-    attempt: int = Field(ge=1)
+class JobStatus(WireIn):
+    attempt: PosInt32
     state: AgentJobState
-    exit_code: int | None = None
-    reason: str | None = Field(default=None, max_length=500)
+    exit_code: Int32 | None = None
+    reason: Text | None = Field(default=None, max_length=500)
 
 
 class JobStatusReply(Wire):

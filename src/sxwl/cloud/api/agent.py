@@ -4,19 +4,21 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Header, Query, Request, Response
 from pydantic import BaseModel
 
 from sxwl.cloud.api.deps import Ctx, PlainRoute, bearer_token, documented_body, json_body
+from sxwl.cloud.api.responses import WITH_BODY, errors
 from sxwl.cloud.api.schemas import AccessKeyCheckOut, CPodBriefOut
 from sxwl.cloud.context import CloudContext
 from sxwl.cloud.db.models import CPod, JobState
 from sxwl.cloud.errors import AppError, invalid
 from sxwl.cloud.groupcommit import GroupCommit
 from sxwl.cloud.services import attempts, cpods, dispatch, heartbeats, job_logs
-from sxwl.cloud.storage import TooLarge, clean_artifact_path
+from sxwl.cloud.storage import PathConflict, TooLarge, clean_artifact_path
 from sxwl.protocol import (
     PROTOCOL_HEADER,
     PROTOCOL_VERSION,
@@ -29,15 +31,18 @@ from sxwl.protocol import (
     RegisterReply,
     RegisterRequest,
 )
+from sxwl.protocol.fields import INT32_MAX, Int32, NonNegInt64, PosInt32
 from sxwl.protocol.models import MIN_SUPPORTED_PROTOCOL
 
-router = APIRouter(prefix="/agent", tags=["agent"])
+router = APIRouter(prefix="/agent", tags=["agent"], responses=errors(400, 401, 403, 422))
+ATTEMPT_ERRORS = errors(404, 409, 413)
 
 
 def check_protocol(version: int | str | None) -> None:
     if isinstance(version, str):
-        if not version.strip().isdigit():
-            raise invalid(PROTOCOL_HEADER, "must be an integer")
+        # ASCII digits only (str.isdigit() also takes "²", which int() does not), and few of them.
+        if not re.fullmatch(r"-?[0-9]{1,10}", version.strip()) or abs(int(version)) > INT32_MAX:
+            raise invalid(PROTOCOL_HEADER, f"must be a whole number of at most {INT32_MAX}")
         version = int(version)
     if version is not None and not MIN_SUPPORTED_PROTOCOL <= version <= PROTOCOL_VERSION:
         raise AppError(
@@ -52,13 +57,18 @@ def check_protocol(version: int | str | None) -> None:
 # The header as FastAPI documents it, for endpoints that read it themselves.
 PROTOCOL_PARAMETER = {
     "parameters": [
-        {"name": PROTOCOL_HEADER, "in": "header", "required": False, "schema": {"type": "integer"}}
+        {
+            "name": PROTOCOL_HEADER,
+            "in": "header",
+            "required": False,
+            "schema": {"type": "integer", "minimum": 0, "maximum": INT32_MAX},
+        }
     ]
 }
 
 
 async def protocol_header(
-    version: Annotated[int | None, Header(alias=PROTOCOL_HEADER)] = None,
+    version: Annotated[Int32 | None, Header(alias=PROTOCOL_HEADER)] = None,
 ) -> None:
     check_protocol(version)
 
@@ -71,7 +81,12 @@ def current_cpod(request: Request, ctx: Ctx, _: Annotated[None, Depends(protocol
 CurrentCPod = Annotated[CPod, Depends(current_cpod)]
 
 
-@router.post("/register", response_model=RegisterReply, dependencies=[Depends(protocol_header)])
+@router.post(
+    "/register",
+    response_model=RegisterReply,
+    dependencies=[Depends(protocol_header)],
+    responses=WITH_BODY | errors(409),
+)
 def register(body: RegisterRequest, request: Request, ctx: Ctx) -> RegisterReply:
     """Exchanges the provider's accessKey for this CPod's own token (the accessKey is used only here)."""
     check_protocol(body.protocol_version)
@@ -134,6 +149,7 @@ router.add_api_route(
     heartbeat,
     methods=["POST"],
     response_model=HeartbeatReply,
+    responses=errors(413),
     openapi_extra=documented_body(Heartbeat) | PROTOCOL_PARAMETER,
     route_class_override=PlainRoute,
 )
@@ -143,7 +159,7 @@ router.add_api_route(
 async def assignments(
     cpod: CurrentCPod,
     ctx: Ctx,
-    wait: Annotated[float, Query(ge=0, description="seconds to hold the request")] = 0,
+    wait: Annotated[float, Query(ge=0, allow_inf_nan=False, description="seconds to hold the request")] = 0,
 ) -> AssignmentsReply:
     """Long-poll: answers as soon as this CPod has a new job attempt or a command, else after ``wait``."""
     loop = asyncio.get_running_loop()
@@ -164,13 +180,13 @@ async def assignments(
 
 
 @router.post("/commands/{command_id}/ack", status_code=204)
-def ack_command(command_id: int, cpod: CurrentCPod, ctx: Ctx) -> Response:
+def ack_command(command_id: PosInt32, cpod: CurrentCPod, ctx: Ctx) -> Response:
     with ctx.db.session() as session:
         attempts.ack_command(session, cpod.id, command_id)
     return Response(status_code=204)
 
 
-@router.post("/jobs/{job_id}/status", response_model=JobStatusReply)
+@router.post("/jobs/{job_id}/status", response_model=JobStatusReply, responses=ATTEMPT_ERRORS)
 def job_status(job_id: str, body: JobStatus, cpod: CurrentCPod, ctx: Ctx) -> JobStatusReply:
     with ctx.db.session() as session:
         job = attempts.report_status(
@@ -179,14 +195,14 @@ def job_status(job_id: str, body: JobStatus, cpod: CurrentCPod, ctx: Ctx) -> Job
         return JobStatusReply(state=job.state.value, stop=job.cancel_requested_at is not None)
 
 
-@router.post("/jobs/{job_id}/logs", response_model=LogAppendReply)
+@router.post("/jobs/{job_id}/logs", response_model=LogAppendReply, responses=ATTEMPT_ERRORS)
 async def append_job_log(
     job_id: str,
     request: Request,
     cpod: CurrentCPod,
     ctx: Ctx,
-    attempt: Annotated[int, Query(ge=1)],
-    offset: Annotated[int, Query(ge=0)],
+    attempt: Annotated[PosInt32, Query()],
+    offset: Annotated[NonNegInt64, Query()],
 ) -> LogAppendReply:
     """Appends a chunk of output at a byte offset; bytes already stored are skipped, so retries are safe."""
     data = await _read_limited(request, ctx.settings.log_chunk_max_bytes)
@@ -199,14 +215,14 @@ async def append_job_log(
     return LogAppendReply(next_offset=await asyncio.to_thread(append))
 
 
-@router.put("/jobs/{job_id}/artifacts/{path:path}", status_code=201)
+@router.put("/jobs/{job_id}/artifacts/{path:path}", status_code=201, responses=ATTEMPT_ERRORS)
 async def upload_artifact(
     job_id: str,
     path: str,
     request: Request,
     cpod: CurrentCPod,
     ctx: Ctx,
-    attempt: Annotated[int, Query(ge=1)],
+    attempt: Annotated[PosInt32, Query()],
 ) -> dict[str, object]:
     try:
         clean = clean_artifact_path(path)
@@ -224,6 +240,8 @@ async def upload_artifact(
         )
     except TooLarge:
         raise AppError(413, f"artifact larger than {ctx.settings.artifact_max_bytes} bytes") from None
+    except PathConflict as exc:
+        raise AppError(409, str(exc), code="artifact_path_conflict", details={"path": clean}) from None
 
     def save() -> None:
         with ctx.db.session() as session:

@@ -5,12 +5,14 @@ from __future__ import annotations
 from fastapi import APIRouter, Response
 
 from sxwl.cloud.api.deps import Ctx, CurrentUser
+from sxwl.cloud.api.responses import SIGNED_IN, WITH_BODY, errors
 from sxwl.cloud.api.schemas import CPodEventOut, CPodOut, CPodRenameIn, GpuSummaryOut, GpuTypeOut
 from sxwl.cloud.db.models import CPod
 from sxwl.cloud.services import cpods
 from sxwl.protocol import Node
 
-router = APIRouter(tags=["cpods"])
+router = APIRouter(tags=["cpods"], responses=SIGNED_IN)
+NOT_FOUND = errors(404)
 
 
 def cpod_out(cpod: CPod, owner_email: str) -> CPodOut:
@@ -37,21 +39,21 @@ def list_cpods(user: CurrentUser, ctx: Ctx) -> list[CPodOut]:
         return [cpod_out(cpod, email) for cpod, email in cpods.list_for(session, user)]
 
 
-@router.get("/cpods/{cpod_id}", response_model=CPodOut)
+@router.get("/cpods/{cpod_id}", response_model=CPodOut, responses=NOT_FOUND)
 def get_cpod(cpod_id: str, user: CurrentUser, ctx: Ctx) -> CPodOut:
     with ctx.db.session() as session:
         cpod = cpods.get_for(session, user, cpod_id)
         return cpod_out(cpod, cpod.owner.email)
 
 
-@router.patch("/cpods/{cpod_id}", response_model=CPodOut)
+@router.patch("/cpods/{cpod_id}", response_model=CPodOut, responses=WITH_BODY | NOT_FOUND)
 def rename_cpod(cpod_id: str, body: CPodRenameIn, user: CurrentUser, ctx: Ctx) -> CPodOut:
     with ctx.db.session() as session:
         cpod = cpods.rename(session, user, cpod_id, body.name)
         return cpod_out(cpod, cpod.owner.email)
 
 
-@router.delete("/cpods/{cpod_id}", status_code=204)
+@router.delete("/cpods/{cpod_id}", status_code=204, responses=NOT_FOUND)
 def revoke_cpod(cpod_id: str, user: CurrentUser, ctx: Ctx) -> Response:
     """Revokes the CPod's token: its agent's next call gets 401 and it stops."""
     with ctx.db.session() as session:
@@ -59,7 +61,7 @@ def revoke_cpod(cpod_id: str, user: CurrentUser, ctx: Ctx) -> Response:
     return Response(status_code=204)
 
 
-@router.get("/cpods/{cpod_id}/events", response_model=list[CPodEventOut])
+@router.get("/cpods/{cpod_id}/events", response_model=list[CPodEventOut], responses=NOT_FOUND)
 def cpod_events(cpod_id: str, user: CurrentUser, ctx: Ctx) -> list[CPodEventOut]:
     with ctx.db.session() as session:
         cpods.get_for(session, user, cpod_id)

@@ -14,8 +14,9 @@ from pydantic import BaseModel, ValidationError
 
 from sxwl.cloud.context import CloudContext
 from sxwl.cloud.db.models import AuthSession, Role, SessionKind, User
-from sxwl.cloud.errors import AppError
+from sxwl.cloud.errors import AppError, invalid
 from sxwl.cloud.services import sessions
+from sxwl.protocol.fields import refuse_nul
 
 SESSION_COOKIE = "sxwl_session"
 CSRF_COOKIE = "sxwl_csrf"
@@ -129,3 +130,14 @@ def documented_body(model: type[BaseModel]) -> dict[str, Any]:
     app adds ``model``'s schema to the components (``app.document_bodies``)."""
     ref = {"$ref": f"#/components/schemas/{model.__name__}"}
     return {"requestBody": {"required": True, "content": {"application/json": {"schema": ref}}}}
+
+
+async def plain_parameters(request: Request) -> None:
+    """Path and query values reach SQL as text: NUL, which PostgreSQL cannot take, is a 422 naming
+    the parameter, never a driver error."""
+    for name, value in [*request.path_params.items(), *request.query_params.multi_items()]:
+        if isinstance(value, str):
+            try:
+                refuse_nul(value)
+            except ValueError as exc:
+                raise invalid(name, str(exc)) from None

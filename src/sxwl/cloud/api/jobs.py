@@ -9,13 +9,27 @@ from fastapi.responses import FileResponse
 from sqlalchemy.orm import Session
 
 from sxwl.cloud.api.deps import Ctx, CurrentUser
+from sxwl.cloud.api.responses import SIGNED_IN, WITH_BODY, errors
 from sxwl.cloud.api.schemas import ArtifactOut, JobEventOut, JobIn, JobOut, JobPageOut
 from sxwl.cloud.db.models import Job, JobState
 from sxwl.cloud.errors import AppError, invalid
 from sxwl.cloud.services import job_events, job_logs, jobs
 from sxwl.cloud.storage import clean_artifact_path
+from sxwl.protocol.fields import NonNegInt64, PosInt32
 
-router = APIRouter(prefix="/jobs", tags=["jobs"])
+router = APIRouter(prefix="/jobs", tags=["jobs"], responses=SIGNED_IN)
+NOT_FOUND = errors(404)
+# Artifacts are whatever a job wrote: served as bytes to save, never as a page of the console's
+# origin. Octet-stream and attachment keep browsers from rendering them (an HTML or SVG artifact
+# would otherwise run its scripts with the console's cookies); nosniff stops them guessing the type
+# back; the sandboxing CSP holds even where one renders it anyway (docs/architecture.md, "Input at
+# the boundary").
+ARTIFACT_HEADERS = {
+    "X-Content-Type-Options": "nosniff",
+    "Content-Security-Policy": "default-src 'none'; sandbox",
+    "Cache-Control": "private, no-store",
+}
+ARTIFACT_TYPE = "application/octet-stream"
 
 
 def job_out(session: Session, job: Job) -> JobOut:
@@ -46,7 +60,7 @@ def job_out(session: Session, job: Job) -> JobOut:
     )
 
 
-@router.post("", status_code=201, response_model=JobOut)
+@router.post("", status_code=201, response_model=JobOut, responses=WITH_BODY)
 def submit(body: JobIn, user: CurrentUser, ctx: Ctx) -> JobOut:
     spec = jobs.JobSpec(**body.model_dump())
     with ctx.db.session() as session:
@@ -61,7 +75,7 @@ def list_jobs(
     ctx: Ctx,
     state: Annotated[list[JobState] | None, Query()] = None,
     q: Annotated[str, Query(max_length=100)] = "",
-    page: Annotated[int, Query(ge=1)] = 1,
+    page: Annotated[PosInt32, Query()] = 1,
     per_page: Annotated[int, Query(ge=1, le=200)] = 50,
     all: Annotated[bool, Query(description="admins: every user's jobs")] = False,
 ) -> JobPageOut:
@@ -75,20 +89,20 @@ def list_jobs(
         )
 
 
-@router.get("/{job_id}", response_model=JobOut)
+@router.get("/{job_id}", response_model=JobOut, responses=NOT_FOUND)
 def get_job(job_id: str, user: CurrentUser, ctx: Ctx) -> JobOut:
     with ctx.db.session() as session:
         return job_out(session, jobs.get_for(session, user, job_id))
 
 
-@router.post("/{job_id}/cancel", response_model=JobOut)
+@router.post("/{job_id}/cancel", response_model=JobOut, responses=errors(404, 409))
 def cancel(job_id: str, user: CurrentUser, ctx: Ctx) -> JobOut:
     """Queued jobs end at once; running ones are stopped by their agent (SIGTERM, then SIGKILL)."""
     with ctx.db.session() as session:
         return job_out(session, jobs.cancel(session, session.merge(user), job_id))
 
 
-@router.get("/{job_id}/events", response_model=list[JobEventOut])
+@router.get("/{job_id}/events", response_model=list[JobEventOut], responses=NOT_FOUND)
 def list_job_events(job_id: str, user: CurrentUser, ctx: Ctx) -> list[JobEventOut]:
     with ctx.db.session() as session:
         job = jobs.get_for(session, user, job_id)
@@ -98,13 +112,17 @@ def list_job_events(job_id: str, user: CurrentUser, ctx: Ctx) -> list[JobEventOu
         ]
 
 
-@router.get("/{job_id}/logs")
+@router.get(
+    "/{job_id}/logs",
+    response_class=Response,
+    responses={200: {"content": {"text/plain": {"schema": {"type": "string"}}}}, **NOT_FOUND},
+)
 def read_job_log(
     job_id: str,
     user: CurrentUser,
     ctx: Ctx,
-    offset: Annotated[int, Query(ge=0)] = 0,
-    attempt: Annotated[int | None, Query(ge=1, description="default: the latest")] = None,
+    offset: Annotated[NonNegInt64, Query()] = 0,
+    attempt: Annotated[PosInt32 | None, Query(description="default: the latest")] = None,
 ) -> Response:
     """Output from byte ``offset``; ``X-Next-Offset`` is where to continue, ``X-Log-Complete`` says
     whether more can come."""
@@ -125,7 +143,7 @@ def read_job_log(
     )
 
 
-@router.get("/{job_id}/artifacts", response_model=list[ArtifactOut])
+@router.get("/{job_id}/artifacts", response_model=list[ArtifactOut], responses=NOT_FOUND)
 def list_artifacts(job_id: str, user: CurrentUser, ctx: Ctx) -> list[ArtifactOut]:
     with ctx.db.session() as session:
         job = jobs.get_for(session, user, job_id)
@@ -135,7 +153,14 @@ def list_artifacts(job_id: str, user: CurrentUser, ctx: Ctx) -> list[ArtifactOut
         ]
 
 
-@router.get("/{job_id}/artifacts/{path:path}")
+@router.get(
+    "/{job_id}/artifacts/{path:path}",
+    response_class=FileResponse,
+    responses={
+        200: {"content": {ARTIFACT_TYPE: {"schema": {"type": "string", "format": "binary"}}}},
+        **NOT_FOUND,
+    },
+)
 def download_artifact(job_id: str, path: str, user: CurrentUser, ctx: Ctx) -> FileResponse:
     try:
         clean = clean_artifact_path(path)
@@ -145,4 +170,9 @@ def download_artifact(job_id: str, path: str, user: CurrentUser, ctx: Ctx) -> Fi
         job = jobs.get_for(session, user, job_id)
         if clean not in {a.path for a in jobs.artifacts(session, job)}:
             raise AppError(404, f"job {job_id} has no artifact {clean}")
-    return FileResponse(ctx.artifacts.local_path(job_id, clean), filename=clean.rsplit("/", 1)[-1])
+    return FileResponse(
+        ctx.artifacts.local_path(job_id, clean),
+        media_type=ARTIFACT_TYPE,
+        filename=clean.rsplit("/", 1)[-1],
+        headers=ARTIFACT_HEADERS,
+    )

@@ -5,10 +5,11 @@ from __future__ import annotations
 from fastapi import APIRouter, Response
 
 from sxwl.cloud.api.deps import Ctx, CurrentUser
+from sxwl.cloud.api.responses import SIGNED_IN, WITH_BODY
 from sxwl.cloud.api.schemas import AccessKeyOut, AccessKeyRecordOut, PasswordChangeIn, UserOut
 from sxwl.cloud.services import access_keys, accounts
 
-router = APIRouter(prefix="/me", tags=["account"])
+router = APIRouter(prefix="/me", tags=["account"], responses=SIGNED_IN)
 
 
 @router.get("", response_model=UserOut)
@@ -16,7 +17,7 @@ def me(user: CurrentUser) -> UserOut:
     return UserOut.model_validate(user)
 
 
-@router.post("/password", status_code=204)
+@router.post("/password", status_code=204, responses=WITH_BODY)
 def change_password(body: PasswordChangeIn, user: CurrentUser, ctx: Ctx) -> Response:
     """Changes the password and ends every session of this account, this one included."""
     with ctx.db.session() as session:

@@ -10,20 +10,25 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from sxwl.cloud.services.accounts import MAX_PASSWORD, MIN_PASSWORD, normalize_email
 from sxwl.protocol import Node
+from sxwl.protocol.fields import Name, Text, refuse_nul
 
 PHONE_PATTERN = r"^\+?[0-9][0-9 \-]{4,30}$"
 
 
 class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", str_strip_whitespace=True)
+    """A request body: unknown fields refused, and strict types (``"2"`` or ``true`` for a number is
+    a 422, not coerced). The console's forms, whose values are all text, validate with
+    ``strict=False``."""
+
+    model_config = ConfigDict(extra="forbid", str_strip_whitespace=True, strict=True)
 
 
 class RegisterIn(Strict):
-    email: str = Field(max_length=320)
-    password: str = Field(min_length=MIN_PASSWORD, max_length=MAX_PASSWORD)
+    email: Text = Field(max_length=320)
+    password: Text = Field(min_length=MIN_PASSWORD, max_length=MAX_PASSWORD)
     role: Literal["provider", "user"]
-    name: str | None = Field(default=None, max_length=100)
-    company: str | None = Field(default=None, max_length=200)
+    name: Name | None = Field(default=None, max_length=100)
+    company: Name | None = Field(default=None, max_length=200)
     phone: str | None = Field(default=None, pattern=PHONE_PATTERN)
 
     @field_validator("email")
@@ -43,8 +48,8 @@ class AdminCreateUserIn(RegisterIn):
 
 class LoginIn(Strict):
     # Not validated as an email: a malformed one must get the same 401 as a wrong password.
-    email: str = Field(min_length=1, max_length=320)
-    password: str = Field(min_length=1, max_length=MAX_PASSWORD)
+    email: Text = Field(min_length=1, max_length=320)
+    password: Text = Field(min_length=1, max_length=MAX_PASSWORD)
 
 
 class TokenOut(BaseModel):
@@ -54,8 +59,8 @@ class TokenOut(BaseModel):
 
 
 class PasswordChangeIn(Strict):
-    current_password: str = Field(min_length=1, max_length=MAX_PASSWORD)
-    new_password: str = Field(min_length=MIN_PASSWORD, max_length=MAX_PASSWORD)
+    current_password: Text = Field(min_length=1, max_length=MAX_PASSWORD)
+    new_password: Text = Field(min_length=MIN_PASSWORD, max_length=MAX_PASSWORD)
 
 
 class UserOut(BaseModel):
@@ -116,7 +121,7 @@ class CPodOut(BaseModel):
 
 
 class CPodRenameIn(Strict):
-    name: str = Field(min_length=1, max_length=64)
+    name: Name = Field(min_length=1, max_length=64)
 
 
 class CPodEventOut(BaseModel):
@@ -150,30 +155,33 @@ RESERVED_ENV = ("SXWL_", "CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES")
 
 
 class JobIn(Strict):
-    name: str = Field(default="job", min_length=1, max_length=100)
+    name: Name = Field(default="job", min_length=1, max_length=100)
     command: list[str] | str
-    image: str | None = Field(default=None, max_length=500)
-    env: dict[str, str] = Field(default_factory=dict, max_length=200)
-    gpu_product: str | None = Field(default=None, min_length=1, max_length=128)
+    image: Text | None = Field(default=None, max_length=500)
+    env: dict[str, Text] = Field(default_factory=dict, max_length=200)
+    gpu_product: Name | None = Field(default=None, min_length=1, max_length=128)
     gpus_per_node: int = Field(default=0, ge=0, le=64)
     nodes: int = Field(default=1, ge=1, le=256)
     max_runtime_s: int | None = Field(default=None, ge=1, le=30 * 24 * 3600)
-    cpod_id: str | None = Field(default=None, max_length=32)
+    cpod_id: Text | None = Field(default=None, max_length=32)
     priority: int = Field(default=0, ge=-100, le=100)
 
     @field_validator("command")
     @classmethod
     def _command(cls, value: list[str] | str) -> list[str] | str:
+        # Checked here rather than typed as Text: errors then name "command", not a branch of the union.
         if isinstance(value, str):
             if not value.strip():
                 raise ValueError("must not be empty")
             if len(value) > 100_000:
                 raise ValueError("is longer than 100000 characters")
-            return value
+            return refuse_nul(value)
         if not value or not value[0].strip():
             raise ValueError("must not be empty")
         if sum(len(v) for v in value) > 100_000:
             raise ValueError("is longer than 100000 characters")
+        for part in value:
+            refuse_nul(part)
         return value
 
     @field_validator("env")

@@ -118,8 +118,15 @@ async def rename_cpod(cpod_id: str, request: Request, principal: ComputeViewer) 
     try:
         body = CPodRenameIn.model_validate({"name": typed})
     except ValidationError as exc:
-        too_long = any(e["type"] == "string_too_long" for e in exc.errors())
-        message = translate(language(request), "error.cpod_name_long" if too_long else "error.required")
+        kinds = {e["type"] for e in exc.errors()}
+        key = (
+            "error.cpod_name_long"
+            if "string_too_long" in kinds
+            else "error.control_chars"
+            if "value_error" in kinds  # the name's only value check: control characters
+            else "error.required"
+        )
+        message = translate(language(request), key)
         return _compute(request, principal, 422, rename_error=(cpod_id, message, typed))
     try:
         with ctx_of(request).db.session() as session:

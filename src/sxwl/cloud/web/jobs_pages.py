@@ -28,6 +28,7 @@ from sxwl.cloud.web.kit import (
     redirect,
     render,
 )
+from sxwl.protocol.fields import INT32_MAX
 
 router = APIRouter(include_in_schema=False)
 
@@ -53,8 +54,10 @@ def _list_query(request: Request) -> dict[str, Any]:
     params = request.query_params
     view = params.get("view", "all")
     try:
-        page = max(int(params.get("page", "1")), 1)
+        page = int(params.get("page", "1"))
     except ValueError:
+        page = 1
+    if not 1 <= page <= INT32_MAX:  # out of bounds, like a malformed one: the first page
         page = 1
     return {
         "view": view if view in jobs_view.VIEWS else "all",

@@ -21,6 +21,7 @@ from sxwl.cloud.db.models import TERMINAL_STATES, Artifact, Job, JobEvent, JobSt
 from sxwl.cloud.errors import AppError
 from sxwl.cloud.services import job_events, jobs
 from sxwl.cloud.web.i18n import translate
+from sxwl.protocol.fields import CONTROL_CHARS
 
 PER_PAGE = 20
 STATES = [s.value for s in JobState]
@@ -408,6 +409,8 @@ def _message(lang: str, field_name: str, kind: str, raw: str) -> str:
         return translate(lang, "job.error.cpod")
     if kind == "string_too_long":
         return translate(lang, "error.too_long")
+    if CONTROL_CHARS in raw:
+        return translate(lang, "error.control_chars")
     if kind in ("missing", "string_too_short"):
         return translate(lang, "error.required")
     return raw
@@ -420,7 +423,7 @@ def validate_form(lang: str, form: Mapping[str, str]) -> tuple[JobIn | None, dic
     if env.error:
         errors["env"] = env.error
     try:
-        body = JobIn.model_validate(job_payload(form, env))
+        body = JobIn.model_validate(job_payload(form, env), strict=False)
     except ValidationError as exc:
         for error in exc.errors():
             loc = [str(p) for p in error["loc"]]

@@ -23,6 +23,7 @@ from sxwl.cloud.db.models import Role
 from sxwl.cloud.errors import AppError
 from sxwl.cloud.web import compute_view
 from sxwl.cloud.web.i18n import DEFAULT_LANGUAGE, LANGUAGES, translate
+from sxwl.protocol.fields import CONTROL_CHARS
 
 HERE = Path(__file__).parent
 templates = Jinja2Templates(directory=HERE / "templates")
@@ -141,6 +142,8 @@ def field_errors(lang: str, exc: ValidationError | AppError) -> FormErrors:
             key = "error.phone_invalid"
         elif kind == "string_too_long":
             key = "error.too_long"
+        elif CONTROL_CHARS in message:
+            key = "error.control_chars"
         else:
             result.setdefault(field, message)
             continue

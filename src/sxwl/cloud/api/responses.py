@@ -1,0 +1,43 @@
+"""The error answers of the REST API as the OpenAPI document declares them: every status an endpoint
+can answer, with the one error body (src/sxwl/cloud/errors.py). The fuzz run (tests/test_fuzz_api.py)
+fails on an answer that is not declared here."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, JsonValue
+
+
+class ErrorBody(BaseModel):
+    code: str
+    message: str
+    # A 422's fields ([{"field", "message"}]), or what an error adds (the next log offset, say).
+    details: JsonValue = None
+
+
+class ErrorOut(BaseModel):
+    error: ErrorBody
+
+
+_WHY = {
+    400: "Malformed body, or an agent protocol this cloud does not support",
+    401: "No token, or one that is invalid, expired or revoked",
+    403: "Not allowed for this caller (or a console request without its CSRF token)",
+    404: "No such resource",
+    409: "Conflicts with the current state",
+    413: "Body too large",
+    422: "Invalid input; details name the fields",
+    429: "Too many attempts; retry later",
+}
+
+Responses = dict[int | str, dict[str, Any]]
+
+
+def errors(*statuses: int) -> Responses:
+    return {status: {"model": ErrorOut, "description": _WHY[status]} for status in statuses}
+
+
+# What every router's endpoints may answer besides their own: the caller (401/403) and its input.
+SIGNED_IN = errors(401, 403, 422)
+WITH_BODY = errors(400, 413, 422)
