@@ -1,0 +1,147 @@
+"""Keeping tenants apart on a local CPod (docs/agent.md, "Isolation"): each attempt runs under
+bubblewrap in its own pid, ipc, uts and mount namespaces, sees the machine's files read-only, has
+its working and output dirs as its only writable places besides a private /tmp, cannot see the
+agent's state dir or other attempts at all, and, when the agent is root, runs as a uid of its own.
+
+Which mode a CPod runs in is decided once at start-up by running bubblewrap for real."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+IsolationSetting = Literal["auto", "none", "required"]
+
+# A uid (and gid of the same number) per running attempt, far above ordinary users and above the
+# ranges systemd hands to containers (up to 1,879,048,191); no account on the machine owns them.
+UID_BASE = 2_000_000_000
+UID_COUNT = 65_536
+
+# Device nodes every CUDA process needs besides its GPUs' own /dev/nvidia<N>.
+NVIDIA_SHARED_DEVICES = ("nvidiactl", "nvidia-uvm")
+
+# Runs first inside the sandbox (as root when the agent is root), in the job's environment: drops to
+# the attempt's uid, gives SIGTERM its default action back (the launcher and bubblewrap ignore it,
+# so that a stop reaches only the job), and says so when the command cannot be run at all, on
+# stderr (the job's log) and on the reason fd that the launcher reads. ``python -I`` ignores the
+# job's PYTHON* variables and user site.
+EXEC_SHIM = """
+import os, signal, sys
+fd, uid = int(sys.argv[1]), int(sys.argv[2])
+argv = sys.argv[3:]
+os.set_inheritable(fd, False)
+signal.signal(signal.SIGTERM, signal.SIG_DFL)
+if uid >= 0:
+    os.setgroups([])
+    os.setresgid(uid, uid, uid)
+    os.setresuid(uid, uid, uid)
+try:
+    os.execvp(argv[0], argv)
+except FileNotFoundError:
+    message, status = f"command not found: {argv[0]}", 127
+except OSError as exc:
+    message, status = f"cannot run {argv[0]}: {exc.strerror}", 126
+print(message, file=sys.stderr, flush=True)
+os.write(fd, message.encode())
+sys.exit(status)
+"""
+
+
+@dataclass(frozen=True)
+class Isolation:
+    """How this agent runs jobs. ``isolated``: under bubblewrap; ``own_uids``: each attempt under a
+    uid of its own (the agent is root), otherwise under the agent's uid in a user namespace."""
+
+    isolated: bool
+    own_uids: bool
+    why: str  # for the start-up log: what was found
+
+    @property
+    def wire(self) -> Literal["isolated", "none"]:
+        return "isolated" if self.isolated else "none"
+
+
+NONE_FORCED = Isolation(False, False, "isolation turned off (--isolation none)")
+
+
+def detect(setting: IsolationSetting, bwrap: str | None = None) -> Isolation:
+    """Runs bubblewrap once with the namespaces a job gets; ``required`` raises when that fails."""
+    if setting == "none":
+        return NONE_FORCED
+    found = _probe(bwrap or shutil.which("bwrap"))
+    if setting == "required" and not found.isolated:
+        raise RuntimeError(f"--isolation required, but jobs cannot be isolated: {found.why}")
+    return found
+
+
+def _probe(bwrap: str | None) -> Isolation:
+    if bwrap is None:
+        return Isolation(False, False, "bwrap is not installed (Debian package bubblewrap)")
+    root = os.geteuid() == 0
+    argv = [bwrap, *_namespaces(root), "--ro-bind", "/", "/", "--proc", "/proc", "--dev", "/dev", "true"]
+    try:
+        probe = subprocess.run(argv, capture_output=True, text=True, timeout=30, check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return Isolation(False, False, f"bwrap cannot run: {exc}")
+    if probe.returncode != 0:
+        return Isolation(False, False, f"bwrap cannot create namespaces: {probe.stderr.strip()[:300]}")
+    if root:
+        return Isolation(True, True, "bubblewrap as root: each attempt under its own uid")
+    return Isolation(True, False, "bubblewrap in a user namespace: attempts under the agent's uid")
+
+
+def _namespaces(root: bool) -> list[str]:
+    # The network stays shared: jobs download data and talk to each other across nodes.
+    common = ["--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try"]
+    # Not root: a user namespace makes the others possible; nested ones could undo nothing, but
+    # there is no reason to allow them.
+    return common if root else [*common, "--unshare-user", "--disable-userns"]
+
+
+def device_binds(gpus: Iterable[int], dev_dir: Path) -> list[str]:
+    """bwrap arguments exposing the allotted GPUs' device nodes (``<dev_dir>/nvidia<N>``) and the
+    shared NVIDIA nodes, as far as they exist; every other device is absent from the sandbox."""
+    names = [*NVIDIA_SHARED_DEVICES, *(f"nvidia{g}" for g in sorted(gpus))]
+    args: list[str] = []
+    for name in names:
+        if (dev_dir / name).exists():
+            args += ["--dev-bind", str(dev_dir / name), f"/dev/{name}"]
+    return args
+
+
+@dataclass(frozen=True)
+class SandboxPaths:
+    hidden: tuple[Path, ...]  # invisible inside: the agent's state dir (every attempt's files)
+    work: Path
+    output: Path
+
+
+def job_argv(
+    isolation: Isolation,
+    command: list[str],
+    paths: SandboxPaths,
+    uid: int | None,
+    gpus: list[int],
+    dev_dir: Path,
+    reason_fd: int,
+    bwrap: str = "bwrap",
+) -> list[str]:
+    """What the launcher runs: the shim (and the command after it), inside bubblewrap when isolated."""
+    shim = [sys.executable, "-I", "-c", EXEC_SHIM, str(reason_fd), str(uid if uid is not None else -1)]
+    if not isolation.isolated:
+        return [*shim, *command]
+    box = [bwrap, *_namespaces(isolation.own_uids), "--die-with-parent", "--hostname", "sxwl-job"]
+    box += ["--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc"]
+    # A private /tmp and /dev/shm: in the sandbox's memory only, gone with it.
+    box += ["--perms", "1777", "--tmpfs", "/tmp", "--perms", "1777", "--tmpfs", "/dev/shm"]  # noqa: S108
+    for hidden in paths.hidden:
+        box += ["--tmpfs", str(hidden)]
+    box += ["--bind", str(paths.work), str(paths.work), "--bind", str(paths.output), str(paths.output)]
+    box += device_binds(gpus, dev_dir)
+    return [*box, "--chdir", str(paths.work), "--", *shim, *command]
