@@ -21,7 +21,11 @@ REASON_FD = 3  # where the exec shim (sandbox.EXEC_SHIM) finds the write end of 
 
 def _reason_pipe() -> int:
     """The read end; the write end sits at REASON_FD for the child to inherit."""
-    read, write = (fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 10) for fd in os.pipe())
+    # Both ends moved above REASON_FD first: os.pipe() may hand out fd 3 itself.
+    ends = os.pipe()
+    read, write = (fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 10) for fd in ends)
+    for fd in ends:
+        os.close(fd)
     os.dup2(write, REASON_FD, inheritable=True)
     os.close(write)
     return read

@@ -122,6 +122,17 @@ class SandboxPaths:
     output: Path
 
 
+def _parents_inside(hidden: tuple[Path, ...], targets: tuple[Path, ...]) -> list[Path]:
+    """The dirs strictly between a hidden dir and each target below it, outermost first."""
+    found: list[Path] = []
+    for target in targets:
+        for root in hidden:
+            if target.is_relative_to(root):
+                chain = [p for p in target.parents if p.is_relative_to(root) and p != root]
+                found += [p for p in reversed(chain) if p not in found]
+    return found
+
+
 def job_argv(
     isolation: Isolation,
     command: list[str],
@@ -142,6 +153,10 @@ def job_argv(
     box += ["--perms", "1777", "--tmpfs", "/tmp", "--perms", "1777", "--tmpfs", "/dev/shm"]  # noqa: S108
     for hidden in paths.hidden:
         box += ["--tmpfs", str(hidden)]
+    # bwrap would create the dirs leading to a bind under a hidden dir with the modes of the real
+    # ones (0700, the agent's): made here first, empty and traversable.
+    for parent in _parents_inside(paths.hidden, (paths.work, paths.output)):
+        box += ["--perms", "0755", "--dir", str(parent)]
     box += ["--bind", str(paths.work), str(paths.work), "--bind", str(paths.output), str(paths.output)]
     box += device_binds(gpus, dev_dir)
     return [*box, "--chdir", str(paths.work), "--", *shim, *command]
