@@ -33,6 +33,7 @@ NVIDIA_SHARED_DEVICES = ("nvidiactl", "nvidia-uvm")
 # job's PYTHON* variables and user site.
 EXEC_SHIM = """
 import os, signal, sys
+import warnings  # os.execvp imports it: before the drop, as this Python may be unreadable to the job
 fd, uid = int(sys.argv[1]), int(sys.argv[2])
 argv = sys.argv[3:]
 os.set_inheritable(fd, False)
@@ -43,10 +44,12 @@ if uid >= 0:
     os.setresuid(uid, uid, uid)
 try:
     os.execvp(argv[0], argv)
-except FileNotFoundError:
-    message, status = f"command not found: {argv[0]}", 127
 except OSError as exc:
-    message, status = f"cannot run {argv[0]}: {exc.strerror}", 126
+    # As shells do: "not found" unless a file of that name exists where it was looked for (a PATH
+    # entry this uid cannot search gives EACCES without meaning anything).
+    dirs = [""] if "/" in argv[0] else os.get_exec_path()
+    found = any(os.path.exists(os.path.join(d, argv[0])) for d in dirs)
+    message, status = (f"cannot run {argv[0]}: {exc.strerror}", 126) if found else (f"command not found: {argv[0]}", 127)
 print(message, file=sys.stderr, flush=True)
 os.write(fd, message.encode())
 sys.exit(status)
