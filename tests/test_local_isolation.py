@@ -37,8 +37,9 @@ try write_output sh -c 'echo result > "$SXWL_OUTPUT_DIR/result.txt"'
 echo "uid=$(id -u)"
 echo "pids=$(ls /proc | grep -c '^[0-9]')"
 printf %s "$SECRET_REVERSED" | rev > "$HOME/pattern"  # the value itself is in no env or argv here
-if grep -qsF -f "$HOME/pattern" /proc/[0-9]*/environ /proc/[0-9]*/cmdline; then echo secret=seen; else echo secret=unseen; fi
-if ps -eo args 2>/dev/null | grep -q '[s]leep 300'; then echo victim_process=seen; else echo victim_process=unseen; fi
+seen() { if "$@"; then echo seen; else echo unseen; fi; }
+echo "secret=$(seen grep -qsF -f "$HOME/pattern" /proc/[0-9]*/environ /proc/[0-9]*/cmdline)"
+echo "victim_process=$(seen grep -qs '[s]leep 300' /proc/[0-9]*/cmdline)"
 """
 
 
@@ -66,7 +67,8 @@ def test_an_attempt_sees_nothing_of_the_agent_or_other_attempts(world: World, tm
     state = tmp_path / "agent-a"
     # Nowhere on disk: the spec went to the launcher on a pipe (no launch.json any more).
     assert not any(secret.encode() in p.read_bytes() for p in files_under(state) if p.name != "output.log")
-    prober = world.submit(PROBE, env={"STATE": str(state), "VICTIM": f"{victim}-1", "SECRET_REVERSED": secret[::-1]})
+    probe_env = {"STATE": str(state), "VICTIM": f"{victim}-1", "SECRET_REVERSED": secret[::-1]}
+    prober = world.submit(PROBE, env=probe_env)
     job = world.wait_state(prober, "succeeded", "failed")
     logs = world.logs(prober)
     assert job["state"] == "succeeded", logs
@@ -76,7 +78,8 @@ def test_an_attempt_sees_nothing_of_the_agent_or_other_attempts(world: World, tm
     assert "secret=unseen" in logs and "victim_process=unseen" in logs, logs
     uid = int(logs.split("uid=")[1].split()[0])
     assert uid >= 2_000_000_000  # an unprivileged uid of its own, not the agent's root
-    assert int(logs.split("pids=")[1].split()[0]) <= 5  # its own pid namespace: init, sh, a subshell, ls, grep
+    # Its own pid namespace: init, sh, a subshell, ls, grep.
+    assert int(logs.split("pids=")[1].split()[0]) <= 5
     artifacts = httpx.get(f"{world.url}/api/v1/jobs/{prober}/artifacts", headers=world.user).json()
     assert [a["path"] for a in artifacts] == ["result.txt"]
     # Once the cloud has the final state, only the record that the attempt was run is left.

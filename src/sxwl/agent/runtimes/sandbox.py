@@ -49,7 +49,9 @@ except OSError as exc:
     # entry this uid cannot search gives EACCES without meaning anything).
     dirs = [""] if "/" in argv[0] else os.get_exec_path()
     found = any(os.path.exists(os.path.join(d, argv[0])) for d in dirs)
-    message, status = (f"cannot run {argv[0]}: {exc.strerror}", 126) if found else (f"command not found: {argv[0]}", 127)
+    message, status = f"command not found: {argv[0]}", 127
+    if found:
+        message, status = f"cannot run {argv[0]}: {exc.strerror}", 126
 print(message, file=sys.stderr, flush=True)
 os.write(fd, message.encode())
 sys.exit(status)
