@@ -127,6 +127,25 @@ class SandboxPaths:
     output: Path
 
 
+def interpreter_binds() -> list[str]:
+    """This Python for a job of another uid where it lives below a dir others cannot search (root's
+    home, say): that dir becomes an empty tmpfs with only the installation in it, read-only. Jobs
+    (and the demo of ``sxwl up``) run the agent's interpreter; nothing else of that dir shows."""
+    args: list[str] = []
+    hidden: set[Path] = set()
+    for prefix in sorted({Path(sys.base_prefix).resolve(), Path(sys.prefix).resolve()}):
+        top = next((d for d in reversed(prefix.parents) if not d.stat().st_mode & 0o001), None)
+        if top is None:
+            continue
+        if top not in hidden:
+            hidden.add(top)
+            args += ["--tmpfs", str(top)]
+        for parent in _parents_inside((top,), (prefix,)):
+            args += ["--perms", "0755", "--dir", str(parent)]
+        args += ["--ro-bind", str(prefix), str(prefix)]
+    return args
+
+
 def _parents_inside(hidden: tuple[Path, ...], targets: tuple[Path, ...]) -> list[Path]:
     """The dirs strictly between a hidden dir and each target below it, outermost first."""
     found: list[Path] = []
@@ -156,6 +175,8 @@ def job_argv(
     box += ["--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc"]
     # A private /tmp and /dev/shm: in the sandbox's memory only, gone with it.
     box += ["--perms", "1777", "--tmpfs", "/tmp", "--perms", "1777", "--tmpfs", "/dev/shm"]  # noqa: S108
+    if isolation.own_uids:
+        box += interpreter_binds()
     for hidden in paths.hidden:
         box += ["--tmpfs", str(hidden)]
     # bwrap would create the dirs leading to a bind under a hidden dir with the modes of the real
