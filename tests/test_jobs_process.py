@@ -229,7 +229,10 @@ def test_cloud_restart_mid_job_loses_nothing(world: World) -> None:
 def test_lost_cpod_job_finishes_on_another_and_the_old_attempt_is_fenced(
     world: World, tmp_path: Path
 ) -> None:
-    first = world.agent("first", 1)
+    # The job marks its end in a file outside its own dirs, which only an agent without isolation
+    # lets it write (tests/test_local_isolation.py covers the sandbox).
+    unisolated = ("--isolation", "none", "--trust-account", "dev@example.com")
+    first = world.agent("first", 1, *unisolated)
     world.online()
     job_id = world.submit(
         f"echo attempt $SXWL_ATTEMPT; [ $SXWL_ATTEMPT = 1 ] && sleep 30; "
@@ -238,13 +241,13 @@ def test_lost_cpod_job_finishes_on_another_and_the_old_attempt_is_fenced(
     job = world.wait_state(job_id, "running")
     first.signal(signal.SIGKILL)  # the machine "disappears"; its job process is an orphan now
     first.wait()
-    world.agent("second", 1)
+    world.agent("second", 1, *unisolated)
     job = world.wait_state(job_id, "succeeded", timeout=60)
     assert job["attempt"] == 2
     assert "lost" in world.events(job_id) and "requeued" in world.events(job_id)
     assert world.logs(job_id, attempt=2).startswith("attempt 2")
     # The first agent returns: it is told to stop attempt 1, which therefore never finishes.
-    returned = world.agent("first", 1)
+    returned = world.agent("first", 1, *unisolated)
     eventually(
         lambda: f"job {job_id} attempt 1 ended" in returned.log,
         timeout=30,

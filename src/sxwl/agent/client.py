@@ -17,6 +17,8 @@ from sxwl.protocol import (
     AssignmentsReply,
     Heartbeat,
     HeartbeatReply,
+    IsolationReply,
+    IsolationReport,
     JobStatus,
     JobStatusReply,
     LogAppendReply,
@@ -101,6 +103,10 @@ class CloudClient:
                 "unsupported_protocol",
             )
         return reply
+
+    async def isolation(self, token: str, report: IsolationReport) -> IsolationReply:
+        response = await self._call("PUT", "/api/v1/agent/isolation", token, json=report.model_dump())
+        return IsolationReply.model_validate(response.json())
 
     async def heartbeat(self, token: str, heartbeat: Heartbeat) -> HeartbeatReply:
         try:

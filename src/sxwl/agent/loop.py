@@ -17,8 +17,9 @@ import sxwl
 from sxwl.agent.client import CloudClient, Refused, Rejected, Unreachable
 from sxwl.agent.jobsync import JobSync
 from sxwl.agent.runtimes.local import LocalRuntime
+from sxwl.agent.runtimes.sandbox import Isolation
 from sxwl.agent.state import SavedRegistration, StateDir
-from sxwl.protocol import Heartbeat, Node, RegisterRequest
+from sxwl.protocol import Heartbeat, IsolationReport, Node, RegisterRequest
 
 log = logging.getLogger("sxwl.agent")
 T = TypeVar("T")
@@ -77,6 +78,15 @@ class AgentConfig:
     name: str | None = None
     heartbeat_interval_s: float | None = None
     stop_grace_s: float = 10.0
+    # How local jobs are kept apart (``sandbox.detect``); None on Kubernetes, whose namespaces do it.
+    isolation: Isolation | None = None
+    trusted_accounts: tuple[str, ...] = ()  # whose jobs besides the provider's, without isolation
+
+    def isolation_report(self) -> IsolationReport:
+        isolated = self.isolation is None or self.isolation.isolated
+        return IsolationReport(
+            isolation="isolated" if isolated else "none", trusted_accounts=list(self.trusted_accounts)
+        )
 
 
 class Stopped(Exception):
@@ -110,7 +120,9 @@ class Agent:
         self.runtime: Any = (
             runtime
             if runtime is not None
-            else LocalRuntime(config.state_dir, inventory.gpu_indexes(), config.stop_grace_s)
+            else LocalRuntime(
+                config.state_dir, inventory.gpu_indexes(), config.stop_grace_s, config.isolation
+            )
         )
         self.leader = leader
         self._inventory_in_loop = inspect.iscoroutinefunction(getattr(inventory, "start", None))
@@ -159,6 +171,7 @@ class Agent:
             )
         key = self.config.access_key
         request = RegisterRequest(
+            **self.config.isolation_report().model_dump(),
             cluster_uid=self.config.cluster_uid,
             name=self.config.name,
             runtime="local" if self.config.runtime == "local" else "kubernetes",
@@ -174,6 +187,21 @@ class Agent:
         self.seq = reply.last_seq
         log.info("registered as CPod %s; heartbeat every %.1f s", reply.cpod_id, self.interval)
         return saved
+
+    async def report_isolation(self, token: str) -> None:
+        """Tells the cloud how jobs run here (at every start: the mode may have changed since the
+        registration) and learns whose jobs a runtime without isolation may start."""
+        report = self.config.isolation_report()
+        try:
+            reply = await self._retrying("isolation report", lambda: self.client.isolation(token, report))
+        except Rejected as exc:
+            if report.isolation == "none":
+                message = f"the cloud did not take this CPod's isolation report: {exc}"
+                raise Refused(message, "rejected") from None
+            log.warning("the cloud did not take the isolation report (%s); jobs stay isolated", exc)
+            return
+        if isinstance(self.runtime, LocalRuntime) and reply.accepted_owner_ids is not None:
+            self.runtime.accepted_owners = frozenset(reply.accepted_owner_ids)
 
     def _nodes(self) -> list[Node]:
         nodes = self.inventory.nodes()
@@ -248,6 +276,7 @@ class Agent:
             if self._inventory_in_loop and start is not None:
                 await start()
             saved = await self.registration()
+            await self.report_isolation(saved.cpod_token)
             sync = JobSync(self.client, self.runtime, saved.cpod_token)
             sync.lost = await _resolved(self.runtime.adopt())
             tasks = [

@@ -17,6 +17,7 @@ from sxwl.agent.inventory.local import LocalInventory
 from sxwl.agent.inventory.simulated import SimulatedGpus
 from sxwl.agent.leader import LeadershipLost
 from sxwl.agent.loop import Agent, AgentConfig
+from sxwl.agent.runtimes.sandbox import Isolation, IsolationSetting, detect
 from sxwl.agent.state import local_cluster_uid
 
 if TYPE_CHECKING:  # the Kubernetes client is imported only by agents that use it: it is slow to load
@@ -92,6 +93,21 @@ def run(
     stop_grace: Annotated[
         float, typer.Option(help="Seconds between SIGTERM and SIGKILL when a job is stopped.", min=0)
     ] = 10.0,
+    isolation: Annotated[
+        IsolationSetting,
+        typer.Option(
+            envvar="SXWL_ISOLATION",
+            help="local runtime: auto (isolate each job with bubblewrap where possible), required (refuse "
+            "to start otherwise) or none (no isolation: only trusted accounts' jobs run).",
+        ),
+    ] = "auto",
+    trust_account: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="local runtime without isolation: an account (email) besides the provider whose jobs "
+            "this CPod runs; repeat for several."
+        ),
+    ] = None,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Debug logging.")] = False,
 ) -> None:
     """Register this machine as a CPod of 算想云, report its CPUs, memory and GPUs, and run the jobs
@@ -105,6 +121,7 @@ def run(
     if runtime not in ("local", "kubernetes"):
         typer.echo(f"error: --runtime {runtime}: choose local or kubernetes", err=True)
         raise typer.Exit(2)
+    mode = local_isolation(isolation, trust_account or []) if runtime == "local" else None
     config = AgentConfig(
         api_url=api_url.rstrip("/"),
         access_key=access_key,
@@ -114,6 +131,8 @@ def run(
         name=name,
         heartbeat_interval_s=heartbeat_interval,
         stop_grace_s=stop_grace,
+        isolation=mode,
+        trusted_accounts=tuple(trust_account or ()),
     )
     try:
         if runtime == "local":
@@ -140,6 +159,26 @@ def run(
     except KubernetesUnavailable as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(EXIT_FAILED) from None
+
+
+def local_isolation(setting: IsolationSetting, trusted: list[str]) -> Isolation:
+    """The mode this agent runs jobs in, said once at start-up (a warning when tenants are not apart)."""
+    try:
+        mode = detect(setting)
+    except RuntimeError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from None
+    logger = logging.getLogger("sxwl.agent")
+    if mode.isolated:
+        logger.info("jobs are isolated: %s", mode.why)
+    else:
+        logger.warning(
+            "JOBS ARE NOT ISOLATED (%s): they run as this agent's user and could read its state and "
+            "each other's files, so this CPod takes only the jobs of its provider%s",
+            mode.why,
+            f" and of {', '.join(trusted)}" if trusted else "",
+        )
+    return mode
 
 
 class KubernetesUnavailable(Exception):

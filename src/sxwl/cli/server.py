@@ -28,9 +28,10 @@ from sxwl.cloud.db.models import Job, Role, User
 from sxwl.cloud.head_deadline import protocol_with_head_timeout
 from sxwl.cloud.services import access_keys, accounts, jobs
 
+DEMO_USER = "user@demo.example.com"
 DEMO_ACCOUNTS = (
     ("provider@demo.example.com", Role.PROVIDER, "Demo Provider", "Demo GPU Co."),
-    ("user@demo.example.com", Role.USER, "Demo User", None),
+    (DEMO_USER, Role.USER, "Demo User", None),
     ("admin@demo.example.com", Role.ADMIN, "Demo Admin", None),
 )
 
@@ -170,6 +171,9 @@ def start_local_agent(settings: Settings, access_key: str) -> subprocess.Popen[b
             str(state_dir),
             "--name",
             "local-demo",
+            # Where jobs cannot be isolated (not root, no bubblewrap) the demo user's jobs still run.
+            "--trust-account",
+            DEMO_USER,
         ],
         env={**os.environ, "SXWL_ACCESS_KEY": access_key},
         stdout=log,

@@ -72,7 +72,34 @@ class JobReport(WireIn):
     state: Text = Field(min_length=1, max_length=32)
 
 
-class RegisterRequest(WireIn):
+# "isolated": every job runs in a sandbox of its own (a Kubernetes CPod's namespaces, a local agent's
+# bubblewrap); "none": jobs run as the agent's user, so the CPod takes only trusted accounts' jobs.
+Isolation = Literal["isolated", "none"]
+
+
+class IsolationReport(WireIn):
+    """How the agent runs jobs, sent at registration and again at every start (the mode can change
+    between runs: bubblewrap installed, the agent no longer root)."""
+
+    isolation: Isolation = "isolated"  # what agents before this field ran as, as far as the cloud knew
+    # Accounts (by email) besides the provider whose jobs a CPod without isolation takes.
+    trusted_accounts: list[str] = Field(default_factory=list, max_length=100)
+
+    @field_validator("trusted_accounts")
+    @classmethod
+    def _emails(cls, emails: list[str]) -> list[str]:
+        for email in emails:
+            if not 3 <= len(email) <= 254 or "@" not in email:
+                raise ValueError(f"{email[:60]!r} is not an email address")
+        return emails
+
+
+class IsolationReply(Wire):
+    # The accounts whose jobs the CPod may run; None: anyone's (it isolates them).
+    accepted_owner_ids: list[str] | None
+
+
+class RegisterRequest(IsolationReport):
     cluster_uid: str = Field(min_length=8, max_length=128, pattern=r"^[A-Za-z0-9._:-]+$")
     name: Name | None = Field(default=None, min_length=1, max_length=64)
     runtime: Runtime

@@ -1,5 +1,7 @@
 """The ``local`` runtime: each job attempt is a process group in its own directory under the
-state dir, with its own GPUs (``CUDA_VISIBLE_DEVICES``); no two jobs share a GPU."""
+state dir, with its own GPUs (``CUDA_VISIBLE_DEVICES``); no two jobs share a GPU. Where the agent can
+isolate (``sandbox.detect``), each attempt runs in a sandbox of its own; where it cannot, it takes
+only the jobs of the accounts the cloud says it may (its provider and the ones it trusts)."""
 
 from __future__ import annotations
 
@@ -16,12 +18,16 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from sxwl.agent.runtimes.base import Outcome
-from sxwl.agent.runtimes.launcher import EXIT_FILE
+from sxwl.agent.runtimes.launcher import EXIT_FILE, REASON_FD, REASON_FILE
+from sxwl.agent.runtimes.sandbox import UID_BASE, UID_COUNT, Isolation, SandboxPaths, job_argv
 from sxwl.protocol import Assignment
 
 log = logging.getLogger("sxwl.agent.local")
 
 __all__ = ["INHERITED_ENV", "LocalJob", "LocalRuntime", "Outcome", "process_start_time"]
+# What the agent keeps of an attempt once the cloud has its final state: the record that it knows
+# the attempt (so it never starts it twice), nothing of the job's env, output or files.
+RECORD_FILE = "job.json"
 # Variables a job inherits from the agent's environment; everything else (the accessKey, say) stays out.
 INHERITED_ENV = ("PATH", "LANG", "LC_ALL", "TZ", "LD_LIBRARY_PATH", "CUDA_HOME", "NVIDIA_DRIVER_CAPABILITIES")
 
@@ -48,6 +54,7 @@ class LocalJob:
     reported_state: str | None = None  # the last non-final state the cloud acknowledged
     fenced: bool = False  # the cloud called this attempt stale: stop it, report nothing more
     artifacts_uploaded: list[str] = field(default_factory=list)
+    uid: int | None = None  # the attempt's own uid when the agent runs as root and isolates
 
     @property
     def key(self) -> str:
@@ -63,11 +70,30 @@ def process_start_time(pid: int) -> str | None:
     return fields[19] if fields[0] != "Z" else None
 
 
+NOT_ISOLATED = (
+    "this CPod runs jobs without isolation and takes only the jobs of its provider and of the "
+    "accounts it trusts"
+)
+
+
 class LocalRuntime:
-    def __init__(self, state_dir: Path, gpu_indexes: list[int], stop_grace_s: float = 10.0) -> None:
-        self.root = state_dir / "jobs"
+    def __init__(
+        self,
+        state_dir: Path,
+        gpu_indexes: list[int],
+        stop_grace_s: float = 10.0,
+        isolation: Isolation | None = None,
+        dev_dir: Path = Path("/dev"),
+    ) -> None:
+        self.state_dir = state_dir.resolve()
+        self.root = self.state_dir / "jobs"
         self.gpu_indexes = gpu_indexes
         self.stop_grace_s = stop_grace_s
+        self.isolation = isolation or Isolation(False, False, "not detected")
+        self.dev_dir = dev_dir
+        # Owners whose jobs this runtime starts; None: anyone's (it isolates them). Without
+        # isolation nobody's until the cloud has said whose (``Agent`` sets it at start).
+        self.accepted_owners: frozenset[str] | None = None if self.isolation.isolated else frozenset()
         self.jobs: dict[str, LocalJob] = {}
 
     # ---- state on disk ---------------------------------------------------------------------------
@@ -76,7 +102,7 @@ class LocalRuntime:
         return self.root / f"{job_id}-{attempt}"
 
     def save(self, job: LocalJob) -> None:
-        path = self.workdir(job.job_id, job.attempt) / "job.json"
+        path = self.workdir(job.job_id, job.attempt) / RECORD_FILE
         temp = path.with_suffix(".tmp")
         temp.write_text(json.dumps(asdict(job)))
         os.replace(temp, path)
@@ -87,7 +113,7 @@ class LocalRuntime:
         lost: list[LocalJob] = []
         if not self.root.exists():
             return lost
-        for path in sorted(self.root.glob("*/job.json")):
+        for path in sorted(self.root.glob(f"*/{RECORD_FILE}")):
             job = LocalJob(**json.loads(path.read_text()))
             if job.reported:
                 continue
@@ -124,14 +150,22 @@ class LocalRuntime:
         key = f"{assignment.job_id}:{assignment.attempt}"
         if key in self.jobs:
             return self.jobs[key]
+        if self.accepted_owners is not None and assignment.owner_id not in self.accepted_owners:
+            raise RuntimeError(NOT_ISOLATED)
         free = self.free_gpus()
         if len(free) < assignment.gpus_per_node:
             raise RuntimeError(f"needs {assignment.gpus_per_node} GPUs, {len(free)} free")
         gpus = free[: assignment.gpus_per_node]
+        uid = self._free_uid() if self.isolation.own_uids else None
         workdir = self.workdir(assignment.job_id, assignment.attempt)
-        (workdir / "output").mkdir(parents=True, exist_ok=True)
-        (workdir / "work").mkdir(exist_ok=True)
-        argv = (
+        paths = SandboxPaths(hidden=(self.state_dir,), work=workdir / "work", output=workdir / "output")
+        self.root.mkdir(mode=0o700, parents=True, exist_ok=True)
+        workdir.mkdir(mode=0o700)
+        for own in (paths.work, paths.output):
+            own.mkdir(mode=0o700)
+            if uid is not None:
+                os.chown(own, uid, uid)
+        command = (
             ["/bin/sh", "-c", assignment.command]
             if isinstance(assignment.command, str)
             else assignment.command
@@ -139,24 +173,31 @@ class LocalRuntime:
         env = {k: os.environ[k] for k in INHERITED_ENV if k in os.environ}
         env.update(assignment.env)
         env.update(
-            HOME=str(workdir / "work"),
+            HOME=str(paths.work),
             PYTHONUNBUFFERED="1",
             CUDA_VISIBLE_DEVICES=",".join(map(str, gpus)),
             SXWL_JOB_ID=assignment.job_id,
             SXWL_JOB_NAME=assignment.name,
             SXWL_ATTEMPT=str(assignment.attempt),
-            SXWL_OUTPUT_DIR=str(workdir / "output"),
+            SXWL_OUTPUT_DIR=str(paths.output),
         )
-        (workdir / "launch.json").write_text(
-            json.dumps({"argv": argv, "env": env, "cwd": str(workdir / "work")})
-        )
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "sxwl.agent.runtimes.launcher", str(workdir)],
-            start_new_session=True,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=(workdir / "launcher.log").open("ab"),
-        )
+        argv = job_argv(self.isolation, command, paths, uid, gpus, self.dev_dir, REASON_FD)
+        spec = json.dumps({"argv": argv, "env": env, "cwd": str(paths.work)}).encode()
+        # The launcher gets the spec (with the job's secrets) on a pipe and only the variables it needs
+        # itself: not the agent's (its accessKey, say), which a job of the same uid could read in /proc.
+        launcher_env = {k: os.environ[k] for k in (*INHERITED_ENV, "PYTHONPATH") if k in os.environ}
+        with (workdir / "launcher.log").open("ab") as launcher_log:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "sxwl.agent.runtimes.launcher", str(workdir)],
+                start_new_session=True,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.DEVNULL,
+                stderr=launcher_log,
+                env=launcher_env,
+            )
+        assert proc.stdin is not None
+        with proc.stdin:
+            proc.stdin.write(spec)
         job = LocalJob(
             job_id=assignment.job_id,
             attempt=assignment.attempt,
@@ -166,13 +207,29 @@ class LocalRuntime:
             started_at=time.time(),
             pid=proc.pid,
             pid_start=process_start_time(proc.pid) or "",
+            uid=uid,
         )
         self.jobs[job.key] = job
         self.save(job)
         log.info(
-            "started job %s attempt %d (pid %d, GPUs %s)", job.job_id, job.attempt, proc.pid, gpus or "none"
+            "started job %s attempt %d (pid %d, GPUs %s%s)",
+            job.job_id,
+            job.attempt,
+            proc.pid,
+            gpus or "none",
+            f", uid {uid}" if uid is not None else "",
         )
         return job
+
+    def _free_uid(self) -> int:
+        """The lowest uid of the reserved range that no attempt still holds files or processes with:
+        an attempt's uid is free again once ``done`` removed its files (its processes died with its
+        pid namespace)."""
+        taken = {job.uid for job in self.jobs.values()}
+        for uid in range(UID_BASE, UID_BASE + UID_COUNT):
+            if uid not in taken:
+                return uid
+        raise RuntimeError(f"all {UID_COUNT} sandbox uids are in use")
 
     def stop(self, job_id: str, attempt: int, reason: str, cancel: bool) -> LocalJob | None:
         """SIGTERM to the job's process group now, SIGKILL after the grace (see ``poll``)."""
@@ -219,6 +276,9 @@ class LocalRuntime:
 
     def _finish(self, job: LocalJob, code: int | None) -> None:
         job.exit_code = code
+        reason_file = self.workdir(job.job_id, job.attempt) / REASON_FILE
+        if job.stop_reason is None and reason_file.exists():
+            job.stop_reason = reason_file.read_text()  # the command could not run: "command not found: …"
         if job.stop_reason is not None:
             job.outcome = "cancelled" if job.stop_cancel else "failed"
         else:
@@ -227,11 +287,18 @@ class LocalRuntime:
         log.info("job %s attempt %d ended: %s (exit %s)", job.job_id, job.attempt, job.outcome, code)
 
     def done(self, job: LocalJob) -> None:
-        """The cloud has the final state: forget the job; its directory goes, output already uploaded."""
+        """The cloud has the final state (output and artifacts were shipped before): forget the job
+        and remove everything of it but its record."""
         job.reported = True
         self.save(job)
         self.jobs.pop(job.key, None)
-        shutil.rmtree(self.workdir(job.job_id, job.attempt) / "work", ignore_errors=True)
+        for entry in self.workdir(job.job_id, job.attempt).iterdir():
+            if entry.name == RECORD_FILE:
+                continue
+            if entry.is_dir() and not entry.is_symlink():
+                shutil.rmtree(entry, ignore_errors=True)
+            else:
+                entry.unlink(missing_ok=True)
 
     def log_path(self, job: LocalJob) -> Path:
         return self.workdir(job.job_id, job.attempt) / "output.log"

@@ -25,6 +25,8 @@ from sxwl.protocol import (
     AssignmentsReply,
     Heartbeat,
     HeartbeatReply,
+    IsolationReply,
+    IsolationReport,
     JobStatus,
     JobStatusReply,
     LogAppendReply,
@@ -100,6 +102,17 @@ def register(body: RegisterRequest, request: Request, ctx: Ctx) -> RegisterReply
         heartbeat_interval_s=cpod.heartbeat_interval_s,
         last_seq=cpod.last_seq,
     )
+
+
+@router.put("/isolation", response_model=IsolationReply)
+def isolation(body: IsolationReport, cpod: CurrentCPod, ctx: Ctx) -> IsolationReply:
+    """How the agent runs jobs, told at every start; answers whose jobs the CPod may run."""
+    with ctx.db.session() as session:
+        row = session.get(CPod, cpod.id, with_for_update=True)
+        if row is None:  # its provider's account was deleted since the token was checked
+            raise AppError(401, "this CPod no longer exists", code="cpod_revoked")
+        accepted = cpods.set_isolation(session, row, body)
+    return IsolationReply(accepted_owner_ids=None if accepted is None else sorted(accepted))
 
 
 @router.get("/access-key/check", response_model=AccessKeyCheckOut)

@@ -145,8 +145,16 @@ class CPod(Base):
     nodes: Mapped[list[dict[str, Any]]] = mapped_column(JSON, default=list)
     # The job attempts the agent said it holds in its last heartbeat: "<job_id>:<attempt>".
     reported_jobs: Mapped[list[str]] = mapped_column(JSON, default=list)
+    # "isolated", or "none": the agent cannot keep tenants apart, so the CPod takes only the jobs of
+    # its provider and of the accounts in trusted_owner_ids (docs/agent.md, "Isolation").
+    isolation: Mapped[str] = mapped_column(String(16), default="isolated")
+    trusted_owner_ids: Mapped[list[str]] = mapped_column(JSON, default=list)
 
     owner: Mapped[User] = relationship()
+
+    def takes_only(self) -> frozenset[str] | None:
+        """The owners whose jobs this CPod may run; None: anyone's."""
+        return None if self.isolation == "isolated" else frozenset([self.owner_id, *self.trusted_owner_ids])
 
 
 class CPodEvent(Base):

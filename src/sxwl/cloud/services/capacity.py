@@ -49,11 +49,20 @@ class Hold:
         return self.gpus_per_node * len(self.node_names)
 
 
+# A CPod's heartbeat version, and what its agent said at its start (runtime, isolation, trusted).
+Version = tuple[int, datetime | None, str, str, tuple[str, ...]]
+
+
 @dataclass(frozen=True)
 class _Snapshot:
-    version: tuple[int, datetime | None]
+    version: Version
     nodes: list[dict[str, Any]]
     reported: frozenset[str]  # "<job_id>:<attempt>" the agent said it holds
+
+    @property
+    def takes_only(self) -> frozenset[str] | None:
+        _, _, _, isolation, trusted = self.version
+        return None if isolation == "isolated" else frozenset(trusted)
 
 
 class CapacityCache:
@@ -110,12 +119,18 @@ class CapacityCache:
         self._dirty.add(hold.cpod_id)
 
     def _refresh_cpods(self, connection: Connection) -> None:
-        versions = {
-            cpod_id: (seq, at)
-            for cpod_id, seq, at in connection.execute(
-                select(CPod.id, CPod.last_seq, CPod.last_heartbeat_at).where(
-                    CPod.status == CPodStatus.ONLINE, CPod.revoked_at.is_(None)
-                )
+        versions: dict[str, Version] = {
+            cpod_id: (seq, at, runtime, isolation, (owner_id, *trusted))
+            for cpod_id, seq, at, runtime, isolation, owner_id, trusted in connection.execute(
+                select(
+                    CPod.id,
+                    CPod.last_seq,
+                    CPod.last_heartbeat_at,
+                    CPod.runtime,
+                    CPod.isolation,
+                    CPod.owner_id,
+                    CPod.trusted_owner_ids,
+                ).where(CPod.status == CPodStatus.ONLINE, CPod.revoked_at.is_(None))
             )
         }
         for cpod_id in self._snapshots.keys() - versions.keys():  # went offline or was revoked
@@ -125,12 +140,11 @@ class CapacityCache:
             c for c, v in versions.items() if c not in self._snapshots or self._snapshots[c].version != v
         ]
         for chunk in _chunks(changed):
-            for cpod_id, seq, at, nodes, reported in connection.execute(
-                select(CPod.id, CPod.last_seq, CPod.last_heartbeat_at, CPod.nodes, CPod.reported_jobs).where(
-                    CPod.id.in_(chunk)
-                )
+            for cpod_id, nodes, reported in connection.execute(
+                select(CPod.id, CPod.nodes, CPod.reported_jobs).where(CPod.id.in_(chunk))
             ):
-                self._snapshots[cpod_id] = _Snapshot((seq, at), nodes, frozenset(reported))
+                # The version read above: a heartbeat in between is seen (and re-read) next pass.
+                self._snapshots[cpod_id] = _Snapshot(versions[cpod_id], nodes, frozenset(reported))
                 self._dirty.add(cpod_id)
 
     def _refresh_holds(self, connection: Connection) -> None:
@@ -161,7 +175,7 @@ class CapacityCache:
                 hold = self._holds[(job_id, attempt)]
                 for name in hold.node_names:
                     unreported[name] += hold.gpus_per_node
-        entry = CPodCapacity(cpod_id)
+        entry = CPodCapacity(cpod_id, runtime=snapshot.version[2], takes_only=snapshot.takes_only)
         for node in snapshot.nodes:
             gpu = node.get("gpu") or {}
             allocatable = int(gpu.get("allocatable", 0))

@@ -15,10 +15,10 @@ from sqlalchemy.orm import Session, defer
 from sxwl.cloud.context import CloudContext
 from sxwl.cloud.db.models import AccessKey, CPod, CPodEvent, CPodStatus, Role, SessionKind, User
 from sxwl.cloud.db.types import utcnow
-from sxwl.cloud.errors import AppError
+from sxwl.cloud.errors import AppError, invalid
 from sxwl.cloud.security import ACCESS_KEY_PREFIX, new_token, token_hash
-from sxwl.cloud.services import attempts, sessions
-from sxwl.protocol import RegisterRequest
+from sxwl.cloud.services import accounts, attempts, sessions
+from sxwl.protocol import IsolationReport, RegisterRequest
 
 CPOD_TOKEN_PREFIX = "sxcp_"  # noqa: S105 - a prefix, not a secret
 
@@ -107,7 +107,34 @@ def _register(ctx: CloudContext, session: Session, owner: User, req: RegisterReq
         cpod.heartbeat_interval_s = interval
         detail = "registered again after revocation" if was_revoked else "registered again (new agent token)"
         add_event(session, cpod.id, "registered", f"{detail}; {req.runtime} agent {req.agent_version}")
+    set_isolation(session, cpod, req)
     return cpod, token
+
+
+def set_isolation(session: Session, cpod: CPod, report: IsolationReport) -> frozenset[str] | None:
+    """Records how the CPod's agent runs jobs; returns whose jobs it may run (None: anyone's). The
+    scheduler reads the columns every pass, so a change counts from the next one."""
+    trusted: list[str] = []
+    if report.isolation == "none":
+        for index, email in enumerate(report.trusted_accounts):
+            user = accounts.find_by_email(session, _normalized(email, index))
+            if user is None:
+                raise invalid(f"trusted_accounts[{index}]", f"no account with the email {email}")
+            if user.id != cpod.owner_id and user.id not in trusted:
+                trusted.append(user.id)
+    if (cpod.isolation, cpod.trusted_owner_ids) != (report.isolation, trusted):
+        emails = ", ".join(report.trusted_accounts) or "nobody else"
+        detail = "jobs isolated" if report.isolation == "isolated" else f"no isolation; trusts {emails}"
+        add_event(session, cpod.id, "isolation", detail)
+        cpod.isolation, cpod.trusted_owner_ids = report.isolation, trusted
+    return cpod.takes_only()
+
+
+def _normalized(email: str, index: int) -> str:
+    try:
+        return accounts.normalize_email(email)
+    except ValueError as exc:
+        raise invalid(f"trusted_accounts[{index}]", str(exc)) from None
 
 
 def cpod_for_token(session: Session, token: str) -> CPod | None:

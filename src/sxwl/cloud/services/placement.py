@@ -22,6 +22,17 @@ class NodeCapacity:
 class CPodCapacity:
     id: str
     nodes: list[NodeCapacity] = field(default_factory=list)
+    runtime: str = "kubernetes"  # "local": jobs are processes, a container image cannot be run
+    # The owners whose jobs it may run (a CPod without isolation); None: anyone's.
+    takes_only: frozenset[str] | None = None
+
+    def refuses(self, need: Need) -> str | None:
+        """Why this CPod can never take ``need``'s job, whatever is free."""
+        if need.image and self.runtime == "local":
+            return "image"
+        if self.takes_only is not None and need.owner_id not in self.takes_only:
+            return "isolation"
+        return None
 
 
 @dataclass(frozen=True)
@@ -30,6 +41,10 @@ class Need:
     gpus_per_node: int
     nodes: int
     cpod_id: str | None = None
+    image: bool = False  # the job names a container image
+    # Set when some CPod takes only some owners' jobs; otherwise left out, so that jobs of the same
+    # shape from different owners share one answer within a pass.
+    owner_id: str | None = None
 
     def describe(self) -> str:
         gpus = (
@@ -74,6 +89,11 @@ class Pool:
             entries.sort()
         self.touched: set[str] = set()  # CPods that ``take`` changed
 
+    @property
+    def restricted(self) -> bool:
+        """Some CPod takes only some owners' jobs: a need must then name its owner."""
+        return any(c.takes_only is not None for c in self.cpods.values())
+
     def put(self, cpod: CPodCapacity) -> None:
         """Adds a CPod, or replaces what the pool knew of it."""
         self.remove(cpod.id)
@@ -98,13 +118,16 @@ class Pool:
         ties go to the lowest CPod id and node names."""
         if need.cpod_id is not None:
             cpod = self.cpods.get(need.cpod_id)
-            if cpod is None:
+            if cpod is None or cpod.refuses(need):
                 return None
             entries: Iterable[Entry] = sorted(
                 (n.free, cpod.id, n.name) for n in cpod.nodes if _fits(n, need, free=True)
             )
         else:
+            refused = {c.id for c in self.cpods.values() if c.refuses(need)}
             entries = self._fitting(need)
+            if refused:
+                entries = (entry for entry in entries if entry[1] not in refused)
         return _best(entries, need)
 
     def _fitting(self, need: Need) -> Iterator[Entry]:
@@ -152,7 +175,18 @@ def why_not(need: Need, cpods: Iterable[CPodCapacity], pinned_online: bool | Non
     if need.cpod_id is not None and not pinned_online:
         return f"CPod {need.cpod_id} is not online"
     pool = [c for c in cpods if need.cpod_id is None or c.id == need.cpod_id]
-    could_ever = any(sum(1 for n in c.nodes if _fits(n, need, free=False)) >= need.nodes for c in pool)
-    if not could_ever:
+    big_enough = [c for c in pool if sum(1 for n in c.nodes if _fits(n, need, free=False)) >= need.nodes]
+    if not big_enough:
         return f"no online CPod offers {need.describe()}"
-    return f"waiting for {need.describe()} to become free"
+    refusals = {c.refuses(need) for c in big_enough}
+    if None in refusals:
+        return f"waiting for {need.describe()} to become free"
+    if "image" in refusals:
+        return (
+            f"the CPods that offer {need.describe()} run jobs as local processes and cannot run a "
+            "container image: submit the job without image, or wait for a Kubernetes CPod"
+        )
+    return (
+        f"the CPods that offer {need.describe()} run jobs without isolation and take only the jobs "
+        "of their provider and of the accounts it trusts"
+    )

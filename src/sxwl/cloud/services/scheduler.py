@@ -46,6 +46,7 @@ class Queued:
     gpus_per_node: int
     nodes: int
     pinned_cpod_id: str | None
+    image: str | None
 
 
 _QUEUED_COLUMNS = (
@@ -59,6 +60,7 @@ _QUEUED_COLUMNS = (
     Job.gpus_per_node,
     Job.nodes,
     Job.pinned_cpod_id,
+    Job.image,
 )
 
 
@@ -177,8 +179,16 @@ def _decide(
     writes = _Writes([], [])
     # Capacity only shrinks during a pass: a need that did not fit once will not fit again.
     unplaceable: dict[Need, str] = {}
+    restricted = pool.restricted
     for job in fair_order(queued, usage):
-        need = Need(job.gpu_product, job.gpus_per_node, job.nodes, job.pinned_cpod_id)
+        need = Need(
+            job.gpu_product,
+            job.gpus_per_node,
+            job.nodes,
+            job.pinned_cpod_id,
+            image=bool(job.image),
+            owner_id=job.owner_id if restricted else None,
+        )
         total = job.gpus_per_node * job.nodes
         limit = limits.get(job.owner_id) or ctx.settings.default_user_max_gpus
         held = usage.get(job.owner_id, 0)

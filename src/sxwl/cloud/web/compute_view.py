@@ -68,6 +68,9 @@ class CPodView:
     nodes: list[NodeView]
     gpus: list[GpuLine]
     events: list[EventView]
+    # The CPod's agent cannot isolate jobs: the accounts whose jobs it runs (the provider first).
+    # None: it isolates every job.
+    unisolated_for: list[str] | None = None
 
     @property
     def revoked(self) -> bool:
@@ -186,6 +189,8 @@ def cpod_views(session: Session, user: User, now: datetime) -> list[CPodView]:
     """The CPods ``user`` may see (their own; every one for an admin), oldest first."""
     rows = cpods.list_for(session, user)
     events = recent_events(session, [cpod.id for cpod, _ in rows])
+    trusted_ids = {i for cpod, _ in rows for i in cpod.trusted_owner_ids}
+    emails = dict(session.execute(select(User.id, User.email).where(User.id.in_(trusted_ids))).all())
     views = []
     for cpod, email in rows:
         last = cpod.last_heartbeat_at
@@ -203,6 +208,9 @@ def cpod_views(session: Session, user: User, now: datetime) -> list[CPodView]:
                 nodes=[node_view(n) for n in cpod.nodes],
                 gpus=[GpuLine(**g) for g in cpods.gpu_summary(cpod.nodes)],
                 events=events.get(cpod.id, []),
+                unisolated_for=None
+                if cpod.isolation == "isolated"
+                else [email, *(emails[i] for i in cpod.trusted_owner_ids if i in emails)],
             )
         )
     return views

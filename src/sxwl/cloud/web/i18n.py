@@ -114,6 +114,8 @@ MESSAGES: dict[str, dict[str, str]] = {
         "compute.revoke_body": "该 CPod 的令牌将立即失效：其 agent 下一次连接时会被拒绝并停止工作，CPod 上的算力不再提供给用户。要重新接入，需要在该集群上用 accessKey 重新注册。",
         "compute.revoke_confirm": "确认吊销",
         "compute.revoked_note": "此 CPod 已吊销。在该集群上用 accessKey 重新注册即可恢复。",
+        "compute.not_isolated": "此 CPod 的 agent 不隔离任务（非 root 且无用户命名空间、未安装 bubblewrap，或已关闭隔离）："
+        "任务以 agent 的用户身份运行，彼此之间以及与 agent 之间都没有隔离，因此它只运行以下账户的任务：{accounts}。",
         "compute.events": "事件记录",
         "compute.events_empty": "暂无事件。",
         "compute.event_time": "时间",
@@ -450,6 +452,9 @@ MESSAGES: dict[str, dict[str, str]] = {
         "compute.revoke_body": "Its token stops working at once: its agent is refused on its next call and stops, and its GPUs are no longer offered to users. To bring it back, register it again from the cluster with your accessKey.",
         "compute.revoke_confirm": "Revoke now",
         "compute.revoked_note": "This CPod is revoked. Registering it again from the cluster with the accessKey brings it back.",
+        "compute.not_isolated": "This CPod's agent does not isolate jobs (not root and no user namespaces, "
+        "bubblewrap missing, or isolation turned off): jobs run as the agent's user, without isolation "
+        "from each other or from the agent, so it runs only the jobs of these accounts: {accounts}.",
         "compute.events": "Event history",
         "compute.events_empty": "No events yet.",
         "compute.event_time": "Time",
