@@ -8,23 +8,23 @@ is stale."""
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import Generic
 
 from sxwl.agent.client import CloudClient, LogGap, Rejected, Stale
-from sxwl.agent.runtimes.base import JobRecord, Runtime
+from sxwl.agent.runtimes.base import J, Runtime
 from sxwl.protocol import AgentJobState, AssignmentsReply, JobReport, JobStatus
 
 log = logging.getLogger("sxwl.agent.jobs")
 LOG_CHUNK = 256 * 1024
 
 
-class JobSync:
-    def __init__(self, client: CloudClient, runtime: Runtime[Any], token: str) -> None:
+class JobSync(Generic[J]):
+    def __init__(self, client: CloudClient, runtime: Runtime[J], token: str) -> None:
         self.client = client
         self.runtime = runtime
         self.token = token
         # Attempts found dead at start-up, to report as lost (the runtime's own record type).
-        self.lost: list[Any] = []
+        self.lost: list[J] = []
 
     def reports(self) -> list[JobReport]:
         """What the heartbeat says this CPod holds."""
@@ -34,7 +34,11 @@ class JobSync:
         ]
 
     async def _report(
-        self, job: JobRecord, state: AgentJobState, exit_code: int | None = None, reason: str | None = None
+        self,
+        job: J,
+        state: AgentJobState,
+        exit_code: int | None = None,
+        reason: str | None = None,
     ) -> bool:
         """True when the cloud took the report; a stale attempt is stopped and forgotten."""
         try:
@@ -87,9 +91,7 @@ class JobSync:
         while self.lost:
             job = self.lost[0]
             try:
-                reason = getattr(job, "lost_reason", None) or (
-                    "the job's processes were gone when the agent restarted"
-                )
+                reason = job.lost_reason or "the job's processes were gone when the agent restarted"
                 await self._report(job, "lost", reason=reason)
             except Rejected as exc:
                 log.warning("lost report for %s refused: %s", job.job_id, exc)
@@ -111,7 +113,7 @@ class JobSync:
             except Rejected as exc:
                 log.warning("cloud refused a report for job %s: %s", job.job_id, exc)
 
-    async def _ship_log(self, job: JobRecord) -> None:
+    async def _ship_log(self, job: J) -> None:
         path = self.runtime.log_path(job)
         if not path.exists():
             return
@@ -131,7 +133,7 @@ class JobSync:
                     return
                 self.runtime.save(job)
 
-    async def _finalise(self, job: JobRecord) -> None:
+    async def _finalise(self, job: J) -> None:
         output = self.runtime.output_dir(job)
         files = [] if output is None else output.rglob("*")
         for file in sorted(p for p in files if p.is_file() and not p.is_symlink()):

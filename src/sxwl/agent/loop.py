@@ -11,12 +11,12 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Any, Protocol, TypeVar
+from typing import Generic, Protocol, TypeVar
 
 import sxwl
 from sxwl.agent.client import CloudClient, Refused, Rejected, Unreachable
 from sxwl.agent.jobsync import JobSync
-from sxwl.agent.runtimes.local import LocalRuntime
+from sxwl.agent.runtimes.base import J, Runtime
 from sxwl.agent.runtimes.sandbox import Isolation
 from sxwl.agent.state import SavedRegistration, StateDir
 from sxwl.protocol import Heartbeat, IsolationReport, Node, RegisterRequest
@@ -99,31 +99,24 @@ def backoff_delay(failures: int, cap: float = BACKOFF_CAP_S) -> float:
     return random.uniform(ceiling / 2, ceiling)  # noqa: S311 - jitter, not cryptography
 
 
-class Agent:
+class Agent(Generic[J]):
     def __init__(
         self,
         config: AgentConfig,
         inventory: Inventory,
         client: CloudClient | None = None,
         *,
-        runtime: Any = None,
+        runtime: Runtime[J],
         state: TokenStore | None = None,
         leader: Elector | None = None,
     ) -> None:
-        """``runtime`` runs the jobs (``LocalRuntime`` on the state dir when not given; typed Any
-        because JobSync names the local runtime's type), ``state`` keeps the CPod token (the state
-        dir when not given), ``leader`` elects one replica of several (none: always leads)."""
+        """``runtime`` runs the jobs, ``state`` keeps the CPod token (the state dir when not given),
+        ``leader`` elects one replica of several (none: always leads)."""
         self.config = config
         self.inventory = inventory
         self.client = client or CloudClient(config.api_url)
         self.state: TokenStore = state if state is not None else StateDir(config.state_dir)
-        self.runtime: Any = (
-            runtime
-            if runtime is not None
-            else LocalRuntime(
-                config.state_dir, inventory.gpu_indexes(), config.stop_grace_s, config.isolation
-            )
-        )
+        self.runtime = runtime
         self.leader = leader
         self._inventory_in_loop = inspect.iscoroutinefunction(getattr(inventory, "start", None))
         self.stop_event = asyncio.Event()
@@ -200,21 +193,13 @@ class Agent:
                 raise Refused(message, "rejected") from None
             log.warning("the cloud did not take the isolation report (%s); jobs stay isolated", exc)
             return
-        if isinstance(self.runtime, LocalRuntime) and reply.accepted_owner_ids is not None:
-            self.runtime.accepted_owners = frozenset(reply.accepted_owner_ids)
+        if reply.accepted_owner_ids is not None:
+            self.runtime.accept_owners(frozenset(reply.accepted_owner_ids))
 
     def _nodes(self) -> list[Node]:
-        nodes = self.inventory.nodes()
-        if self.config.runtime != "local":
-            return nodes  # the cluster's own accounting (pods' GPU requests) already counts our jobs
-        used = len(self.runtime.used_gpus())
-        # The GPUs our own jobs hold are in use even when NVML shows them idle.
-        return [
-            n.model_copy(update={"gpu": n.gpu.model_copy(update={"used": used})}) if n.gpu else n
-            for n in nodes
-        ]
+        return self.runtime.nodes_to_report(self.inventory.nodes())
 
-    async def heartbeat_once(self, token: str, sync: JobSync) -> None:
+    async def heartbeat_once(self, token: str, sync: JobSync[J]) -> None:
         # NVML can block; a watch cache is read in the loop that updates it.
         nodes = self._nodes() if self._inventory_in_loop else await asyncio.to_thread(self._nodes)
         for _ in range(2):
@@ -233,12 +218,12 @@ class Agent:
             # The cloud holds a newer sequence number (say, from before a restart): continue after it.
             self.seq = reply.last_seq
 
-    async def _heartbeats(self, token: str, sync: JobSync) -> None:
+    async def _heartbeats(self, token: str, sync: JobSync[J]) -> None:
         while True:
             await self.heartbeat_once(token, sync)
             await self._sleep(self.interval)
 
-    async def _assignments(self, token: str, sync: JobSync) -> None:
+    async def _assignments(self, token: str, sync: JobSync[J]) -> None:
         failures = 0
         while True:
             try:
@@ -253,7 +238,7 @@ class Agent:
             if self.stop_event.is_set():
                 raise Stopped
 
-    async def _supervise(self, sync: JobSync) -> None:
+    async def _supervise(self, sync: JobSync[J]) -> None:
         while True:
             try:
                 await sync.supervise_once()

@@ -17,6 +17,8 @@ from sxwl.agent.inventory.local import LocalInventory
 from sxwl.agent.inventory.simulated import SimulatedGpus
 from sxwl.agent.leader import LeadershipLost
 from sxwl.agent.loop import Agent, AgentConfig
+from sxwl.agent.runtimes.base import J
+from sxwl.agent.runtimes.local import LocalRuntime
 from sxwl.agent.runtimes.sandbox import Isolation, IsolationSetting, detect
 from sxwl.agent.state import local_cluster_uid
 
@@ -137,7 +139,11 @@ def run(
     try:
         if runtime == "local":
             gpus = SimulatedGpus(simulate_gpus, simulate_gpu_product) if simulate_gpus else None
-            asyncio.run(_run(Agent(config, LocalInventory(gpus))))
+            inventory = LocalInventory(gpus)
+            local = LocalRuntime(
+                config.state_dir, inventory.gpu_indexes(), config.stop_grace_s, config.isolation
+            )
+            asyncio.run(_run(Agent(config, inventory, runtime=local)))
         else:
             asyncio.run(_run_kubernetes(config, kubeconfig, namespace, leader_elect))
     except Refused as exc:
@@ -247,7 +253,7 @@ async def _run_kubernetes(
         await _run(agent)
 
 
-async def _run(agent: Agent) -> None:
+async def _run(agent: Agent[J]) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, agent.stop)

@@ -1,4 +1,5 @@
-"""What ``JobSync`` needs of a runtime: the ``Runtime`` protocol and the per-attempt ``JobRecord``.
+"""What the agent needs of a runtime: the ``Runtime`` protocol, the record every runtime keeps per
+attempt (``AttemptRecord``) and where it keeps it (``AttemptDirs``).
 
 Every method JobSync calls between two awaits is synchronous and only touches the runtime's own
 state; the I/O a runtime needs (the Kubernetes API, say) happens in ``refresh``, which JobSync awaits
@@ -6,33 +7,47 @@ once per supervision pass before ``poll``. The ``local`` runtime has nothing to 
 
 from __future__ import annotations
 
+import json
+import os
 from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Literal, Protocol, TypeVar
+from typing import Generic, Literal, Protocol, TypeVar
 
-from sxwl.protocol import Assignment
+from sxwl.protocol import Assignment, Node
 
 Outcome = Literal["succeeded", "failed", "cancelled"]
+RECORD_FILE = "job.json"
 
 
-class JobRecord(Protocol):
-    """What a runtime keeps about one attempt, as far as JobSync reads and writes it."""
+@dataclass(kw_only=True)
+class AttemptRecord:
+    """What a runtime keeps about one attempt, in ``job.json`` in the attempt's directory: the
+    fields every runtime shares (JobSync reads and writes them); each runtime adds its own."""
 
     job_id: str
     attempt: int
-    log_offset: int  # bytes of the log file the cloud has acknowledged
-    stop_reason: str | None  # why it ended other than by its own exit status (sent as the reason)
-    outcome: Outcome | None
-    exit_code: int | None
-    reported_state: str | None
-    fenced: bool
-    artifacts_uploaded: list[str]
+    name: str
+    max_runtime_s: int | None
+    started_at: float
+    log_offset: int = 0  # bytes of the log file the cloud has acknowledged
+    stop_reason: str | None = None  # why it ended other than by its own exit status (sent as the reason)
+    stop_cancel: bool = False
+    stop_at: float | None = None
+    outcome: Outcome | None = None
+    exit_code: int | None = None
+    reported: bool = False  # the final state reached the cloud
+    reported_state: str | None = None  # the last non-final state the cloud acknowledged
+    fenced: bool = False  # the cloud called this attempt stale: stop it, report nothing more
+    lost_reason: str | None = None  # why it was found gone when the agent came back
+    artifacts_uploaded: list[str] = field(default_factory=list)
 
     @property
-    def key(self) -> str: ...
+    def key(self) -> str:
+        return f"{self.job_id}:{self.attempt}"
 
 
-J = TypeVar("J", bound=JobRecord)
+J = TypeVar("J", bound=AttemptRecord)
 
 
 class Runtime(Protocol[J]):
@@ -83,3 +98,30 @@ class Runtime(Protocol[J]):
     def used_gpu_count(self) -> int:
         """GPUs held by this runtime's attempts that have not ended."""
         ...
+
+    def nodes_to_report(self, nodes: list[Node]) -> list[Node]:
+        """The inventory's nodes as the heartbeat reports them, with what this runtime's own
+        attempts hold counted where the inventory cannot see it."""
+        ...
+
+    def accept_owners(self, owner_ids: frozenset[str] | None) -> None:
+        """Whose jobs the cloud says this CPod may start (None: anyone's)."""
+        ...
+
+
+class AttemptDirs(Generic[J]):
+    """Each attempt's directory under ``root``, holding its record (``job.json``)."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+
+    def workdir(self, job_id: str, attempt: int) -> Path:
+        return self.root / f"{job_id}-{attempt}"
+
+    def save(self, job: J) -> None:
+        directory = self.workdir(job.job_id, job.attempt)
+        directory.mkdir(parents=True, exist_ok=True)
+        path = directory / RECORD_FILE
+        temp = path.with_suffix(".tmp")
+        temp.write_text(json.dumps(asdict(job)))
+        os.replace(temp, path)  # a crash leaves the old record or the new one, never half of one

@@ -14,7 +14,7 @@ from typing import Any
 import aiohttp
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from sxwl.agent.runtimes.base import Outcome
+from sxwl.agent.runtimes.base import AttemptRecord
 
 MANAGED_BY = "app.kubernetes.io/managed-by"
 MANAGER = "sxwl-agent"
@@ -29,40 +29,21 @@ CONTAINER = "main"
 API_ERRORS = (ApiException, aiohttp.ClientError, asyncio.TimeoutError, OSError)
 
 
-@dataclass
-class KubeJob:
-    """What the agent keeps about one attempt, in ``job.json`` beside its log spool."""
+@dataclass(kw_only=True)
+class KubeJob(AttemptRecord):
+    """A Kubernetes attempt: where its Job lives, what it asked for, and how far its pods' logs have
+    been spooled."""
 
-    job_id: str
-    attempt: int
-    name: str
     owner_id: str
     namespace: str
     k8s_name: str
     nodes: int
     gpus_per_node: int
-    max_runtime_s: int | None
-    started_at: float
     spec: dict[str, Any] | None = None  # the assignment, until the Job exists
     created: bool = False  # the Job exists in the cluster (or did)
-    log_offset: int = 0
     spool_size: int = 0  # bytes of the spool covered by ``log_marks``
     log_marks: dict[str, list[Any]] = field(default_factory=dict)  # pod -> [timestamp, lines at it]
-    stop_reason: str | None = None
-    stop_cancel: bool = False
-    stop_at: float | None = None
     delete_sent: bool = False
-    outcome: Outcome | None = None
-    exit_code: int | None = None
-    reported: bool = False
-    reported_state: str | None = None
-    fenced: bool = False
-    lost_reason: str | None = None
-    artifacts_uploaded: list[str] = field(default_factory=list)
-
-    @property
-    def key(self) -> str:
-        return f"{self.job_id}:{self.attempt}"
 
     @property
     def service(self) -> str:

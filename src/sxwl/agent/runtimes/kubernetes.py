@@ -16,19 +16,18 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import shutil
 import tempfile
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from sxwl.agent.runtimes.base import Outcome
+from sxwl.agent.runtimes.base import RECORD_FILE, AttemptDirs, Outcome
 from sxwl.agent.runtimes.kube_logs import collect_logs, truncate_spool
 from sxwl.agent.runtimes.kube_manifests import job_manifest, service_manifest
 from sxwl.agent.runtimes.kube_objects import (
@@ -47,7 +46,7 @@ from sxwl.agent.runtimes.kube_objects import (
     short,
 )
 from sxwl.agent.runtimes.kube_tenancy import Tenancy
-from sxwl.protocol import Assignment
+from sxwl.protocol import Assignment, Node
 
 log = logging.getLogger("sxwl.agent.kubernetes")
 
@@ -63,7 +62,7 @@ class _Seen:
     reason: str | None
 
 
-class KubernetesRuntime:
+class KubernetesRuntime(AttemptDirs[KubeJob]):
     def __init__(
         self,
         api_client: Any,
@@ -88,7 +87,7 @@ class KubernetesRuntime:
         self.run_as_non_root = run_as_non_root
         self.pod_annotations = pod_annotations
         base = state_dir if state_dir is not None else Path(tempfile.mkdtemp(prefix="sxwl-k8s-"))
-        self.root = base / "k8s-jobs"
+        super().__init__(base / "k8s-jobs")
         self.jobs: dict[str, KubeJob] = {}
         self._seen: dict[str, _Seen] = {}
         self._adopted = False
@@ -96,17 +95,6 @@ class KubernetesRuntime:
         self._unschedulable_since: dict[str, float] = {}  # pod uid -> first seen unschedulable
 
     # ---- state on disk ---------------------------------------------------------------------------
-
-    def workdir(self, job_id: str, attempt: int) -> Path:
-        return self.root / f"{job_id}-{attempt}"
-
-    def save(self, job: KubeJob) -> None:
-        directory = self.workdir(job.job_id, job.attempt)
-        directory.mkdir(parents=True, exist_ok=True)
-        path = directory / "job.json"
-        temp = path.with_suffix(".tmp")
-        temp.write_text(json.dumps(asdict(job)))
-        os.replace(temp, path)
 
     def log_path(self, job: KubeJob) -> Path:
         return self.workdir(job.job_id, job.attempt) / "output.log"
@@ -118,7 +106,7 @@ class KubernetesRuntime:
         """Takes back the records on disk; the cluster is read on the first ``refresh``, which
         adopts Jobs the records do not know and reports as lost those whose Job is gone."""
         if self.root.exists():
-            for path in sorted(self.root.glob("*/job.json")):
+            for path in sorted(self.root.glob(f"*/{RECORD_FILE}")):
                 job = KubeJob(**json.loads(path.read_text()))
                 truncate_spool(self.log_path(job), job)
                 if job.reported:
@@ -131,6 +119,12 @@ class KubernetesRuntime:
 
     def used_gpu_count(self) -> int:
         return sum(j.nodes * j.gpus_per_node for j in self.jobs.values() if j.outcome is None)
+
+    def nodes_to_report(self, nodes: list[Node]) -> list[Node]:
+        return nodes  # the cluster's own accounting (pods' GPU requests) already counts our jobs
+
+    def accept_owners(self, owner_ids: frozenset[str] | None) -> None:
+        """Nothing to do: every tenant's pods run in a namespace of their own."""
 
     # ---- lifecycle -------------------------------------------------------------------------------
 

@@ -14,51 +14,31 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
-from sxwl.agent.runtimes.base import Outcome
+from sxwl.agent.runtimes.base import RECORD_FILE, AttemptDirs, AttemptRecord, Outcome
 from sxwl.agent.runtimes.launcher import EXIT_FILE, REASON_FD, REASON_FILE
 from sxwl.agent.runtimes.sandbox import UID_BASE, UID_COUNT, Isolation, SandboxPaths, job_argv
-from sxwl.protocol import Assignment
+from sxwl.protocol import Assignment, Node
 
 log = logging.getLogger("sxwl.agent.local")
 
 __all__ = ["INHERITED_ENV", "LocalJob", "LocalRuntime", "Outcome", "process_start_time"]
-# What the agent keeps of an attempt once the cloud has its final state: the record that it knows
-# the attempt (so it never starts it twice), nothing of the job's env, output or files.
-RECORD_FILE = "job.json"
 # Variables a job inherits from the agent's environment; everything else (the accessKey, say) stays out.
 INHERITED_ENV = ("PATH", "LANG", "LC_ALL", "TZ", "LD_LIBRARY_PATH", "CUDA_HOME", "NVIDIA_DRIVER_CAPABILITIES")
 
 
-@dataclass
-class LocalJob:
-    """What the agent keeps about one attempt, in ``job.json`` beside its output."""
+@dataclass(kw_only=True)
+class LocalJob(AttemptRecord):
+    """A local attempt: its process group, its GPUs, and its own uid when it runs isolated as root.
+    Once the cloud has its final state only this record is kept, so that the agent knows the
+    attempt and never starts it twice; nothing of the job's env, output or files."""
 
-    job_id: str
-    attempt: int
-    name: str
     gpus: list[int]
-    max_runtime_s: int | None
-    started_at: float
     pid: int
     pid_start: str
-    log_offset: int = 0  # bytes of output.log the cloud has acknowledged
-    stop_reason: str | None = None  # why the agent stopped it: cancelled, timeout, fenced
-    stop_cancel: bool = False
-    stop_at: float | None = None
-    outcome: Outcome | None = None
-    exit_code: int | None = None
-    reported: bool = False  # the final state reached the cloud
-    reported_state: str | None = None  # the last non-final state the cloud acknowledged
-    fenced: bool = False  # the cloud called this attempt stale: stop it, report nothing more
-    artifacts_uploaded: list[str] = field(default_factory=list)
-    uid: int | None = None  # the attempt's own uid when the agent runs as root and isolates
-
-    @property
-    def key(self) -> str:
-        return f"{self.job_id}:{self.attempt}"
+    uid: int | None = None
 
 
 def process_start_time(pid: int) -> str | None:
@@ -76,7 +56,7 @@ NOT_ISOLATED = (
 )
 
 
-class LocalRuntime:
+class LocalRuntime(AttemptDirs[LocalJob]):
     def __init__(
         self,
         state_dir: Path,
@@ -86,7 +66,7 @@ class LocalRuntime:
         dev_dir: Path = Path("/dev"),
     ) -> None:
         self.state_dir = state_dir.resolve()
-        self.root = self.state_dir / "jobs"
+        super().__init__(self.state_dir / "jobs")
         self.gpu_indexes = gpu_indexes
         self.stop_grace_s = stop_grace_s
         self.isolation = isolation or Isolation(False, False, "not detected")
@@ -97,15 +77,6 @@ class LocalRuntime:
         self.jobs: dict[str, LocalJob] = {}
 
     # ---- state on disk ---------------------------------------------------------------------------
-
-    def workdir(self, job_id: str, attempt: int) -> Path:
-        return self.root / f"{job_id}-{attempt}"
-
-    def save(self, job: LocalJob) -> None:
-        path = self.workdir(job.job_id, job.attempt) / RECORD_FILE
-        temp = path.with_suffix(".tmp")
-        temp.write_text(json.dumps(asdict(job)))
-        os.replace(temp, path)
 
     def adopt(self) -> list[LocalJob]:
         """After a restart: jobs still running are taken back; jobs whose process vanished without an
@@ -135,6 +106,19 @@ class LocalRuntime:
 
     def used_gpu_count(self) -> int:
         return len(self.used_gpus())
+
+    def nodes_to_report(self, nodes: list[Node]) -> list[Node]:
+        """The GPUs our own jobs hold are in use even when NVML shows them idle."""
+        used = self.used_gpu_count()
+        return [
+            n.model_copy(update={"gpu": n.gpu.model_copy(update={"used": used})}) if n.gpu else n
+            for n in nodes
+        ]
+
+    def accept_owners(self, owner_ids: frozenset[str] | None) -> None:
+        # An isolating runtime takes anyone's jobs, whatever the cloud last said.
+        if not self.isolation.isolated:
+            self.accepted_owners = owner_ids
 
     def free_gpus(self) -> list[int]:
         used = self.used_gpus()
