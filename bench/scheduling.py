@@ -824,7 +824,7 @@ def one_job_passes(ctx: CloudContext, count: int) -> tuple[list[float], list[flo
     capacity cache, the part of such a pass that grows with the fleet and the active jobs."""
     passes, reads = [], []
     for _ in range(count):
-        cache = scheduler.capacity_cache(ctx)
+        cache = ctx.capacity
         with ctx.db.session() as session, cache.lock:
             began = time.perf_counter()
             cache.refresh(session)

@@ -17,6 +17,7 @@ from sxwl.cloud.db.models import CPod, CPodEvent
 from sxwl.cloud.errors import AppError
 from sxwl.cloud.groupcommit import GroupCommit
 from sxwl.cloud.services import heartbeats
+from sxwl.cloud.services.beat import Beat
 from sxwl.protocol import Heartbeat, HeartbeatReply
 from tests.conftest import login
 from tests.support.cpods import beat, gpu_node, register_cpod
@@ -144,17 +145,17 @@ def test_one_batch_decides_each_beat_as_if_it_came_alone(client: TestClient) -> 
     assert client.delete(f"/api/v1/cpods/{revoked['cpod_id']}", headers=headers).status_code == 204
     user_token = login(client, "owner@example.com")["Authorization"].removeprefix("Bearer ")
     beats = [
-        heartbeats.Beat.of(a["cpod_token"], hb(1, "a1")),
-        heartbeats.Beat.of(a["cpod_token"], hb(2, "a1", "a2")),
-        heartbeats.Beat.of(a["cpod_token"], hb(2, "stale")),
-        heartbeats.Beat.of(b["cpod_token"], hb(7, "b1", cpod_id=a["cpod_id"])),
-        heartbeats.Beat.of(b["cpod_token"], hb(3, "b1")),
-        heartbeats.Beat.of(revoked["cpod_token"], hb(1, "c1")),
-        heartbeats.Beat.of(user_token, hb(1, "u1")),
+        Beat.of(a["cpod_token"], hb(1, "a1")),
+        Beat.of(a["cpod_token"], hb(2, "a1", "a2")),
+        Beat.of(a["cpod_token"], hb(2, "stale")),
+        Beat.of(b["cpod_token"], hb(7, "b1", cpod_id=a["cpod_id"])),
+        Beat.of(b["cpod_token"], hb(3, "b1")),
+        Beat.of(revoked["cpod_token"], hb(1, "c1")),
+        Beat.of(user_token, hb(1, "u1")),
     ]
     ctx = ctx_of(client)
     with ctx.db.session() as session:
-        outcomes = heartbeats.apply(ctx, session, beats)
+        outcomes = heartbeats.apply(session, beats)
     replies = [(o.accepted, o.last_seq, o.status) if isinstance(o, HeartbeatReply) else o for o in outcomes]
     assert replies[:3] == [(True, 1, "online"), (True, 2, "online"), (False, 2, "online")]
     assert isinstance(replies[3], AppError) and replies[3].code == "wrong_cpod"
@@ -187,8 +188,8 @@ def test_a_newer_beat_written_meanwhile_wins_over_the_batch(client: TestClient) 
     event.listen(ctx.db.engine, "before_cursor_execute", other_replica)
     try:
         with ctx.db.session() as session:
-            beats = [heartbeats.Beat.of(reg["cpod_token"], hb(2, "n1"))]
-            (outcome,) = heartbeats.apply(ctx, session, beats)
+            beats = [Beat.of(reg["cpod_token"], hb(2, "n1"))]
+            (outcome,) = heartbeats.apply(session, beats)
     finally:
         event.remove(ctx.db.engine, "before_cursor_execute", other_replica)
     assert fired

@@ -23,6 +23,8 @@ from sxwl.cloud.app import create_app
 from sxwl.cloud.config import Settings
 from sxwl.cloud.context import CloudContext
 from sxwl.cloud.logs import JsonFormatter
+from sxwl.ctl import cloud as ctl_cloud
+from sxwl.protocol import paths
 from tests.conftest import MakeSettings
 from tests.support.cloud import test_settings as settings_for
 from tests.support.served import Served, read_until_closed
@@ -257,3 +259,8 @@ def test_a_request_in_time_is_served(slow_limits_server: Served) -> None:
             )
             assert response.status_code == 201, response.text
             time.sleep(0.4)
+
+
+def test_3kctl_checks_the_key_on_the_agent_protocols_path() -> None:
+    # 3kctl travels without pydantic, so it cannot import sxwl.protocol: its copy must agree.
+    assert paths.url(paths.ACCESS_KEY_CHECK) == ctl_cloud.CHECK_PATH

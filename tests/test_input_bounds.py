@@ -14,6 +14,7 @@ from fastapi.testclient import TestClient
 
 from sxwl.cloud.groupcommit import GroupCommit
 from sxwl.cloud.services import heartbeats
+from sxwl.cloud.services.beat import Beat
 from sxwl.cloud.web.i18n import MESSAGES
 from sxwl.protocol import Heartbeat, HeartbeatReply
 from tests.support.cpods import gpu_node, register_cpod
@@ -117,8 +118,8 @@ def test_a_beat_that_breaks_the_batch_fails_alone(client: TestClient) -> None:
     _, key = provider(client)
     tokens = [register_cpod(client, key, f"cluster-{i:04d}")["cpod_token"] for i in range(4)]
     ctx = ctx_of(client)
-    good = [heartbeats.Beat.of(t, Heartbeat(seq=1, nodes=[])) for t in tokens]
-    bad = heartbeats.Beat(token=tokens[0], seq=HUGE, nodes=good[0].nodes, node_count=0, reported_jobs=[])
+    good = [Beat.of(t, Heartbeat(seq=1, nodes=[])) for t in tokens]
+    bad = Beat(token=tokens[0], seq=HUGE, nodes=good[0].nodes, node_count=0, reported_jobs=[])
     outcomes: list[object] = []
 
     async def go() -> None:

@@ -6,7 +6,6 @@ import asyncio
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
 
 import httpx
 
@@ -24,6 +23,7 @@ from sxwl.protocol import (
     LogAppendReply,
     RegisterReply,
     RegisterRequest,
+    paths,
 )
 
 TIMEOUT = httpx.Timeout(15.0, connect=5.0)
@@ -92,7 +92,7 @@ class CloudClient:
     async def register(self, access_key: str, request: RegisterRequest) -> RegisterReply:
         try:
             response = await self._call(
-                "POST", "/api/v1/agent/register", access_key, json=request.model_dump(exclude_none=True)
+                "POST", paths.url(paths.REGISTER), access_key, json=request.model_dump(exclude_none=True)
             )
         except Rejected as exc:
             raise Refused(str(exc), "rejected") from None
@@ -105,13 +105,13 @@ class CloudClient:
         return reply
 
     async def isolation(self, token: str, report: IsolationReport) -> IsolationReply:
-        response = await self._call("PUT", "/api/v1/agent/isolation", token, json=report.model_dump())
+        response = await self._call("PUT", paths.url(paths.ISOLATION), token, json=report.model_dump())
         return IsolationReply.model_validate(response.json())
 
     async def heartbeat(self, token: str, heartbeat: Heartbeat) -> HeartbeatReply:
         try:
             response = await self._call(
-                "POST", "/api/v1/agent/heartbeat", token, json=heartbeat.model_dump(exclude_none=True)
+                "POST", paths.url(paths.HEARTBEAT), token, json=heartbeat.model_dump(exclude_none=True)
             )
         except Rejected as exc:
             raise Refused(str(exc), "rejected") from None
@@ -120,7 +120,7 @@ class CloudClient:
     async def assignments(self, token: str, wait_s: float) -> AssignmentsReply:
         response = await self._call(
             "GET",
-            "/api/v1/agent/assignments",
+            paths.url(paths.ASSIGNMENTS),
             token,
             params={"wait": wait_s},
             timeout=httpx.Timeout(wait_s + 15.0, connect=5.0),
@@ -128,18 +128,21 @@ class CloudClient:
         return AssignmentsReply.model_validate(response.json())
 
     async def ack(self, token: str, command_id: int) -> None:
-        await self._call("POST", f"/api/v1/agent/commands/{command_id}/ack", token)
+        await self._call("POST", paths.url(paths.COMMAND_ACK, command_id=command_id), token)
 
     async def report(self, token: str, job_id: str, status: JobStatus) -> JobStatusReply:
         response = await self._call(
-            "POST", f"/api/v1/agent/jobs/{job_id}/status", token, json=status.model_dump(exclude_none=True)
+            "POST",
+            paths.url(paths.JOB_STATUS, job_id=job_id),
+            token,
+            json=status.model_dump(exclude_none=True),
         )
         return JobStatusReply.model_validate(response.json())
 
     async def append_log(self, token: str, job_id: str, attempt: int, offset: int, data: bytes) -> int:
         response = await self._call(
             "POST",
-            f"/api/v1/agent/jobs/{job_id}/logs",
+            paths.url(paths.JOB_LOGS, job_id=job_id),
             token,
             params={"attempt": attempt, "offset": offset},
             content=data,
@@ -158,7 +161,7 @@ class CloudClient:
 
         await self._call(
             "PUT",
-            f"/api/v1/agent/jobs/{job_id}/artifacts/{quote(path)}",
+            paths.url(paths.JOB_ARTIFACT, job_id=job_id, path=path),
             token,
             params={"attempt": attempt},
             content=chunks(),

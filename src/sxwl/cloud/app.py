@@ -19,21 +19,24 @@ from sxwl.cloud import errors, logs, web
 from sxwl.cloud.api import admin, agent, auth, cpods, jobs, me
 from sxwl.cloud.api.deps import plain_parameters
 from sxwl.cloud.background import liveness, scheduling
+from sxwl.cloud.body_rules import BodyRules
 from sxwl.cloud.config import Settings
 from sxwl.cloud.context import CloudContext
 from sxwl.cloud.db import migrate
 from sxwl.cloud.middleware import BodyLimit, HttpMetrics, RequestContext
 from sxwl.cloud.services import heartbeats
+from sxwl.protocol import paths
 
 log = logging.getLogger("sxwl.cloud")
 
-API_PREFIX = "/api/v1"
+API_PREFIX = paths.API
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
     settings = settings or Settings()
     logs.stamp_request_ids()
     ctx = CloudContext.from_settings(settings)
+    ctx.heartbeats = heartbeats.writer(ctx)
     migrate.upgrade(ctx.db.engine)
 
     @asynccontextmanager
@@ -45,6 +48,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             asyncio.create_task(scheduling.run(ctx), name="scheduling"),
         ]
         yield
+        # Long-polls answer at once and the loops stop judging CPods, under any ASGI server (`sxwl
+        # serve` says so earlier still, when the signal arrives: cli/server.py).
+        ctx.notifier.shutdown()
         for task in loops:
             task.cancel()
         await asyncio.gather(*loops, return_exceptions=True)
@@ -60,7 +66,6 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         lifespan=lifespan,
     )
     app.state.ctx = ctx
-    app.state.heartbeats = heartbeats.writer(ctx)
     errors.install(app)
 
     api = APIRouter(prefix=API_PREFIX, dependencies=[Depends(plain_parameters)])
@@ -69,7 +74,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         api.include_router(router)
     app.include_router(api)
 
-    heartbeat_path = f"{API_PREFIX}{agent.router.prefix}{agent.HEARTBEAT_PATH}"
+    heartbeat_path = paths.url(paths.HEARTBEAT)
     registry = CollectorRegistry()
     metrics = HttpMetrics(registry)
 
@@ -82,16 +87,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
     web.install(app)
-    app.add_middleware(
-        BodyLimit,
-        rule_for=lambda path: (
-            (settings.heartbeat_max_bytes, settings.request_body_timeout_s)
-            if path == heartbeat_path
-            else (settings.artifact_max_bytes, settings.artifact_upload_timeout_s)
-            if path.startswith("/api/v1/agent/jobs/") and "/artifacts/" in path
-            else (settings.max_body_bytes, settings.request_body_timeout_s)
-        ),
-    )
+    app.add_middleware(BodyLimit, rule_for=BodyRules(app.router.routes, settings).rule_for)
     app.add_middleware(RequestContext, metrics=metrics, quiet_paths=frozenset({heartbeat_path}))
     document_bodies(app, agent.DOCUMENTED_BODIES)
     return app

@@ -6,10 +6,14 @@ from dataclasses import dataclass, field
 
 from sxwl.cloud.config import Settings
 from sxwl.cloud.db.engine import Database
+from sxwl.cloud.groupcommit import GroupCommit
 from sxwl.cloud.notify import Notifier
 from sxwl.cloud.ratelimit import RateLimiter
 from sxwl.cloud.security import Passwords, SecretBox
+from sxwl.cloud.services.beat import Beat
+from sxwl.cloud.services.capacity import CapacityCache
 from sxwl.cloud.storage import ArtifactStore, LocalArtifactStore
+from sxwl.protocol import HeartbeatReply
 
 
 @dataclass
@@ -29,6 +33,12 @@ class CloudContext:
     limiters: Limiters = field(init=False)
     notifier: Notifier = field(default_factory=Notifier)
     artifacts: ArtifactStore = field(init=False)
+    # Free GPUs kept between scheduling passes (services/capacity.py): only facts that never change
+    # under their key, checked against the database every pass.
+    capacity: CapacityCache = field(default_factory=CapacityCache)
+    # Heartbeats that arrive together share a transaction; set by ``create_app``, because the
+    # writer's logic (services/heartbeats.py) itself needs this context.
+    heartbeats: GroupCommit[Beat, HeartbeatReply] = field(init=False)
 
     def __post_init__(self) -> None:
         s = self.settings

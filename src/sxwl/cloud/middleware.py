@@ -124,7 +124,7 @@ class BodyLimit:
     from the request's start) with 408 and a closed connection: a client that trickles its body in
     would otherwise hold the request open for ever."""
 
-    def __init__(self, app: ASGIApp, rule_for: Callable[[str], tuple[int, float]]) -> None:
+    def __init__(self, app: ASGIApp, rule_for: Callable[[str, str], tuple[int, float]]) -> None:
         self.app = app
         self.rule_for = rule_for
 
@@ -132,7 +132,7 @@ class BodyLimit:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        limit, timeout_s = self.rule_for(scope["path"])
+        limit, timeout_s = self.rule_for(scope["method"], scope["path"])
         for name, value in scope.get("headers", []):
             if name == b"content-length" and value.isdigit() and int(value) > limit:
                 await self._refuse(send, limit)

@@ -13,11 +13,12 @@ from pydantic import BaseModel
 from sxwl.cloud.api.deps import Ctx, PlainRoute, bearer_token, documented_body, json_body
 from sxwl.cloud.api.responses import WITH_BODY, errors
 from sxwl.cloud.api.schemas import AccessKeyCheckOut, CPodBriefOut
+from sxwl.cloud.body_rules import body_rule
 from sxwl.cloud.context import CloudContext
 from sxwl.cloud.db.models import CPod, JobState
 from sxwl.cloud.errors import AppError, invalid
-from sxwl.cloud.groupcommit import GroupCommit
-from sxwl.cloud.services import attempts, cpods, dispatch, heartbeats, job_logs
+from sxwl.cloud.services import attempts, cpods, dispatch, job_logs
+from sxwl.cloud.services.beat import Beat
 from sxwl.cloud.storage import PathConflict, TooLarge, clean_artifact_path
 from sxwl.protocol import (
     PROTOCOL_HEADER,
@@ -32,11 +33,12 @@ from sxwl.protocol import (
     LogAppendReply,
     RegisterReply,
     RegisterRequest,
+    paths,
 )
 from sxwl.protocol.fields import INT32_MAX, Int32, NonNegInt64, PosInt32
 from sxwl.protocol.models import MIN_SUPPORTED_PROTOCOL
 
-router = APIRouter(prefix="/agent", tags=["agent"], responses=errors(400, 401, 403, 422))
+router = APIRouter(prefix=paths.AGENT, tags=["agent"], responses=errors(400, 401, 403, 422))
 ATTEMPT_ERRORS = errors(404, 409, 413)
 
 
@@ -84,7 +86,7 @@ CurrentCPod = Annotated[CPod, Depends(current_cpod)]
 
 
 @router.post(
-    "/register",
+    paths.REGISTER,
     response_model=RegisterReply,
     dependencies=[Depends(protocol_header)],
     responses=WITH_BODY | errors(409),
@@ -104,7 +106,7 @@ def register(body: RegisterRequest, request: Request, ctx: Ctx) -> RegisterReply
     )
 
 
-@router.put("/isolation", response_model=IsolationReply)
+@router.put(paths.ISOLATION, response_model=IsolationReply)
 def isolation(body: IsolationReport, cpod: CurrentCPod, ctx: Ctx) -> IsolationReply:
     """How the agent runs jobs, told at every start; answers whose jobs the CPod may run."""
     with ctx.db.session() as session:
@@ -115,7 +117,7 @@ def isolation(body: IsolationReport, cpod: CurrentCPod, ctx: Ctx) -> IsolationRe
     return IsolationReply(accepted_owner_ids=None if accepted is None else sorted(accepted))
 
 
-@router.get("/access-key/check", response_model=AccessKeyCheckOut)
+@router.get(paths.ACCESS_KEY_CHECK, response_model=AccessKeyCheckOut)
 def check_access_key(request: Request, ctx: Ctx) -> AccessKeyCheckOut:
     """Lets deployment tools verify an accessKey before touching any host, and watch the provider's
     CPods come online, with nothing but the accessKey."""
@@ -142,6 +144,8 @@ def check_access_key(request: Request, ctx: Ctx) -> AccessKeyCheckOut:
 DOCUMENTED_BODIES: tuple[type[BaseModel], ...] = (Heartbeat,)
 
 
+# A heartbeat of a large cluster is big (16 MiB allowed by default); it still arrives in the default time.
+@body_rule(lambda s: (s.heartbeat_max_bytes, s.request_body_timeout_s))
 async def heartbeat(request: Request) -> Response:
     """The hottest endpoint: parsed and encoded here on the event loop, then authenticated and written
     together with the heartbeats that arrived at the same time (one thread hop and one transaction)."""
@@ -151,14 +155,12 @@ async def heartbeat(request: Request) -> Response:
     body = await json_body(request, Heartbeat)
     if len(body.nodes) > ctx.settings.heartbeat_max_nodes:
         raise invalid("nodes", f"at most {ctx.settings.heartbeat_max_nodes} nodes per heartbeat")
-    writer: GroupCommit[heartbeats.Beat, HeartbeatReply] = request.app.state.heartbeats
-    reply = await writer.submit(heartbeats.Beat.of(token, body))
+    reply = await ctx.heartbeats.submit(Beat.of(token, body))
     return Response(reply.model_dump_json(), media_type="application/json")
 
 
-HEARTBEAT_PATH = "/heartbeat"
 router.add_api_route(
-    HEARTBEAT_PATH,
+    paths.HEARTBEAT,
     heartbeat,
     methods=["POST"],
     response_model=HeartbeatReply,
@@ -168,7 +170,7 @@ router.add_api_route(
 )
 
 
-@router.get("/assignments", response_model=AssignmentsReply)
+@router.get(paths.ASSIGNMENTS, response_model=AssignmentsReply)
 async def assignments(
     cpod: CurrentCPod,
     ctx: Ctx,
@@ -192,14 +194,14 @@ async def assignments(
         ctx.notifier.forget(cpod.id, event)
 
 
-@router.post("/commands/{command_id}/ack", status_code=204)
+@router.post(paths.COMMAND_ACK, status_code=204)
 def ack_command(command_id: PosInt32, cpod: CurrentCPod, ctx: Ctx) -> Response:
     with ctx.db.session() as session:
         attempts.ack_command(session, cpod.id, command_id)
     return Response(status_code=204)
 
 
-@router.post("/jobs/{job_id}/status", response_model=JobStatusReply, responses=ATTEMPT_ERRORS)
+@router.post(paths.JOB_STATUS, response_model=JobStatusReply, responses=ATTEMPT_ERRORS)
 def job_status(job_id: str, body: JobStatus, cpod: CurrentCPod, ctx: Ctx) -> JobStatusReply:
     with ctx.db.session() as session:
         job = attempts.report_status(
@@ -208,7 +210,7 @@ def job_status(job_id: str, body: JobStatus, cpod: CurrentCPod, ctx: Ctx) -> Job
         return JobStatusReply(state=job.state.value, stop=job.cancel_requested_at is not None)
 
 
-@router.post("/jobs/{job_id}/logs", response_model=LogAppendReply, responses=ATTEMPT_ERRORS)
+@router.post(paths.JOB_LOGS, response_model=LogAppendReply, responses=ATTEMPT_ERRORS)
 async def append_job_log(
     job_id: str,
     request: Request,
@@ -228,7 +230,9 @@ async def append_job_log(
     return LogAppendReply(next_offset=await asyncio.to_thread(append))
 
 
-@router.put("/jobs/{job_id}/artifacts/{path:path}", status_code=201, responses=ATTEMPT_ERRORS)
+@router.put(paths.JOB_ARTIFACT, status_code=201, responses=ATTEMPT_ERRORS)
+# A checkpoint of up to artifact_max_bytes streams in, so it gets its own deadline.
+@body_rule(lambda s: (s.artifact_max_bytes, s.artifact_upload_timeout_s))
 async def upload_artifact(
     job_id: str,
     path: str,

@@ -6,21 +6,19 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from pydantic import TypeAdapter
 from sqlalchemy import Table, bindparam, select, update
 from sqlalchemy.orm import Session
 
 from sxwl.cloud.context import CloudContext
 from sxwl.cloud.db.models import CPod, CPodStatus
-from sxwl.cloud.db.types import EncodedJSON, utcnow
+from sxwl.cloud.db.types import utcnow
 from sxwl.cloud.errors import AppError
 from sxwl.cloud.groupcommit import GroupCommit
 from sxwl.cloud.notify import on_commit
 from sxwl.cloud.security import token_hash
+from sxwl.cloud.services.beat import Beat
 from sxwl.cloud.services.cpods import CPOD_TOKEN_PREFIX, add_event, token_error
-from sxwl.protocol import Heartbeat, HeartbeatReply, Node
-
-NODES = TypeAdapter(list[Node])
+from sxwl.protocol import HeartbeatReply
 
 _CPODS: Table = CPod.__table__  # type: ignore[assignment]  # a mapped class's table is a Table
 # Conditional on the sequence number: a delayed or replayed heartbeat never overwrites a newer one.
@@ -50,29 +48,6 @@ _HOLDERS = select(
 ).where(_CPODS.c.token_hash.in_(bindparam("hashes", expanding=True)), _CPODS.c.revoked_at.is_(None))
 
 
-@dataclass(frozen=True)
-class Beat:
-    """One heartbeat, checked and encoded on the event loop, waiting to be written."""
-
-    token: str
-    seq: int
-    nodes: EncodedJSON
-    node_count: int
-    reported_jobs: list[str]
-    claimed_cpod_id: str | None = None
-
-    @classmethod
-    def of(cls, token: str, hb: Heartbeat) -> Beat:
-        return cls(
-            token=token,
-            seq=hb.seq,
-            nodes=EncodedJSON(NODES.dump_json(hb.nodes, exclude_none=True).decode()),
-            node_count=len(hb.nodes),
-            reported_jobs=[f"{j.job_id}:{j.attempt}" for j in hb.jobs],
-            claimed_cpod_id=hb.cpod_id,
-        )
-
-
 @dataclass
 class _Holder:
     """What the cloud holds for one CPod, as this batch moves it along."""
@@ -92,12 +67,12 @@ def writer(ctx: CloudContext) -> GroupCommit[Beat, HeartbeatReply]:
 
     def write(beats: Sequence[Beat]) -> list[Outcome]:
         with ctx.db.session() as session:
-            return apply(ctx, session, beats)
+            return apply(session, beats)
 
     return GroupCommit(write)
 
 
-def apply(ctx: CloudContext, session: Session, beats: Sequence[Beat]) -> list[Outcome]:
+def apply(session: Session, beats: Sequence[Beat]) -> list[Outcome]:
     """Authenticates and applies ``beats`` in order; one outcome per beat. Beats of one CPod in one
     batch are applied in turn, exactly as if they had come one by one."""
     hashes = {b.token: token_hash(b.token) for b in beats if b.token.startswith(CPOD_TOKEN_PREFIX)}

@@ -6,7 +6,6 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import itertools
-import weakref
 from collections import defaultdict
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -17,7 +16,6 @@ from sqlalchemy import Table, bindparam, insert, select, text, update
 from sqlalchemy.orm import Session
 
 from sxwl.cloud.context import CloudContext
-from sxwl.cloud.db.engine import Database
 from sxwl.cloud.db.models import Job, JobAttempt, JobEvent, JobState, User
 from sxwl.cloud.db.types import utcnow
 from sxwl.cloud.notify import on_commit
@@ -95,21 +93,11 @@ def fair_order(queued: Sequence[J], usage: dict[str, int]) -> list[J]:
 
 SCHEDULER_LOCK_ID = 0x5857_4C53  # "SXWL": the PostgreSQL advisory lock that one pass holds
 
-_caches: weakref.WeakKeyDictionary[Database, CapacityCache] = weakref.WeakKeyDictionary()
-
-
-def capacity_cache(ctx: CloudContext) -> CapacityCache:
-    """This process's capacity cache for this database."""
-    cache = _caches.get(ctx.db)
-    if cache is None:
-        cache = _caches.setdefault(ctx.db, CapacityCache())
-    return cache
-
 
 def schedule_once(ctx: CloudContext) -> list[Assigned]:
     """Passes run one at a time, across threads and replicas: a pass that read capacity before
     another pass committed would hand out the same free GPUs twice."""
-    cache = capacity_cache(ctx)
+    cache = ctx.capacity
     with cache.lock, _one_pass_at_a_time(ctx):
         return _pass(ctx, cache)
 

@@ -1,0 +1,35 @@
+"""One heartbeat as the group commit carries it, checked and encoded on the event loop."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pydantic import TypeAdapter
+
+from sxwl.cloud.db.types import EncodedJSON
+from sxwl.protocol import Heartbeat, Node
+
+NODES = TypeAdapter(list[Node])
+
+
+@dataclass(frozen=True)
+class Beat:
+    """One heartbeat, checked and encoded on the event loop, waiting to be written."""
+
+    token: str
+    seq: int
+    nodes: EncodedJSON
+    node_count: int
+    reported_jobs: list[str]
+    claimed_cpod_id: str | None = None
+
+    @classmethod
+    def of(cls, token: str, hb: Heartbeat) -> Beat:
+        return cls(
+            token=token,
+            seq=hb.seq,
+            nodes=EncodedJSON(NODES.dump_json(hb.nodes, exclude_none=True).decode()),
+            node_count=len(hb.nodes),
+            reported_jobs=[f"{j.job_id}:{j.attempt}" for j in hb.jobs],
+            claimed_cpod_id=hb.cpod_id,
+        )

@@ -1,0 +1,29 @@
+"""The agent protocol's paths, named once for the agent's client and the cloud's routes. Routes are
+declared relative to ``AGENT`` (the router's prefix) in Starlette's template syntax; ``url`` fills a
+template in for the client."""
+
+from __future__ import annotations
+
+import re
+from urllib.parse import quote
+
+API = "/api/v1"
+AGENT = "/agent"
+
+REGISTER = "/register"
+ISOLATION = "/isolation"
+ACCESS_KEY_CHECK = "/access-key/check"
+HEARTBEAT = "/heartbeat"
+ASSIGNMENTS = "/assignments"
+COMMAND_ACK = "/commands/{command_id}/ack"
+JOB_STATUS = "/jobs/{job_id}/status"
+JOB_LOGS = "/jobs/{job_id}/logs"
+JOB_ARTIFACT = "/jobs/{job_id}/artifacts/{path:path}"
+
+_CONVERTER = re.compile(r"\{(\w+):\w+\}")
+
+
+def url(template: str, **values: str | int) -> str:
+    """The path from the cloud's root, each value quoted (``/`` kept, as artifact paths need it)."""
+    filled = _CONVERTER.sub(r"{\1}", template).format(**{k: quote(str(v)) for k, v in values.items()})
+    return API + AGENT + filled
