@@ -1,7 +1,8 @@
 """Read-only view models of the console's job pages, and the submit form's parsing.
 
 Submitting and cancelling go through ``sxwl.cloud.services.jobs``; the form is validated by the
-API's own ``JobIn`` model, and this module only turns its errors into the console's words."""
+API's own ``JobIn`` model (``sxwl.protocol.jobs``, with the limits it shares with the CLI), and this
+module only turns its errors into the console's words."""
 
 from __future__ import annotations
 
