@@ -164,3 +164,23 @@ def agent_pids(marker: Path) -> list[int]:
         ):
             pids.append(int(entry.name))
     return pids
+
+
+@pytest.mark.parametrize(
+    ("flags", "named"),
+    [
+        (["--gpus", "65"], "--gpus"),
+        (["--nodes", "0"], "--nodes"),
+        (["--max-runtime", "0"], "--max-runtime"),
+        (["--env", "SXWL_JOB_ID=x"], "--env SXWL_JOB_ID"),
+        (["--env", "1BAD=x"], "--env 1BAD"),
+    ],
+)
+def test_job_flags_out_of_bounds_are_refused_before_anything_is_sent(
+    tmp_path: Path, flags: list[str], named: str
+) -> None:
+    # No credentials and no cloud: the flag is judged by the job's own limits, not by a server.
+    env = {**os.environ, "SXWL_CONFIG_DIR": str(tmp_path / "cfg"), "COLUMNS": "200"}
+    result = sxwl("jobs", "submit", *flags, "--", "true", env=env)
+    assert result.returncode == 2
+    assert named in result.stderr and "sxwl login" not in result.stderr

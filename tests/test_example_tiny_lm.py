@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import yaml
 
-from sxwl.cloud.api.schemas import JobIn
+from sxwl.protocol.jobs import JobIn
 
 pytest.importorskip("numpy", reason="examples/tiny-lm needs numpy: pip install -e '.[examples]'")
 import numpy as np

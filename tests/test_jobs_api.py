@@ -7,8 +7,10 @@ from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
+from sqlalchemy import update
 
 from sxwl.cloud.context import CloudContext
+from sxwl.cloud.db.models import Job
 from sxwl.cloud.services import cpods as cpod_service
 from sxwl.cloud.services import scheduler
 from tests.conftest import login, register
@@ -344,3 +346,16 @@ def test_no_double_assignment_when_passes_race(setup: Setup) -> None:
     assert len(setup.poll(wait=0)["assignments"]) == 8  # 8 GPUs, 8 jobs, none twice
     for replica in replicas[1:]:
         replica.db.dispose()
+
+
+def test_a_job_stored_under_older_rules_stays_readable(setup: Setup) -> None:
+    # Names with a bidirectional override were accepted before; such a job's page must still load.
+    job = setup.submit(name="old")
+    ctx = ctx_of(setup.client)
+    with ctx.db.session() as session:
+        session.execute(update(Job).where(Job.id == job["id"]).values(name="ab\u202ecd"))
+    response = setup.client.get(f"/api/v1/jobs/{job['id']}", headers=setup.user)
+    assert response.status_code == 200, response.text
+    assert response.json()["name"] == "ab\u202ecd"
+    listed = setup.client.get("/api/v1/jobs", headers=setup.user)
+    assert listed.status_code == 200 and listed.json()["items"][0]["name"] == "ab\u202ecd"

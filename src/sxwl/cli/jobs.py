@@ -16,6 +16,7 @@ from rich.table import Table
 
 from sxwl.cli import client
 from sxwl.cli.client import CliError, Credentials
+from sxwl.protocol.jobs import MAX_GPUS_PER_NODE, MAX_NODES, MAX_RUNTIME_S, env_problem
 
 app = typer.Typer(
     help="Training jobs: submit, list, follow logs, cancel, download results.", no_args_is_help=True
@@ -57,11 +58,15 @@ def load_job_file(path: Path) -> tuple[dict[str, Any], dict[str, int]]:
 
 
 def parse_env(pairs: list[str]) -> dict[str, str]:
+    """``--env`` flags, checked as the cloud will check them, so a mistake is named by its flag
+    before anything is sent (the numeric flags are bounded by their options)."""
     env = {}
     for pair in pairs:
         key, sep, value = pair.partition("=")
         if not sep or not key:
             raise CliError(f"--env {pair!r}: expected KEY=VALUE", exit_code=2)
+        if problem := env_problem(key, value):
+            raise CliError(f"--env {key}=…: {problem[1]}", exit_code=2)
         env[key] = value
     return env
 
@@ -77,15 +82,20 @@ def submit(
         Path | None, typer.Option("-f", "--file", help="A job file (YAML); flags override it.")
     ] = None,
     name: Annotated[str | None, typer.Option("--name", help="Job name.")] = None,
-    gpus: Annotated[int | None, typer.Option("--gpus", help="GPUs per node.")] = None,
+    gpus: Annotated[
+        int | None, typer.Option("--gpus", min=0, max=MAX_GPUS_PER_NODE, help="GPUs per node.")
+    ] = None,
     gpu_product: Annotated[
         str | None, typer.Option("--gpu-product", help="e.g. NVIDIA-A100-SXM4-80GB.")
     ] = None,
-    nodes: Annotated[int | None, typer.Option("--nodes", help="Number of nodes.")] = None,
+    nodes: Annotated[
+        int | None, typer.Option("--nodes", min=1, max=MAX_NODES, help="Number of nodes.")
+    ] = None,
     image: Annotated[str | None, typer.Option("--image", help="Container image (kubernetes CPods).")] = None,
     env: Annotated[list[str] | None, typer.Option("--env", help="KEY=VALUE, repeatable.")] = None,
     max_runtime: Annotated[
-        int | None, typer.Option("--max-runtime", help="Seconds before it is stopped.")
+        int | None,
+        typer.Option("--max-runtime", min=1, max=MAX_RUNTIME_S, help="Seconds before it is stopped."),
     ] = None,
     cpod: Annotated[str | None, typer.Option("--cpod", help="Run only on this CPod id.")] = None,
 ) -> None:

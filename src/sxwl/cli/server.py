@@ -27,6 +27,7 @@ from sxwl.cloud.db import migrate
 from sxwl.cloud.db.models import Job, Role, User
 from sxwl.cloud.head_deadline import protocol_with_head_timeout
 from sxwl.cloud.services import access_keys, accounts, jobs
+from sxwl.protocol.jobs import JobIn
 
 DEMO_USER = "user@demo.example.com"
 DEMO_ACCOUNTS = (
@@ -140,17 +141,11 @@ def submit_demo_job(ctx: CloudContext, session: Session, user: User) -> None:
         return  # installed without the checkout's examples
     if session.scalar(select(Job.id).where(Job.owner_id == user.id, Job.name == DEMO_JOB)) is not None:
         return
-    spec = jobs.JobSpec(
+    spec = JobIn(
         name=DEMO_JOB,
         command='exec "$TINY_LM_PYTHON" "$TINY_LM_DIR/train.py"',
-        image=None,
         env={"TINY_LM_DIR": str(EXAMPLE), "TINY_LM_PYTHON": sys.executable, "TINY_LM_STEPS": "200"},
-        gpu_product=None,
-        gpus_per_node=0,
-        nodes=1,
         max_runtime_s=900,
-        cpod_id=None,
-        priority=0,
     )
     jobs.submit(ctx, session, user, spec)
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import unicodedata
 from typing import Annotated
 
-from pydantic import AfterValidator, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
@@ -50,3 +50,11 @@ def refuse_nul(value: str) -> str:
 
 Name = Annotated[str, AfterValidator(refuse_control)]
 Text = Annotated[str, AfterValidator(refuse_nul)]
+
+
+class Strict(BaseModel):
+    """A request body: unknown fields refused, and strict types (``"2"`` or ``true`` for a number is
+    a 422, not coerced). The console's forms, whose values are all text, validate with
+    ``strict=False``."""
+
+    model_config = ConfigDict(extra="forbid", str_strip_whitespace=True, strict=True)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from sxwl.protocol.fields import Int32, Name, NonNegInt32, NonNegInt64, PosInt32, Text
 
@@ -147,9 +147,10 @@ AgentJobState = Literal["starting", "running", "succeeded", "failed", "cancelled
 
 
 class Assignment(Wire):
-    """A job attempt given to a CPod: everything the runtime needs to start it."""
+    """A job attempt given to a CPod: everything the runtime needs to start it. The cloud reads it
+    from the attributes of its job's row, whose ``id`` is the ``job_id`` here."""
 
-    job_id: str
+    job_id: str = Field(validation_alias=AliasChoices("job_id", "id"))
     attempt: int = Field(ge=1)
     name: str
     owner_id: str

@@ -6,9 +6,10 @@ from fastapi import APIRouter, Response
 
 from sxwl.cloud.api.deps import Ctx, CurrentUser
 from sxwl.cloud.api.responses import SIGNED_IN, WITH_BODY, errors
-from sxwl.cloud.api.schemas import CPodEventOut, CPodOut, CPodRenameIn, GpuSummaryOut, GpuTypeOut
+from sxwl.cloud.api.schemas import CPodEventOut, CPodOut, CPodRenameIn
 from sxwl.cloud.db.models import CPod
 from sxwl.cloud.services import cpods
+from sxwl.cloud.services.gpu_summary import GpuAvailability, GpuSummary, summarize
 from sxwl.protocol import Node
 
 router = APIRouter(tags=["cpods"], responses=SIGNED_IN)
@@ -28,7 +29,7 @@ def cpod_out(cpod: CPod, owner_email: str) -> CPodOut:
         last_heartbeat_at=cpod.last_heartbeat_at,
         heartbeat_interval_s=cpod.heartbeat_interval_s,
         nodes=[Node.model_validate(n) for n in cpod.nodes],
-        gpu_summary=[GpuSummaryOut(**g) for g in cpods.gpu_summary(cpod.nodes)],
+        gpu_summary=summarize(cpod.nodes),
     )
 
 
@@ -71,8 +72,8 @@ def cpod_events(cpod_id: str, user: CurrentUser, ctx: Ctx) -> list[CPodEventOut]
         ]
 
 
-@router.get("/gpu-types", response_model=list[GpuTypeOut])
-def gpu_types(user: CurrentUser, ctx: Ctx) -> list[GpuTypeOut]:
+@router.get("/gpu-types", response_model=list[GpuAvailability])
+def gpu_types(user: CurrentUser, ctx: Ctx) -> list[GpuSummary]:
     """Free GPUs per product over all online CPods; no CPod or provider is named."""
     with ctx.db.session() as session:
-        return [GpuTypeOut(**vars(g)) for g in cpods.gpu_types(session)]
+        return cpods.gpu_types(session)  # the response model keeps what users may see of them

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Annotated
 
 from fastapi import APIRouter, Query, Response
@@ -10,12 +11,13 @@ from sqlalchemy.orm import Session
 
 from sxwl.cloud.api.deps import Ctx, CurrentUser
 from sxwl.cloud.api.responses import SIGNED_IN, WITH_BODY, errors
-from sxwl.cloud.api.schemas import ArtifactOut, JobEventOut, JobIn, JobOut, JobPageOut
+from sxwl.cloud.api.schemas import ArtifactOut, JobEventOut, JobOut, JobPageOut
 from sxwl.cloud.db.models import Job, JobState
 from sxwl.cloud.errors import AppError, invalid
 from sxwl.cloud.services import job_events, job_logs, jobs
 from sxwl.cloud.storage import clean_artifact_path
 from sxwl.protocol.fields import NonNegInt64, PosInt32
+from sxwl.protocol.jobs import JobIn
 
 router = APIRouter(prefix="/jobs", tags=["jobs"], responses=SIGNED_IN)
 NOT_FOUND = errors(404)
@@ -32,39 +34,31 @@ ARTIFACT_HEADERS = {
 ARTIFACT_TYPE = "application/octet-stream"
 
 
+def job_outs(session: Session, page: Sequence[Job]) -> list[JobOut]:
+    """The jobs as the API shows them; queue positions for all of them in one query."""
+    positions = jobs.queue_positions(session, page)
+    return [_out(job, positions.get(job.id)) for job in page]
+
+
+# Read from the row's attributes without validating them again: they were judged on the way in, and a
+# rule added since (say, no control characters in names) must not make an older job unreadable.
+_COLUMNS = tuple(name for name in JobOut.model_fields if name not in ("owner_email", "queue_position"))
+
+
+def _out(job: Job, queue_position: int | None) -> JobOut:
+    values = {name: getattr(job, name) for name in _COLUMNS}
+    return JobOut.model_construct(**values, owner_email=job.owner.email, queue_position=queue_position)
+
+
 def job_out(session: Session, job: Job) -> JobOut:
-    return JobOut(
-        id=job.id,
-        name=job.name,
-        owner_email=job.owner.email,
-        state=job.state.value,
-        attempt=job.attempt,
-        cpod_id=job.cpod_id,
-        node_names=job.node_names,
-        command=job.command,
-        image=job.image,
-        env=job.env,
-        gpu_product=job.gpu_product,
-        gpus_per_node=job.gpus_per_node,
-        nodes=job.nodes,
-        max_runtime_s=job.max_runtime_s,
-        priority=job.priority,
-        created_at=job.created_at,
-        assigned_at=job.assigned_at,
-        started_at=job.started_at,
-        finished_at=job.finished_at,
-        exit_code=job.exit_code,
-        reason=job.reason,
-        queue_position=jobs.queue_position(session, job),
-        cancel_requested=job.cancel_requested_at is not None,
-    )
+    (out,) = job_outs(session, [job])
+    return out
 
 
 @router.post("", status_code=201, response_model=JobOut, responses=WITH_BODY)
 def submit(body: JobIn, user: CurrentUser, ctx: Ctx) -> JobOut:
-    spec = jobs.JobSpec(**body.model_dump())
     with ctx.db.session() as session:
-        job = jobs.submit(ctx, session, session.merge(user), spec)
+        job = jobs.submit(ctx, session, session.merge(user), body)
         out = job_out(session, job)
     return out
 
@@ -82,7 +76,7 @@ def list_jobs(
     with ctx.db.session() as session:
         result = jobs.list_for(session, user, page, per_page, state, q, everyone=all)
         return JobPageOut(
-            items=[job_out(session, j) for j in result.items],
+            items=job_outs(session, result.items),
             total=result.total,
             page=page,
             per_page=per_page,

@@ -2,25 +2,18 @@
 
 from __future__ import annotations
 
-import re
 from datetime import datetime
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import AliasChoices, AliasPath, BaseModel, ConfigDict, Field, field_validator
 
 from sxwl.cloud.services.accounts import MAX_PASSWORD, MIN_PASSWORD, normalize_email
+from sxwl.cloud.services.gpu_summary import GpuSummary
 from sxwl.protocol import Node
-from sxwl.protocol.fields import Name, Text, refuse_nul
+from sxwl.protocol.fields import Name, Strict, Text
+from sxwl.protocol.jobs import JobFields
 
 PHONE_PATTERN = r"^\+?[0-9][0-9 \-]{4,30}$"
-
-
-class Strict(BaseModel):
-    """A request body: unknown fields refused, and strict types (``"2"`` or ``true`` for a number is
-    a 422, not coerced). The console's forms, whose values are all text, validate with
-    ``strict=False``."""
-
-    model_config = ConfigDict(extra="forbid", str_strip_whitespace=True, strict=True)
 
 
 class RegisterIn(Strict):
@@ -96,15 +89,6 @@ class AccessKeyRecordOut(BaseModel):
     revoked_by: str | None
 
 
-class GpuSummaryOut(BaseModel):
-    product: str
-    memory_mib: int
-    total: int
-    allocatable: int
-    used: int
-    available: int
-
-
 class CPodOut(BaseModel):
     id: str
     name: str
@@ -117,7 +101,7 @@ class CPodOut(BaseModel):
     last_heartbeat_at: datetime | None
     heartbeat_interval_s: float
     nodes: list[Node]
-    gpu_summary: list[GpuSummaryOut]
+    gpu_summary: list[GpuSummary]
 
 
 class CPodRenameIn(Strict):
@@ -129,13 +113,6 @@ class CPodEventOut(BaseModel):
     kind: str
     detail: str | None
     actor: str | None
-
-
-class GpuTypeOut(BaseModel):
-    product: str
-    memory_mib: int
-    available: int
-    total: int
 
 
 class CPodBriefOut(BaseModel):
@@ -150,77 +127,27 @@ class AccessKeyCheckOut(BaseModel):
     cpods: list[CPodBriefOut]
 
 
-ENV_NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"
-RESERVED_ENV = ("SXWL_", "CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES")
+class JobOut(JobFields):
+    """A job as the API shows it, read from the ``Job`` row's attributes (and its owner's)."""
 
+    # Every field is in every answer: the schema says so, defaults included.
+    model_config = ConfigDict(from_attributes=True, json_schema_serialization_defaults_required=True)
 
-class JobIn(Strict):
-    name: Name = Field(default="job", min_length=1, max_length=100)
-    command: list[str] | str
-    image: Text | None = Field(default=None, max_length=500)
-    env: dict[str, Text] = Field(default_factory=dict, max_length=200)
-    gpu_product: Name | None = Field(default=None, min_length=1, max_length=128)
-    gpus_per_node: int = Field(default=0, ge=0, le=64)
-    nodes: int = Field(default=1, ge=1, le=256)
-    max_runtime_s: int | None = Field(default=None, ge=1, le=30 * 24 * 3600)
-    cpod_id: Text | None = Field(default=None, max_length=32)
-    priority: int = Field(default=0, ge=-100, le=100)
-
-    @field_validator("command")
-    @classmethod
-    def _command(cls, value: list[str] | str) -> list[str] | str:
-        # Checked here rather than typed as Text: errors then name "command", not a branch of the union.
-        if isinstance(value, str):
-            if not value.strip():
-                raise ValueError("must not be empty")
-            if len(value) > 100_000:
-                raise ValueError("is longer than 100000 characters")
-            return refuse_nul(value)
-        if not value or not value[0].strip():
-            raise ValueError("must not be empty")
-        if sum(len(v) for v in value) > 100_000:
-            raise ValueError("is longer than 100000 characters")
-        for part in value:
-            refuse_nul(part)
-        return value
-
-    @field_validator("env")
-    @classmethod
-    def _env(cls, value: dict[str, str]) -> dict[str, str]:
-        for key, item in value.items():
-            if not re.match(ENV_NAME, key):
-                raise ValueError(f"{key!r} is not a valid variable name")
-            if key.startswith(RESERVED_ENV):
-                raise ValueError(f"{key} is set by the platform")
-            if len(item) > 32_768:
-                raise ValueError(f"value of {key} is longer than 32768 characters")
-        return value
-
-
-class JobOut(BaseModel):
     id: str
-    name: str
-    owner_email: str
+    owner_email: str = Field(validation_alias=AliasChoices("owner_email", AliasPath("owner", "email")))
     state: str
     attempt: int
     cpod_id: str | None
     node_names: list[str]
-    command: list[str] | str
-    image: str | None
-    env: dict[str, str]
-    gpu_product: str | None
-    gpus_per_node: int
-    nodes: int
-    max_runtime_s: int | None
-    priority: int
     created_at: datetime
     assigned_at: datetime | None
     started_at: datetime | None
     finished_at: datetime | None
     exit_code: int | None
     reason: str | None
-    queue_position: int | None
     cancel_requested: bool
+    # Not a column: the lists compute it for a whole page at once (services.jobs.queue_positions).
+    queue_position: int | None = None
 
 
 class JobPageOut(BaseModel):

@@ -219,6 +219,10 @@ class Job(Base):
 
     owner: Mapped[User] = relationship()
 
+    @property
+    def cancel_requested(self) -> bool:
+        return self.cancel_requested_at is not None
+
 
 class JobEvent(Base):
     __tablename__ = "job_events"

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import hashlib
-from collections import defaultdict
-from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -18,6 +16,7 @@ from sxwl.cloud.db.types import utcnow
 from sxwl.cloud.errors import AppError, invalid
 from sxwl.cloud.security import ACCESS_KEY_PREFIX, new_token, token_hash
 from sxwl.cloud.services import accounts, attempts, sessions
+from sxwl.cloud.services.gpu_summary import GpuSummary, add_up, summarize
 from sxwl.protocol import IsolationReport, RegisterRequest
 
 CPOD_TOKEN_PREFIX = "sxcp_"  # noqa: S105 - a prefix, not a secret
@@ -224,34 +223,6 @@ def sweep_liveness(
 # ---- what people see -------------------------------------------------------------------------
 
 
-def gpu_summary(nodes: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Totals per GPU product over a CPod's nodes; not-ready nodes have nothing allocatable."""
-    totals: dict[tuple[str, int], dict[str, Any]] = {}
-    for node in nodes:
-        gpu = node.get("gpu")
-        if not gpu:
-            continue
-        key = (gpu["product"], gpu["memory_mib"])
-        entry = totals.setdefault(
-            key,
-            {
-                "product": key[0],
-                "memory_mib": key[1],
-                "total": 0,
-                "allocatable": 0,
-                "used": 0,
-                "available": 0,
-            },
-        )
-        used = gpu.get("used", 0)
-        entry["total"] += gpu["count"]
-        entry["used"] += used
-        if node.get("status") == "ready":
-            entry["allocatable"] += gpu["allocatable"]
-            entry["available"] += max(gpu["allocatable"] - used, 0)
-    return sorted(totals.values(), key=lambda e: (e["product"], e["memory_mib"]))
-
-
 def visible_to(user: User) -> Any:
     """The WHERE clause of the CPods this user may see."""
     return true() if user.role == Role.ADMIN else CPod.owner_id == user.id
@@ -310,22 +281,9 @@ def events(session: Session, cpod_id: str, limit: int = 50) -> list[tuple[CPodEv
     return [(event, email) for event, email in rows]
 
 
-@dataclass(frozen=True)
-class GpuAvailability:
-    product: str
-    memory_mib: int
-    available: int
-    total: int
-
-
-def gpu_types(session: Session) -> list[GpuAvailability]:
-    """Free GPUs per product, summed over online CPods: what compute users may ask for."""
-    sums: dict[tuple[str, int], list[int]] = defaultdict(lambda: [0, 0])
-    for (nodes,) in session.execute(
+def gpu_types(session: Session) -> list[GpuSummary]:
+    """GPUs per product, summed over online CPods: what compute users may ask for."""
+    rows = session.scalars(
         select(CPod.nodes).where(CPod.status == CPodStatus.ONLINE, CPod.revoked_at.is_(None))
-    ):
-        for entry in gpu_summary(nodes):
-            pair = sums[(entry["product"], entry["memory_mib"])]
-            pair[0] += entry["available"]
-            pair[1] += entry["total"]
-    return [GpuAvailability(p, m, a, t) for (p, m), (a, t) in sorted(sums.items())]
+    )
+    return add_up(line for nodes in rows for line in summarize(nodes))

@@ -9,6 +9,11 @@ from sxwl.cloud.db.models import AgentCommand, Job, JobState
 from sxwl.protocol import Assignment, AssignmentsReply, Command
 
 
+def assignment(job: Job) -> Assignment:
+    """The attempt ``job`` is on, as its CPod's agent receives it."""
+    return Assignment.model_validate(job, from_attributes=True)
+
+
 def pending(ctx: CloudContext, cpod_id: str) -> AssignmentsReply:
     """Assigned attempts stay pending until the agent reports them starting; commands until acked."""
     with ctx.db.session() as session:
@@ -23,23 +28,7 @@ def pending(ctx: CloudContext, cpod_id: str) -> AssignmentsReply:
             .order_by(AgentCommand.id)
         ).all()
         return AssignmentsReply(
-            assignments=[
-                Assignment(
-                    job_id=j.id,
-                    attempt=j.attempt,
-                    name=j.name,
-                    owner_id=j.owner_id,
-                    command=j.command,
-                    image=j.image,
-                    env=j.env,
-                    gpu_product=j.gpu_product,
-                    gpus_per_node=j.gpus_per_node,
-                    nodes=j.nodes,
-                    node_names=j.node_names,
-                    max_runtime_s=j.max_runtime_s,
-                )
-                for j in jobs
-            ],
+            assignments=[assignment(job) for job in jobs],
             commands=[
                 Command(
                     id=c.id,

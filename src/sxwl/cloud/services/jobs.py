@@ -3,10 +3,11 @@ attempt is in attempts.py, logs in job_logs.py, the history in job_events.py."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
-from sqlalchemy import and_, func, or_, select
-from sqlalchemy.orm import Session
+from sqlalchemy import func, or_, select
+from sqlalchemy.orm import Session, joinedload
 
 from sxwl.cloud.context import CloudContext
 from sxwl.cloud.db.models import TERMINAL_STATES, Artifact, CPod, Job, JobState, Role, User
@@ -15,23 +16,10 @@ from sxwl.cloud.errors import AppError, invalid
 from sxwl.cloud.notify import on_commit
 from sxwl.cloud.services.attempts import finish, stop_command
 from sxwl.cloud.services.job_events import add_event
+from sxwl.protocol.jobs import JobIn
 
 
-@dataclass(frozen=True)
-class JobSpec:
-    name: str
-    command: list[str] | str
-    image: str | None
-    env: dict[str, str]
-    gpu_product: str | None
-    gpus_per_node: int
-    nodes: int
-    max_runtime_s: int | None
-    cpod_id: str | None
-    priority: int
-
-
-def submit(ctx: CloudContext, session: Session, owner: User, spec: JobSpec) -> Job:
+def submit(ctx: CloudContext, session: Session, owner: User, spec: JobIn) -> Job:
     if owner.role == Role.PROVIDER:
         raise AppError(403, "jobs are submitted by compute users (算力用户); sign up as one to run jobs")
     if spec.priority > 0 and owner.role != Role.ADMIN:
@@ -42,16 +30,8 @@ def submit(ctx: CloudContext, session: Session, owner: User, spec: JobSpec) -> J
             raise invalid("cpod_id", f"no CPod {spec.cpod_id}")
     job = Job(
         owner_id=owner.id,
-        name=spec.name,
-        command=spec.command,
-        image=spec.image,
-        env=spec.env,
-        gpu_product=spec.gpu_product,
-        gpus_per_node=spec.gpus_per_node,
-        nodes=spec.nodes,
-        max_runtime_s=spec.max_runtime_s,
+        **spec.model_dump(exclude={"cpod_id"}),
         pinned_cpod_id=spec.cpod_id,
-        priority=spec.priority,
         max_attempts=ctx.settings.job_max_attempts,
         state=JobState.QUEUED,
         attempt=0,
@@ -102,29 +82,27 @@ def list_for(
             or_(Job.name.contains(query, autoescape=True), Job.id.startswith(query, autoescape=True))
         )
     total = session.scalar(select(func.count()).select_from(stmt.subquery())) or 0
+    # Owners come in the same query: a page shows each job's owner.
     items = session.scalars(
-        stmt.order_by(Job.created_at.desc(), Job.id).offset((page - 1) * per_page).limit(per_page)
+        stmt.options(joinedload(Job.owner))
+        .order_by(Job.created_at.desc(), Job.id)
+        .offset((page - 1) * per_page)
+        .limit(per_page)
     )
     return JobPage(list(items), total, page, per_page)
 
 
-def queue_position(session: Session, job: Job) -> int | None:
-    """1-based place among queued jobs by priority, then age (fair share may reorder users within
-    one priority; this is the position before that)."""
-    if job.state != JobState.QUEUED:
-        return None
-    ahead = session.scalar(
-        select(func.count())
-        .select_from(Job)
-        .where(
-            Job.state == JobState.QUEUED,
-            or_(
-                Job.priority > job.priority,
-                and_(Job.priority == job.priority, Job.created_at < job.created_at),
-            ),
-        )
-    )
-    return (ahead or 0) + 1
+def queue_positions(session: Session, jobs: Sequence[Job]) -> dict[str, int]:
+    """The 1-based place of each queued job among ``jobs`` in the queue, by priority, then age
+    (fair share may reorder users within one priority; this is the position before that). One query
+    for a whole page: jobs that were submitted at the same instant share a place."""
+    queued = [job.id for job in jobs if job.state == JobState.QUEUED]
+    if not queued:
+        return {}
+    place = func.rank().over(order_by=(Job.priority.desc(), Job.created_at)).label("place")
+    ranked = select(Job.id, place).where(Job.state == JobState.QUEUED).subquery()
+    rows = session.execute(select(ranked.c.id, ranked.c.place).where(ranked.c.id.in_(queued)))
+    return {job_id: int(n) for job_id, n in rows}
 
 
 def cancel(session: Session, user: User, job_id: str) -> Job:

@@ -15,6 +15,7 @@ from sqlalchemy.orm import Session
 
 from sxwl.cloud.db.models import CPod, CPodEvent, CPodStatus, User
 from sxwl.cloud.services import cpods
+from sxwl.cloud.services.gpu_summary import GpuSummary, add_up, summarize
 from sxwl.cloud.web.i18n import translate
 
 # How many of a CPod's newest events the page shows.
@@ -33,16 +34,6 @@ class NodeView:
     gpus_used: int
     cpu_cores: int
     memory_mib: int
-
-
-@dataclass(frozen=True)
-class GpuLine:
-    product: str
-    memory_mib: int
-    total: int
-    allocatable: int
-    used: int
-    available: int
 
 
 @dataclass(frozen=True)
@@ -66,7 +57,7 @@ class CPodView:
     last_heartbeat_at: datetime | None
     heartbeat_age_s: int | None
     nodes: list[NodeView]
-    gpus: list[GpuLine]
+    gpus: list[GpuSummary]
     events: list[EventView]
     # The CPod's agent cannot isolate jobs: the accounts whose jobs it runs (the provider first).
     # None: it isolates every job.
@@ -206,7 +197,7 @@ def cpod_views(session: Session, user: User, now: datetime) -> list[CPodView]:
                 last_heartbeat_at=last,
                 heartbeat_age_s=max(int((now - last).total_seconds()), 0) if last else None,
                 nodes=[node_view(n) for n in cpod.nodes],
-                gpus=[GpuLine(**g) for g in cpods.gpu_summary(cpod.nodes)],
+                gpus=summarize(cpod.nodes),
                 events=events.get(cpod.id, []),
                 unisolated_for=None
                 if cpod.isolation == "isolated"
@@ -216,17 +207,9 @@ def cpod_views(session: Session, user: User, now: datetime) -> list[CPodView]:
     return views
 
 
-def online_totals(views: list[CPodView]) -> list[GpuLine]:
+def online_totals(views: list[CPodView]) -> list[GpuSummary]:
     """GPUs per product summed over the online CPods among ``views``."""
-    sums: dict[tuple[str, int], list[int]] = defaultdict(lambda: [0, 0, 0, 0])
-    for view in views:
-        if view.status != CPodStatus.ONLINE.value:
-            continue
-        for line in view.gpus:
-            entry = sums[(line.product, line.memory_mib)]
-            for i, value in enumerate((line.total, line.allocatable, line.used, line.available)):
-                entry[i] += value
-    return [GpuLine(p, m, *values) for (p, m), values in sorted(sums.items())]
+    return add_up(line for view in views if view.status == CPodStatus.ONLINE.value for line in view.gpus)
 
 
 def status_counts(views: list[CPodView]) -> dict[str, int]:

@@ -29,6 +29,7 @@ from sxwl.cloud.web.kit import (
     render,
 )
 from sxwl.protocol.fields import INT32_MAX
+from sxwl.protocol.jobs import MAX_GPUS_PER_NODE, MAX_NODES
 
 router = APIRouter(include_in_schema=False)
 
@@ -143,6 +144,8 @@ def _form(
         gpu_types=gpu_types,
         known_products={g.product for g in gpu_types},
         max_runtime_min=jobs_view.MAX_RUNTIME_MIN,
+        max_gpus_per_node=MAX_GPUS_PER_NODE,
+        max_nodes=MAX_NODES,
         cli_example=CLI_EXAMPLE,
     )
 
@@ -164,9 +167,7 @@ async def submit_job(request: Request, principal: JobsViewer) -> Response:
         return _form(request, principal, form, errors, 422)
     try:
         with ctx.db.session() as session:
-            job = job_service.submit(
-                ctx, session, session.merge(principal.user), job_service.JobSpec(**body.model_dump())
-            )
+            job = job_service.submit(ctx, session, session.merge(principal.user), body)
             job_id = job.id
     except AppError as exc:
         if exc.status == 422:

@@ -1,7 +1,8 @@
 """Read-only view models of the console's job pages, and the submit form's parsing.
 
 Submitting and cancelling go through ``sxwl.cloud.services.jobs``; the form is validated by the
-API's own ``JobIn`` model, and this module only turns its errors into the console's words."""
+API's own ``JobIn`` model (``sxwl.protocol.jobs``, with the limits it shares with the CLI), and this
+module only turns its errors into the console's words."""
 
 from __future__ import annotations
 
@@ -16,12 +17,20 @@ from pydantic import ValidationError
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from sxwl.cloud.api.schemas import ENV_NAME, RESERVED_ENV, JobIn
 from sxwl.cloud.db.models import TERMINAL_STATES, Artifact, Job, JobEvent, JobState, Role, User
 from sxwl.cloud.errors import AppError
 from sxwl.cloud.services import job_events, jobs
 from sxwl.cloud.web.i18n import translate
 from sxwl.protocol.fields import CONTROL_CHARS
+from sxwl.protocol.jobs import (
+    MAX_ENV,
+    MAX_ENV_VALUE,
+    MAX_GPUS_PER_NODE,
+    MAX_NODES,
+    MAX_RUNTIME_S,
+    JobIn,
+    env_problem,
+)
 
 PER_PAGE = 20
 STATES = [s.value for s in JobState]
@@ -32,12 +41,8 @@ VIEWS: dict[str, frozenset[JobState] | None] = {
     "queued": frozenset({JobState.QUEUED}),
     "finished": frozenset(TERMINAL_STATES),
 }
-# Bounds of the form's fields, as JobIn has them (max runtime in minutes on the form).
-MAX_RUNTIME_MIN = 30 * 24 * 60
-MAX_GPUS_PER_NODE = 64
-MAX_NODES = 256
-MAX_ENV = 200
-ENV_VALUE_MAX = 32_768
+# The form takes the max runtime in minutes.
+MAX_RUNTIME_MIN = MAX_RUNTIME_S // 60
 
 
 # ---- words ----------------------------------------------------------------------------------
@@ -204,7 +209,7 @@ def elapsed(job: Job, now: datetime) -> int | None:
     return max(int((end - job.started_at).total_seconds()), 0)
 
 
-def job_row(session: Session, lang: str, job: Job, now: datetime) -> JobRow:
+def job_row(lang: str, job: Job, now: datetime, queue_position: int | None) -> JobRow:
     return JobRow(
         id=job.id,
         name=job.name,
@@ -214,7 +219,7 @@ def job_row(session: Session, lang: str, job: Job, now: datetime) -> JobRow:
         gpu_title=translate(lang, "job.gpus_title", nodes=job.nodes, gpus=job.gpus_per_node),
         created_at=job.created_at,
         duration_s=elapsed(job, now),
-        queue_position=jobs.queue_position(session, job),
+        queue_position=queue_position,
         reason=reason(lang, job.reason),
         exit_code=job.exit_code,
     )
@@ -240,7 +245,8 @@ def job_list(
         session, user, page, PER_PAGE, sorted(states) if states else None, query, everyone=everyone
     )
     pages = max((result.total + PER_PAGE - 1) // PER_PAGE, 1)
-    rows = [job_row(session, lang, job, now) for job in result.items]
+    positions = jobs.queue_positions(session, result.items)
+    rows = [job_row(lang, job, now, positions.get(job.id)) for job in result.items]
     return JobList(rows, result.total, page, pages, counts, counts["all"] > 0)
 
 
@@ -297,7 +303,7 @@ def job_detail(session: Session, user: User, lang: str, job_id: str, now: dateti
     job = jobs.get_for(session, user, job_id)
     terminal = job.state in TERMINAL_STATES
     return JobDetail(
-        row=job_row(session, lang, job, now),
+        row=job_row(lang, job, now, jobs.queue_positions(session, [job]).get(job.id)),
         job=job,
         command=command_text(job.command),
         env=sorted((job.env or {}).items()),
@@ -364,15 +370,10 @@ def _env_problem(lang: str, env: EnvParse, fallback: str) -> str:
     if len(env.values) > MAX_ENV:
         return translate(lang, "job.env.too_many", n=MAX_ENV)
     for key, value in env.values.items():
-        if not re.match(ENV_NAME, key):
-            problem = translate(lang, "job.env.bad_name", var=key)
-        elif key.startswith(RESERVED_ENV):
-            problem = translate(lang, "job.env.reserved", var=key)
-        elif len(value) > ENV_VALUE_MAX:
-            problem = translate(lang, "job.env.too_long", var=key, n=ENV_VALUE_MAX)
-        else:
-            continue
-        return translate(lang, "job.env.line", line=env.lines[key], problem=problem)
+        if found := env_problem(key, value):
+            # str.format ignores the count where a message has no place for it.
+            problem = translate(lang, f"job.env.{found[0]}", var=key, n=MAX_ENV_VALUE)
+            return translate(lang, "job.env.line", line=env.lines[key], problem=problem)
     return fallback
 
 
