@@ -54,22 +54,14 @@ def upgrade() -> None:
     now = sa.bindparam("now", datetime.now(UTC), type_=sa.DateTime(timezone=True))
     op.execute(REVOKE_OLDER_KEYS.bindparams(now))
     op.execute(CLOSE_OLDER_ATTEMPTS.bindparams(now))
-    op.create_index(
-        "uq_access_keys_one_active",
-        "access_keys",
-        ["user_id"],
-        unique=True,
-        sqlite_where=sa.text(ACTIVE_KEY),
-        postgresql_where=sa.text(ACTIVE_KEY),
-    )
-    op.create_index(
-        "uq_job_attempts_one_open",
-        "job_attempts",
-        ["job_id"],
-        unique=True,
-        sqlite_where=sa.text(OPEN_ATTEMPT),
-        postgresql_where=sa.text(OPEN_ATTEMPT),
-    )
+    for name, table, column, where in (
+        ("uq_access_keys_one_active", "access_keys", "user_id", ACTIVE_KEY),
+        ("uq_job_attempts_one_open", "job_attempts", "job_id", OPEN_ATTEMPT),
+    ):
+        condition = sa.text(where)
+        op.create_index(
+            name, table, [column], unique=True, sqlite_where=condition, postgresql_where=condition
+        )
 
 
 def downgrade() -> None:
