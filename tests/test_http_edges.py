@@ -19,7 +19,8 @@ from fastapi.testclient import TestClient
 from pydantic import ValidationError
 from sqlalchemy import text
 
-from sxwl.cloud.app import create_app
+from sxwl.cloud.app import API_PREFIX, API_ROUTERS, create_app
+from sxwl.cloud.body_rules import BodyRules
 from sxwl.cloud.config import Settings
 from sxwl.cloud.context import CloudContext
 from sxwl.cloud.logs import JsonFormatter
@@ -264,3 +265,16 @@ def test_a_request_in_time_is_served(slow_limits_server: Served) -> None:
 def test_3kctl_checks_the_key_on_the_agent_protocols_path() -> None:
     # 3kctl travels without pydantic, so it cannot import sxwl.protocol: its copy must agree.
     assert paths.url(paths.ACCESS_KEY_CHECK) == ctl_cloud.CHECK_PATH
+
+
+def test_routes_declare_their_body_rules(tmp_path: Path) -> None:
+    settings = settings_for(
+        tmp_path, f"sqlite:///{tmp_path / 'x.db'}", heartbeat_max_bytes=4096, artifact_max_bytes=10**9
+    )
+    rules = BodyRules([(API_PREFIX, router) for router in API_ROUTERS], settings)
+    default = (settings.max_body_bytes, settings.request_body_timeout_s)
+    assert rules.rule_for("POST", paths.url(paths.HEARTBEAT)) == (4096, settings.request_body_timeout_s)
+    upload = paths.url(paths.JOB_ARTIFACT, job_id="j1", path="ckpt/model.bin")
+    assert rules.rule_for("PUT", upload) == (10**9, settings.artifact_upload_timeout_s)
+    assert rules.rule_for("GET", upload) == default  # not the upload route
+    assert rules.rule_for("POST", "/api/v1/jobs") == default

@@ -30,6 +30,8 @@ from sxwl.protocol import paths
 log = logging.getLogger("sxwl.cloud")
 
 API_PREFIX = paths.API
+# The agent's routes first: they take most of the requests, and routes are matched in order.
+API_ROUTERS = (agent.router, auth.router, me.router, admin.router, cpods.router, jobs.router)
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
@@ -69,8 +71,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     errors.install(app)
 
     api = APIRouter(prefix=API_PREFIX, dependencies=[Depends(plain_parameters)])
-    # The agent's routes first: they take most of the requests, and routes are matched in order.
-    for router in (agent.router, auth.router, me.router, admin.router, cpods.router, jobs.router):
+    for router in API_ROUTERS:
         api.include_router(router)
     app.include_router(api)
 
@@ -87,7 +88,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
     web.install(app)
-    app.add_middleware(BodyLimit, rule_for=BodyRules(app.router.routes, settings).rule_for)
+    rules = BodyRules([(API_PREFIX, router) for router in API_ROUTERS], settings)
+    app.add_middleware(BodyLimit, rule_for=rules.rule_for)
     app.add_middleware(RequestContext, metrics=metrics, quiet_paths=frozenset({heartbeat_path}))
     document_bodies(app, agent.DOCUMENTED_BODIES)
     return app

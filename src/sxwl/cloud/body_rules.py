@@ -1,14 +1,16 @@
 """How large a request body may be and how long it may take to arrive, declared by each route that
 needs more than the default (``@body_rule``) and looked up by the ``BodyLimit`` middleware, which
-runs before routing, through the route that will serve the request."""
+runs before routing, by the declared route's path."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from functools import lru_cache
 from typing import TypeVar
 
-from starlette.routing import BaseRoute, Match
+from fastapi import APIRouter
+from fastapi.routing import APIRoute
+from starlette.routing import compile_path
 
 from sxwl.cloud.config import Settings
 
@@ -34,20 +36,22 @@ def default_rule(settings: Settings) -> tuple[int, float]:
 
 
 class BodyRules:
-    """The rule for a request's method and path, by the first route that fully matches it."""
+    """The rule for a request's method and path: that of the declared route whose path matches it,
+    else the default. ``routers`` are the routers the app includes, each with its prefix."""
 
-    def __init__(self, routes: list[BaseRoute], settings: Settings) -> None:
-        self.routes = routes
+    def __init__(self, routers: Sequence[tuple[str, APIRouter]], settings: Settings) -> None:
         self.settings = settings
-        # Paths repeat (every CPod's heartbeat has the same one): match each at most once.
+        self.declared = [
+            (frozenset(route.methods or ()), compile_path(prefix + route.path)[0], _DECLARED[route.endpoint])
+            for prefix, router in routers
+            for route in router.routes
+            if isinstance(route, APIRoute) and route.endpoint in _DECLARED
+        ]
+        # Paths repeat (every CPod's heartbeat has the same one): judge each at most once.
         self.rule_for = lru_cache(maxsize=4096)(self._find)
 
     def _find(self, method: str, path: str) -> tuple[int, float]:
-        scope = {"type": "http", "method": method, "path": path, "root_path": ""}
-        for route in self.routes:
-            match, _ = route.matches(scope)
-            if match == Match.FULL:
-                endpoint = getattr(route, "endpoint", None)
-                rule = _DECLARED.get(endpoint, default_rule) if callable(endpoint) else default_rule
+        for methods, pattern, rule in self.declared:
+            if method in methods and pattern.match(path):
                 return rule(self.settings)
         return default_rule(self.settings)
