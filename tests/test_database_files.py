@@ -1,18 +1,23 @@
-"""The SQLite database and its WAL and shared-memory files are private to the cloud's user (0600),
-whether the cloud creates them or finds them already there readable by others."""
+"""The cloud's files are private to its user: the SQLite database with its WAL and shared-memory
+files (0600, whether the cloud creates them or finds them readable by others), the artifact store
+and the demo agent's log."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import sqlite3
 import stat
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
 
+from sxwl.cli import server
 from sxwl.cloud.app import create_app
+from sxwl.cloud.storage import LocalArtifactStore
 from tests.conftest import register
 from tests.support import cloud
 
@@ -56,3 +61,31 @@ def test_existing_database_files_readable_by_others_are_made_0600(tmp_path: Path
         use_cloud(data_dir)
     finally:
         older.close()
+
+
+def test_the_artifact_store_is_the_clouds_own(tmp_path: Path) -> None:
+    # A job on a CPod that shares the machine (`sxwl up`) must not list other tenants' artifacts.
+    root = tmp_path / "artifacts"
+    root.mkdir(mode=0o755)  # as an older cloud left it
+    store = LocalArtifactStore(root)
+
+    async def upload() -> tuple[int, str]:
+        async def chunks() -> AsyncIterator[bytes]:
+            yield b"weights"
+
+        return await store.put("job1", "ckpt/model.bin", chunks(), max_bytes=100)
+
+    # On a thread of its own: the browser tests' Playwright holds the main thread's event loop.
+    with ThreadPoolExecutor(1) as pool:
+        assert pool.submit(asyncio.run, upload()).result()[0] == 7
+    assert stat.S_IMODE(root.stat().st_mode) == 0o700
+    assert stat.S_IMODE(store.local_path("job1", "ckpt/model.bin").stat().st_mode) == 0o600
+
+
+def test_the_demo_agents_log_is_private(tmp_path: Path) -> None:
+    settings = cloud.test_settings(
+        tmp_path, f"sqlite:///{tmp_path / 'x.db'}", public_url="http://127.0.0.1:9"
+    )
+    agent = server.start_local_agent(settings, "sk-not-a-real-key")
+    server.stop_process(agent)
+    assert stat.S_IMODE((tmp_path / "agent.log").stat().st_mode) == 0o600

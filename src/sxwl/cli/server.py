@@ -154,7 +154,10 @@ def start_local_agent(settings: Settings, access_key: str) -> subprocess.Popen[b
     """This machine as the demo provider's CPod. The accessKey goes through the environment, never
     the command line (other users can read command lines)."""
     state_dir = settings.data_dir / "agent"
-    log = (settings.data_dir / "agent.log").open("ab")
+    # The agent's log names jobs and accounts: readable by this user only, like the database.
+    log = os.fdopen(
+        os.open(settings.data_dir / "agent.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600), "ab"
+    )
     return subprocess.Popen(
         [
             sys.executable,

@@ -52,6 +52,13 @@ class LocalArtifactStore:
     def __init__(self, root: Path) -> None:
         self.root = root
 
+    def _private_root(self) -> None:
+        """The store's root is the cloud's own (0700): a job on a CPod that shares this machine (the
+        demo of `sxwl up`) must not even list other tenants' jobs and file names."""
+        self.root.mkdir(mode=0o700, parents=True, exist_ok=True)
+        if self.root.stat().st_mode & 0o077:
+            self.root.chmod(0o700)
+
     def local_path(self, job_id: str, path: str) -> Path:
         return self.root / job_id / clean_artifact_path(path)
 
@@ -59,6 +66,7 @@ class LocalArtifactStore:
         self, job_id: str, path: str, chunks: AsyncIterator[bytes], max_bytes: int
     ) -> tuple[int, str]:
         target = self.local_path(job_id, path)
+        await asyncio.to_thread(self._private_root)
         try:
             handle, temp = await asyncio.to_thread(_open_temp, target)
         except (FileExistsError, NotADirectoryError):
