@@ -57,6 +57,7 @@ def test_only_trusted_accounts_jobs_are_placed_and_the_page_says_so(client: Test
         assert job["state"] == "queued" and "without isolation" in job["reason"], job
     page = form_login(client, "gpu@example.com", "correct horse").get("/compute").text
     assert "只运行以下账户的任务：gpu@example.com, friend@example.com" in page
+    assert client.get("/api/v1/cpods", headers=provider).json()[0]["isolation"] == "none"
     # The agent restarts isolated (bubblewrap installed, say): from the next pass anyone's jobs fit.
     reply = client.put(
         "/api/v1/agent/isolation",

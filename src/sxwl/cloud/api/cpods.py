@@ -24,6 +24,7 @@ def cpod_out(cpod: CPod, owner_email: str) -> CPodOut:
         status=cpod.status.value,
         revoked=cpod.revoked_at is not None,
         runtime=cpod.runtime,
+        isolation=cpod.isolation,
         agent_version=cpod.agent_version,
         created_at=cpod.created_at,
         last_heartbeat_at=cpod.last_heartbeat_at,

@@ -9,7 +9,7 @@ from pydantic import AliasChoices, AliasPath, BaseModel, ConfigDict, Field, fiel
 
 from sxwl.cloud.services.accounts import MAX_PASSWORD, MIN_PASSWORD, normalize_email
 from sxwl.cloud.services.gpu_summary import GpuSummary
-from sxwl.protocol import Node
+from sxwl.protocol import Isolation, Node
 from sxwl.protocol.fields import Name, Strict, Text
 from sxwl.protocol.jobs import JobFields
 
@@ -96,6 +96,8 @@ class CPodOut(BaseModel):
     status: Literal["online", "unknown", "offline"]
     revoked: bool
     runtime: str
+    # "none": its jobs run without isolation, so it takes only its provider's and trusted accounts' jobs.
+    isolation: Isolation
     agent_version: str
     created_at: datetime
     last_heartbeat_at: datetime | None
