@@ -8,15 +8,19 @@ import asyncio
 import os
 import sqlite3
 import stat
+import subprocess
+import sys
 from collections.abc import AsyncIterator, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
+from sqlalchemy import text
 
 from sxwl.cli import server
 from sxwl.cloud.app import create_app
+from sxwl.cloud.db.engine import make_engine
 from sxwl.cloud.storage import LocalArtifactStore
 from tests.conftest import register
 from tests.support import cloud
@@ -89,3 +93,25 @@ def test_the_demo_agents_log_is_private(tmp_path: Path) -> None:
     agent = server.start_local_agent(settings, "sk-not-a-real-key")
     server.stop_process(agent)
     assert stat.S_IMODE((tmp_path / "agent.log").stat().st_mode) == 0o600
+
+
+def test_keeping_files_private_leaves_sqlites_locks_alone(tmp_path: Path) -> None:
+    # Closing any descriptor of the database file drops all of this process's locks on it: another
+    # process (`sxwl admin create-user` beside `sxwl serve`) then thinks it holds the last connection
+    # and deletes the WAL under ours, which later fail with "disk I/O error".
+    database = tmp_path / "sxwl.db"
+    engine = make_engine(f"sqlite:///{database}")
+    with engine.connect() as first:
+        first.execute(text("CREATE TABLE t (x)"))
+        first.commit()
+        with engine.connect() as second:  # a new pooled connection: the files are made private again
+            second.execute(text("SELECT 1"))
+            other = (
+                "import sqlite3, sys; c = sqlite3.connect(sys.argv[1]); "
+                "c.execute('SELECT count(*) FROM t'); c.close()"
+            )
+            subprocess.run([sys.executable, "-c", other, str(database)], check=True, timeout=60)
+            assert (tmp_path / "sxwl.db-wal").exists(), "another process removed the WAL under ours"
+            first.execute(text("INSERT INTO t VALUES (1)"))
+            first.commit()
+    engine.dispose()

@@ -34,8 +34,14 @@ def make_private(path: Path) -> None:
     """Creates the database file 0600 if it is missing (so its WAL and shared-memory files are born
     0600 too) and takes group and other access away from the files already there: they hold
     password hashes and the encrypted accessKeys (docs/operations.md, "Files on disk")."""
-    if path.parent.is_dir():
-        os.close(os.open(path, os.O_RDWR | os.O_CREAT, 0o600))
+    # Never open an existing database file here: closing any descriptor of it drops every POSIX
+    # lock this process holds on it, SQLite's included, and another process closing its last
+    # connection would then delete the WAL under our open ones ("disk I/O error").
+    if path.parent.is_dir() and not path.exists():
+        try:
+            os.close(os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600))
+        except FileExistsError:
+            pass  # created at the same moment, by SQLite or another process
     for name in _SQLITE_COMPANIONS:
         companion = path.with_name(path.name + name)
         try:
@@ -56,7 +62,8 @@ def _sqlite_engine(url: str) -> Engine:
 
     @event.listens_for(engine, "do_connect")
     def _private_files(*_args: Any) -> None:
-        # Before SQLite opens (and would create) the file, on every new pooled connection.
+        # Before SQLite opens (and would create) the file, on every new pooled connection: chmod
+        # takes no lock and opens nothing, so it is safe while other connections are open.
         if path is not None:
             make_private(path)
 
