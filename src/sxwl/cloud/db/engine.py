@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 from collections.abc import Iterator
@@ -38,10 +39,8 @@ def make_private(path: Path) -> None:
     # lock this process holds on it, SQLite's included, and another process closing its last
     # connection would then delete the WAL under our open ones ("disk I/O error").
     if path.parent.is_dir() and not path.exists():
-        try:
+        with contextlib.suppress(FileExistsError):  # created at this moment by another process
             os.close(os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600))
-        except FileExistsError:
-            pass  # created at the same moment, by SQLite or another process
     for name in _SQLITE_COMPANIONS:
         companion = path.with_name(path.name + name)
         try:
