@@ -23,6 +23,8 @@ def test_settings(data_dir: Path, database_url: str, **overrides: object) -> Set
         "data_dir": data_dir,
         "database_url": database_url,
         "secret_key": "test-secret-key-0123456789abcdef",
+        # Tests of scheduling and runtimes run free; tests of money turn billing on (tests/billing.py).
+        "billing_enabled": False,
         **FAST_HASHING,
         **overrides,
     }
@@ -40,6 +42,7 @@ class CloudProcess:
             **os.environ,
             "SXWL_ARGON2_TIME_COST": "1",
             "SXWL_ARGON2_MEMORY_KIB": "1024",
+            "SXWL_BILLING_ENABLED": "false",
             **(env or {}),
         }
         self._log = self.log_path.open("wb")

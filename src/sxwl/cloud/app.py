@@ -16,9 +16,9 @@ from pydantic.json_schema import models_json_schema
 
 import sxwl
 from sxwl.cloud import errors, logs, web
-from sxwl.cloud.api import admin, agent, auth, cpods, jobs, me
+from sxwl.cloud.api import admin, agent, auth, billing, cpods, jobs, me
 from sxwl.cloud.api.deps import plain_parameters
-from sxwl.cloud.background import liveness, scheduling
+from sxwl.cloud.background import liveness, metering, scheduling
 from sxwl.cloud.body_rules import BodyRules
 from sxwl.cloud.config import Settings
 from sxwl.cloud.context import CloudContext
@@ -31,7 +31,15 @@ log = logging.getLogger("sxwl.cloud")
 
 API_PREFIX = paths.API
 # The agent's routes first: they take most of the requests, and routes are matched in order.
-API_ROUTERS = (agent.router, auth.router, me.router, admin.router, cpods.router, jobs.router)
+API_ROUTERS = (
+    agent.router,
+    auth.router,
+    me.router,
+    admin.router,
+    cpods.router,
+    jobs.router,
+    billing.router,
+)
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
@@ -48,6 +56,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         loops = [
             asyncio.create_task(liveness.run(ctx), name="liveness"),
             asyncio.create_task(scheduling.run(ctx), name="scheduling"),
+            asyncio.create_task(metering.run(ctx), name="metering"),
         ]
         yield
         # Long-polls answer at once and the loops stop judging CPods, under any ASGI server (`sxwl

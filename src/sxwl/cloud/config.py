@@ -91,6 +91,16 @@ class Settings(BaseSettings):
 
     max_page_size: int = Field(default=200, ge=1)
 
+    # Money (docs/billing.md). Off: a private cloud whose work is free (nothing priced, metered or
+    # charged, no balance needed); on, work is placed only at a price an admin set.
+    billing_enabled: bool = True
+    metering_interval_s: float = Field(default=30.0, gt=0)
+    metering_batch: int = Field(default=20_000, ge=1)
+    # Earnings wait this long (for disputes) before a provider can be paid them.
+    earnings_hold_s: float = Field(default=7 * 24 * 3600.0, ge=0)
+    # An empty balance: running jobs get SIGTERM, then this long to save a checkpoint.
+    balance_stop_grace_s: float = Field(default=60.0, ge=0, le=3600)
+
     @field_validator("rate_login_ip", "rate_login_account", "rate_register_ip", "rate_register_account")
     @classmethod
     def _valid_rate(cls, value: str) -> str:

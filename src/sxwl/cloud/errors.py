@@ -14,6 +14,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 DEFAULT_CODES = {
     400: "bad_request",
     401: "unauthorized",
+    402: "payment_required",
     403: "forbidden",
     404: "not_found",
     405: "method_not_allowed",

@@ -173,6 +173,8 @@ class Command(Wire):
     attempt: int
     cancel: bool = False
     reason: str | None = None
+    # Seconds between SIGTERM and SIGKILL; None: the agent's own --stop-grace.
+    grace_s: float | None = None
 
 
 class AssignmentsReply(Wire):

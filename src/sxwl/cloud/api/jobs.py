@@ -14,7 +14,7 @@ from sxwl.cloud.api.responses import SIGNED_IN, WITH_BODY, errors
 from sxwl.cloud.api.schemas import ArtifactOut, JobEventOut, JobOut, JobPageOut
 from sxwl.cloud.db.models import Job, JobState
 from sxwl.cloud.errors import AppError, invalid
-from sxwl.cloud.services import job_events, job_logs, jobs
+from sxwl.cloud.services import billing, job_events, job_logs, jobs
 from sxwl.cloud.storage import clean_artifact_path
 from sxwl.protocol.fields import NonNegInt64, PosInt32
 from sxwl.protocol.jobs import JobIn
@@ -42,7 +42,8 @@ def job_outs(session: Session, page: Sequence[Job]) -> list[JobOut]:
 
 # Read from the row's attributes without validating them again: they were judged on the way in, and a
 # rule added since (say, no control characters in names) must not make an older job unreadable.
-_COLUMNS = tuple(name for name in JobOut.model_fields if name not in ("owner_email", "queue_position"))
+_COMPUTED = ("owner_email", "queue_position", "cost", "cost_per_hour")
+_COLUMNS = tuple(name for name in JobOut.model_fields if name not in _COMPUTED)
 
 
 def _out(job: Job, queue_position: int | None) -> JobOut:
@@ -55,7 +56,7 @@ def job_out(session: Session, job: Job) -> JobOut:
     return out
 
 
-@router.post("", status_code=201, response_model=JobOut, responses=WITH_BODY)
+@router.post("", status_code=201, response_model=JobOut, responses=WITH_BODY | errors(402))
 def submit(body: JobIn, user: CurrentUser, ctx: Ctx) -> JobOut:
     with ctx.db.session() as session:
         job = jobs.submit(ctx, session, session.merge(user), body)
@@ -86,7 +87,11 @@ def list_jobs(
 @router.get("/{job_id}", response_model=JobOut, responses=NOT_FOUND)
 def get_job(job_id: str, user: CurrentUser, ctx: Ctx) -> JobOut:
     with ctx.db.session() as session:
-        return job_out(session, jobs.get_for(session, user, job_id))
+        job = jobs.get_for(session, user, job_id)
+        out = job_out(session, job)
+        so_far = billing.job_cost(session, job)
+        out.cost, out.cost_per_hour = so_far.cost, so_far.per_hour
+        return out
 
 
 @router.post("/{job_id}/cancel", response_model=JobOut, responses=errors(404, 409))

@@ -23,6 +23,7 @@ class ErrorOut(BaseModel):
 _WHY = {
     400: "Malformed body, or an agent protocol this cloud does not support",
     401: "No token, or one that is invalid, expired or revoked",
+    402: "The balance does not cover the job's first hour; details say how much is missing",
     403: "Not allowed for this caller (or a console request without its CSRF token)",
     404: "No such resource",
     409: "Conflicts with the current state",

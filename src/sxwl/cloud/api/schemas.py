@@ -150,6 +150,9 @@ class JobOut(JobFields):
     cancel_requested: bool
     # Not a column: the lists compute it for a whole page at once (services.jobs.queue_positions).
     queue_position: int | None = None
+    # Micro-yuan so far (live while it runs) and per hour while running: on a single job's answer.
+    cost: int | None = None
+    cost_per_hour: int | None = None
 
 
 class JobPageOut(BaseModel):

@@ -212,6 +212,8 @@ class Job(Base):
     reason: Mapped[str | None] = mapped_column(String(500))
     exit_code: Mapped[int | None] = mapped_column(Integer)
     cancel_requested_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
+    # Why the cloud asked the attempt to stop ("balance exhausted"): the job's reason once it ends.
+    cancel_reason: Mapped[str | None] = mapped_column(String(200))
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
     assigned_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
     started_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
@@ -273,16 +275,27 @@ class AgentCommand(Base):
     job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"))
     attempt: Mapped[int] = mapped_column(Integer)
     reason: Mapped[str | None] = mapped_column(String(200))
+    # Seconds between SIGTERM and SIGKILL the cloud asks for; None: the agent's own setting.
+    grace_s: Mapped[float | None] = mapped_column(Float)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
     acked_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
 
 
 class JobAttempt(Base):
-    """One placement of a job on a CPod: fencing checks it, and GPU time is counted from it."""
+    """One placement of a job on a CPod: fencing checks it, and its usage is rated from it. The price
+    is fixed here when the attempt is placed (invariant 9, docs/architecture.md)."""
 
     __tablename__ = "job_attempts"
     # One row per (job, attempt) is the primary key; at most one of a job's attempts is open.
-    __table_args__ = (partial_unique("uq_job_attempts_one_open", "job_id", where="finished_at IS NULL"),)
+    __table_args__ = (
+        partial_unique("uq_job_attempts_one_open", "job_id", where="finished_at IS NULL"),
+        Index(
+            "ix_job_attempts_unrated",
+            "started_at",
+            sqlite_where=text("rated_done = 0"),
+            postgresql_where=text("NOT rated_done"),
+        ),
+    )
 
     job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True)
     attempt: Mapped[int] = mapped_column(Integer, primary_key=True)
@@ -293,3 +306,111 @@ class JobAttempt(Base):
     started_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
     finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
     outcome: Mapped[str | None] = mapped_column(String(16))
+
+    # What the attempt is billed for: "gpu" (units = its GPUs) or "cpu" (units = its nodes' cores).
+    resource: Mapped[str] = mapped_column(String(8), default="gpu")
+    units: Mapped[int] = mapped_column(Integer, default=0)
+    gpu_product: Mapped[str | None] = mapped_column(String(128))
+    price_per_hour: Mapped[int] = mapped_column(BigInteger, default=0)  # micro-yuan per unit-hour
+    fee_bp: Mapped[int] = mapped_column(Integer, default=0)  # the platform's fee, basis points
+    payer_id: Mapped[str | None] = mapped_column(ForeignKey("users.id", ondelete="SET NULL"))
+    provider_id: Mapped[str | None] = mapped_column(ForeignKey("users.id", ondelete="SET NULL"))
+    # The last moment something proves the attempt alive, kept when a heartbeat stops listing it
+    # and fixed when it closes; while its CPod lists it, that CPod's last heartbeat is the proof.
+    proven_until: Mapped[datetime | None] = mapped_column(UTCDateTime())
+    # Rated so far: microseconds of usage from started_at, and the running totals they cost and
+    # earned. Totals are computed from the whole duration, so passes never accumulate rounding.
+    rated_us: Mapped[int] = mapped_column(BigInteger, default=0)
+    charged: Mapped[int] = mapped_column(BigInteger, default=0)
+    earned: Mapped[int] = mapped_column(BigInteger, default=0)
+    rated_done: Mapped[bool] = mapped_column(default=False)
+
+
+class PriceResource(enum.StrEnum):
+    GPU = "gpu"
+    CPU = "cpu"
+
+
+class Price(Base):
+    """What users pay per unit-hour of a GPU product (or of a CPU core), and the platform's fee."""
+
+    __tablename__ = "prices"
+
+    resource: Mapped[PriceResource] = mapped_column(str_enum(PriceResource), primary_key=True)
+    product: Mapped[str] = mapped_column(String(128), primary_key=True)  # "" for CPU cores
+    price_per_hour: Mapped[int] = mapped_column(BigInteger)  # micro-yuan
+    fee_bp: Mapped[int] = mapped_column(Integer)
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    updated_by_id: Mapped[str | None] = mapped_column(ForeignKey("users.id", ondelete="SET NULL"))
+
+
+class PriceChange(Base):
+    """Every price an admin set, kept: who, when, and what it was before."""
+
+    __tablename__ = "price_changes"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    resource: Mapped[str] = mapped_column(String(8))
+    product: Mapped[str] = mapped_column(String(128))
+    price_per_hour: Mapped[int | None] = mapped_column(BigInteger)  # None: the price was removed
+    fee_bp: Mapped[int | None] = mapped_column(Integer)
+    at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    actor_id: Mapped[str | None] = mapped_column(ForeignKey("users.id", ondelete="SET NULL"))
+
+
+class LedgerAccount(Base):
+    """An account of the double-entry ledger; ``balance`` caches the sum of its entries."""
+
+    __tablename__ = "ledger_accounts"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    key: Mapped[str] = mapped_column(String(64), unique=True)  # "<kind>:<owner id>" or "<kind>:"
+    kind: Mapped[str] = mapped_column(String(24))
+    owner_id: Mapped[str | None] = mapped_column(ForeignKey("users.id", ondelete="SET NULL"), index=True)
+    balance: Mapped[int] = mapped_column(BigInteger, default=0)
+
+
+class LedgerTransaction(Base):
+    """One movement of money; its entries sum to zero. Usage transactions carry what a statement
+    shows (job, attempt, CPod, product, seconds, price, gross, fee, net)."""
+
+    __tablename__ = "ledger_transactions"
+    __table_args__ = (
+        Index("ix_ledger_tx_payer", "payer_id", "created_at"),
+        Index("ix_ledger_tx_provider", "provider_id", "created_at"),
+        Index("ix_ledger_tx_kind", "kind", "created_at"),
+    )
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True, default=new_id)
+    idempotency_key: Mapped[str] = mapped_column(String(128), unique=True)
+    kind: Mapped[str] = mapped_column(String(16))  # usage | top_up | release | payout
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    actor_id: Mapped[str | None] = mapped_column(ForeignKey("users.id", ondelete="SET NULL"))
+    note: Mapped[str | None] = mapped_column(String(500))
+    payer_id: Mapped[str | None] = mapped_column(String(32))
+    provider_id: Mapped[str | None] = mapped_column(String(32))
+    job_id: Mapped[str | None] = mapped_column(String(32))
+    attempt: Mapped[int | None] = mapped_column(Integer)
+    cpod_id: Mapped[str | None] = mapped_column(String(32))
+    resource: Mapped[str | None] = mapped_column(String(8))
+    gpu_product: Mapped[str | None] = mapped_column(String(128))
+    units: Mapped[int | None] = mapped_column(Integer)
+    usage_us: Mapped[int | None] = mapped_column(BigInteger)  # of the attempt, not times units
+    unit_price: Mapped[int | None] = mapped_column(BigInteger)  # micro-yuan per unit-hour
+    gross: Mapped[int] = mapped_column(BigInteger, default=0)
+    fee: Mapped[int] = mapped_column(BigInteger, default=0)
+    net: Mapped[int] = mapped_column(BigInteger, default=0)
+
+
+class LedgerEntry(Base):
+    __tablename__ = "ledger_entries"
+
+    # Three entries per usage rating add up: 64-bit ids (SQLite's rowid is 64-bit already).
+    id: Mapped[int] = mapped_column(
+        BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True
+    )
+    transaction_id: Mapped[str] = mapped_column(
+        ForeignKey("ledger_transactions.id", ondelete="RESTRICT"), index=True
+    )
+    account_id: Mapped[int] = mapped_column(ForeignKey("ledger_accounts.id", ondelete="RESTRICT"), index=True)
+    amount: Mapped[int] = mapped_column(BigInteger)

@@ -32,7 +32,13 @@ AGENT_TRANSITIONS: dict[JobState, frozenset[JobState]] = {
 
 
 def stop_command(
-    session: Session, job: Job, cpod_id: str, attempt: int, reason: str, cancel: bool = False
+    session: Session,
+    job: Job,
+    cpod_id: str,
+    attempt: int,
+    reason: str,
+    cancel: bool = False,
+    grace_s: float | None = None,
 ) -> None:
     """Tells a CPod to stop one attempt, once: repeated calls do not pile up commands."""
     kind = "cancel" if cancel else "stop"
@@ -46,7 +52,11 @@ def stop_command(
         )
     )
     if exists is None:
-        session.add(AgentCommand(cpod_id=cpod_id, kind=kind, job_id=job.id, attempt=attempt, reason=reason))
+        session.add(
+            AgentCommand(
+                cpod_id=cpod_id, kind=kind, job_id=job.id, attempt=attempt, reason=reason, grace_s=grace_s
+            )
+        )
         on_commit(session).wake_cpod(cpod_id)
 
 
@@ -57,17 +67,29 @@ def finish(job: Job, state: JobState, exit_code: int | None = None, reason: str 
     job.reason = reason
 
 
-def close_attempt(session: Session, job: Job, outcome: str) -> None:
+def close_attempt(session: Session, job: Job, outcome: str, *, reported: bool) -> None:
+    """Closes the current attempt. Its proof of life is fixed now (invariant 9,
+    docs/architecture.md): the agent's own report when ``reported``, otherwise the last heartbeat
+    that listed it, so a CPod that vanished is paid only for time it proved."""
     placed = session.get(JobAttempt, (job.id, job.attempt))
-    if placed is not None and placed.finished_at is None:
-        placed.finished_at = utcnow()
-        placed.outcome = outcome
+    if placed is None or placed.finished_at is not None:
+        return
+    placed.finished_at = utcnow()
+    placed.outcome = outcome
+    if placed.started_at is None:
+        return
+    if reported:
+        placed.proven_until = placed.finished_at
+        return
+    cpod = session.get(CPod, placed.cpod_id) if placed.cpod_id else None
+    if cpod is not None and cpod.last_heartbeat_at and f"{job.id}:{job.attempt}" in cpod.reported_jobs:
+        placed.proven_until = max(placed.proven_until or cpod.last_heartbeat_at, cpod.last_heartbeat_at)
 
 
 def requeue(session: Session, job: Job, why: str) -> None:
     """The attempt is lost: queue a new attempt (or give up after max_attempts) and fence the old one."""
     old_cpod, old_attempt = job.cpod_id, job.attempt
-    close_attempt(session, job, JobState.LOST.value)
+    close_attempt(session, job, JobState.LOST.value, reported=False)
     job.state = JobState.LOST
     add_event(session, job, "lost", why)
     if old_cpod is not None:
@@ -144,11 +166,11 @@ def report_status(
         requeue(session, job, reason or "the agent could not resume it")
         return job
     if state in TERMINAL_STATES:
-        if state == JobState.FAILED and job.cancel_requested_at is not None:
-            state, reason = JobState.CANCELLED, reason or "cancelled"
+        if job.cancel_requested_at is not None and state in (JobState.FAILED, JobState.CANCELLED):
+            state, reason = JobState.CANCELLED, job.cancel_reason or reason or "cancelled"
         if reason is None and state == JobState.FAILED and exit_code is not None:
             reason = f"exit code {exit_code}"
-        close_attempt(session, job, state.value)
+        close_attempt(session, job, state.value, reported=True)
         finish(job, state, exit_code, reason)
         on_commit(session).wake_scheduler()
     else:

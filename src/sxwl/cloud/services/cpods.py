@@ -17,6 +17,7 @@ from sxwl.cloud.errors import AppError, invalid
 from sxwl.cloud.security import ACCESS_KEY_PREFIX, new_token, token_hash
 from sxwl.cloud.services import accounts, attempts, sessions
 from sxwl.cloud.services.gpu_summary import GpuSummary, add_up, summarize
+from sxwl.cloud.services.prices import price_book
 from sxwl.protocol import IsolationReport, RegisterRequest
 
 CPOD_TOKEN_PREFIX = "sxcp_"  # noqa: S105 - a prefix, not a secret
@@ -286,4 +287,10 @@ def gpu_types(session: Session) -> list[GpuSummary]:
     rows = session.scalars(
         select(CPod.nodes).where(CPod.status == CPodStatus.ONLINE, CPod.revoked_at.is_(None))
     )
-    return add_up(line for nodes in rows for line in summarize(nodes))
+    book = price_book(session)
+    return [
+        line.model_copy(
+            update={"price_per_hour": rate.price_per_hour if (rate := book.gpu.get(line.product)) else None}
+        )
+        for line in add_up(line for nodes in rows for line in summarize(nodes))
+    ]

@@ -37,6 +37,7 @@ def pending(ctx: CloudContext, cpod_id: str) -> AssignmentsReply:
                     attempt=c.attempt,
                     cancel=c.kind == "cancel",
                     reason=c.reason,
+                    grace_s=c.grace_s,
                 )
                 for c in commands
             ],

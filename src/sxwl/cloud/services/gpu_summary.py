@@ -21,6 +21,8 @@ class GpuAvailability(BaseModel):
     memory_mib: int
     available: int
     total: int
+    # What a user pays per GPU-hour of it (micro-yuan); None: no price yet, so it is not offered.
+    price_per_hour: int | None = None
 
 
 class GpuSummary(GpuAvailability):

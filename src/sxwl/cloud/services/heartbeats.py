@@ -5,12 +5,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import datetime
 
 from sqlalchemy import Table, bindparam, select, update
 from sqlalchemy.orm import Session
 
 from sxwl.cloud.context import CloudContext
-from sxwl.cloud.db.models import CPod, CPodStatus
+from sxwl.cloud.db.models import CPod, CPodStatus, JobAttempt
 from sxwl.cloud.db.types import utcnow
 from sxwl.cloud.errors import AppError
 from sxwl.cloud.groupcommit import GroupCommit
@@ -37,6 +38,17 @@ _APPLY = (
         reported_jobs=bindparam("b_reported", type_=_CPODS.c.reported_jobs.type),
     )
 )
+_ATTEMPTS: Table = JobAttempt.__table__  # type: ignore[assignment]
+_PROVEN = (
+    update(_ATTEMPTS)
+    .where(
+        _ATTEMPTS.c.job_id == bindparam("b_job"),
+        _ATTEMPTS.c.attempt == bindparam("b_attempt"),
+        _ATTEMPTS.c.finished_at.is_(None),
+        _ATTEMPTS.c.started_at.is_not(None),
+    )
+    .values(proven_until=bindparam("b_at", type_=_ATTEMPTS.c.proven_until.type))
+)
 # Built once (the statement and its compiled form are reused by every batch); Core, not ORM rows.
 _HOLDERS = select(
     _CPODS.c.id,
@@ -45,6 +57,7 @@ _HOLDERS = select(
     _CPODS.c.status,
     _CPODS.c.last_seq,
     _CPODS.c.reported_jobs,
+    _CPODS.c.last_heartbeat_at,
 ).where(_CPODS.c.token_hash.in_(bindparam("hashes", expanding=True)), _CPODS.c.revoked_at.is_(None))
 
 
@@ -57,6 +70,7 @@ class _Holder:
     status: CPodStatus
     last_seq: int
     reported_jobs: list[str]
+    last_heartbeat_at: datetime | None
 
 
 Outcome = HeartbeatReply | AppError
@@ -77,13 +91,21 @@ def apply(session: Session, beats: Sequence[Beat]) -> list[Outcome]:
     batch are applied in turn, exactly as if they had come one by one."""
     hashes = {b.token: token_hash(b.token) for b in beats if b.token.startswith(CPOD_TOKEN_PREFIX)}
     holders = {
-        row.token_hash: _Holder(row.id, row.heartbeat_interval_s, row.status, row.last_seq, row.reported_jobs)
+        row.token_hash: _Holder(
+            row.id,
+            row.heartbeat_interval_s,
+            row.status,
+            row.last_seq,
+            row.reported_jobs,
+            row.last_heartbeat_at,
+        )
         for row in session.connection().execute(_HOLDERS, {"hashes": list(set(hashes.values()))})
     }
     now = utcnow()
     outcomes: list[Outcome] = []
     rows: list[dict[str, object]] = []
     came_online: list[int] = []  # indexes of the beats that bring their CPod online
+    dropped: list[dict[str, object]] = []  # attempts a beat no longer lists: their last proof
     wake = False
     for beat in beats:
         holder = holders.get(hashes.get(beat.token, ""))
@@ -111,7 +133,15 @@ def apply(session: Session, beats: Sequence[Beat]) -> list[Outcome]:
         # outside sxwl, say) are seen by its periodic pass; waking it on every heartbeat would cost a
         # pass each.
         wake = wake or holder.status != CPodStatus.ONLINE or beat.reported_jobs != holder.reported_jobs
+        if holder.last_heartbeat_at is not None and beat.reported_jobs != holder.reported_jobs:
+            for key in set(holder.reported_jobs) - set(beat.reported_jobs):
+                job_id, _, attempt = key.rpartition(":")
+                if attempt.isdigit():
+                    dropped.append(
+                        {"b_job": job_id, "b_attempt": int(attempt), "b_at": holder.last_heartbeat_at}
+                    )
         holder.status, holder.last_seq, holder.reported_jobs = CPodStatus.ONLINE, beat.seq, beat.reported_jobs
+        holder.last_heartbeat_at = now
         outcomes.append(_reply(holder, accepted=True))
     if rows:
         # In the order of the ids, as the liveness sweep does: neither waits on the other's rows.
@@ -119,6 +149,9 @@ def apply(session: Session, beats: Sequence[Beat]) -> list[Outcome]:
         applied = session.connection().execute(_APPLY, rows).rowcount
         if applied != len(rows):
             _recheck(session, beats, outcomes, holders, hashes)
+        if dropped:
+            # The heartbeat before this one was the last to prove these attempts alive.
+            session.connection().execute(_PROVEN, dropped)
         for index in came_online:
             outcome = outcomes[index]
             if isinstance(outcome, HeartbeatReply) and outcome.accepted:

@@ -14,6 +14,7 @@ from sxwl.cloud.db.models import TERMINAL_STATES, Artifact, CPod, Job, JobState,
 from sxwl.cloud.db.types import utcnow
 from sxwl.cloud.errors import AppError, invalid
 from sxwl.cloud.notify import on_commit
+from sxwl.cloud.services import billing
 from sxwl.cloud.services.attempts import finish, stop_command
 from sxwl.cloud.services.job_events import add_event
 from sxwl.protocol.jobs import JobIn
@@ -28,6 +29,7 @@ def submit(ctx: CloudContext, session: Session, owner: User, spec: JobIn) -> Job
         cpod = session.get(CPod, spec.cpod_id)
         if cpod is None or cpod.revoked_at is not None:
             raise invalid("cpod_id", f"no CPod {spec.cpod_id}")
+    billing.require_funds(ctx, session, owner, spec)
     job = Job(
         owner_id=owner.id,
         **spec.model_dump(exclude={"cpod_id"}),
@@ -115,6 +117,7 @@ def cancel(session: Session, user: User, job_id: str) -> Job:
         on_commit(session).wake_scheduler()  # its place in the queue is free
     elif job.cancel_requested_at is None:
         job.cancel_requested_at = utcnow()
+        job.cancel_reason = f"cancelled by {user.email}"
         assert job.cpod_id is not None
         stop_command(session, job, job.cpod_id, job.attempt, f"cancelled by {user.email}", cancel=True)
         add_event(session, job, "cancel_requested", f"by {user.email}")

@@ -112,32 +112,44 @@ class Pool:
         entries = self._index[node.product]
         del entries[bisect_left(entries, (node.free, cpod_id, node.name))]
 
-    def place(self, need: Need) -> Placement | None:
+    def place(self, need: Need, products: frozenset[str] | None = None) -> Placement | None:
         """Best fit: among the CPods (or the pinned one) with enough fitting nodes, the choice that
         leaves the fewest GPUs stranded on the chosen nodes, so big jobs still find whole nodes later;
-        ties go to the lowest CPod id and node names."""
+        ties go to the lowest CPod id and node names. ``products``: the GPU products a GPU job may
+        get (those with a price); None: any."""
         if need.cpod_id is not None:
             cpod = self.cpods.get(need.cpod_id)
             if cpod is None or cpod.refuses(need):
                 return None
             entries: Iterable[Entry] = sorted(
-                (n.free, cpod.id, n.name) for n in cpod.nodes if _fits(n, need, free=True)
+                (n.free, cpod.id, n.name)
+                for n in cpod.nodes
+                if _fits(n, need, free=True) and _allowed(n.product, need, products)
             )
         else:
             refused = {c.id for c in self.cpods.values() if c.refuses(need)}
-            entries = self._fitting(need)
+            entries = self._fitting(need, products)
             if refused:
                 entries = (entry for entry in entries if entry[1] not in refused)
         return _best(entries, need)
 
-    def _fitting(self, need: Need) -> Iterator[Entry]:
+    def product_of(self, placement: Placement) -> str | None:
+        """The GPU product of a placement's nodes (one product per placement: nodes fit by it)."""
+        names = set(placement.node_names)
+        return next((n.product for n in self.cpods[placement.cpod_id].nodes if n.name in names), None)
+
+    def _fitting(self, need: Need, products: frozenset[str] | None) -> Iterator[Entry]:
         """The index entries that fit ``need``, in best-fit order."""
         if need.gpu_product is not None and need.gpus_per_node:
             lists = [self._index.get(need.gpu_product, [])]
+        elif need.gpus_per_node and products is not None:
+            lists = [entries for product, entries in self._index.items() if product in products]
         else:  # any product will do (and a CPU-only job takes any ready node)
             lists = list(self._index.values())
         start = (need.gpus_per_node,)  # sorts before every entry with that many free GPUs
         tails = [islice(entries, bisect_left(entries, start), None) for entries in lists]
+        if not tails:
+            return iter(())
         return tails[0] if len(tails) == 1 else heapq.merge(*tails)
 
     def take(self, placement: Placement, gpus_per_node: int) -> None:
@@ -148,6 +160,10 @@ class Pool:
                 self._drop(node, cpod.id)
                 node.free -= gpus_per_node
                 insort(self._index[node.product], (node.free, cpod.id, node.name))
+
+
+def _allowed(product: str | None, need: Need, products: frozenset[str] | None) -> bool:
+    return not need.gpus_per_node or products is None or product in products
 
 
 def _best(entries: Iterable[Entry], need: Need) -> Placement | None:

@@ -16,11 +16,14 @@ from sqlalchemy import Table, bindparam, insert, select, text, update
 from sqlalchemy.orm import Session
 
 from sxwl.cloud.context import CloudContext
-from sxwl.cloud.db.models import Job, JobAttempt, JobEvent, JobState, User
+from sxwl.cloud.db.models import CPod, Job, JobAttempt, JobEvent, JobState, PriceResource, User
 from sxwl.cloud.db.types import utcnow
 from sxwl.cloud.notify import on_commit
+from sxwl.cloud.services import ledger
 from sxwl.cloud.services.capacity import CapacityCache, Hold
 from sxwl.cloud.services.placement import Need, Placement, Pool, why_not
+from sxwl.cloud.services.prices import FREE, PriceBook, Rate, price_book
+from sxwl.protocol.money import yuan_text
 
 
 @dataclass(frozen=True)
@@ -125,6 +128,8 @@ class _Writes:
 
     assigned: list[tuple[Queued, Placement]]
     reasons: list[tuple[str, str]]  # (job id, reason)
+    # The price each placement is made at (fixed on its attempt: invariant 9, docs/architecture.md).
+    priced: dict[str, tuple[PriceResource, str | None, Rate]]
 
 
 def _pass(ctx: CloudContext, cache: CapacityCache) -> list[Assigned]:
@@ -143,7 +148,7 @@ def _pass(ctx: CloudContext, cache: CapacityCache) -> list[Assigned]:
         if not queued:
             return []
         pool = cache.refresh(session)
-        writes = _decide(ctx, session, queued, pool, cache.usage())
+        writes = _decide(ctx, session, queued, pool, cache.usage(), price_book(session))
         won = _write(session, writes)
         for _, placement in won:
             on_commit(session).wake_cpod(placement.cpod_id)
@@ -157,14 +162,22 @@ def _pass(ctx: CloudContext, cache: CapacityCache) -> list[Assigned]:
 
 
 def _decide(
-    ctx: CloudContext, session: Session, queued: list[Queued], pool: Pool, usage: dict[str, int]
+    ctx: CloudContext,
+    session: Session,
+    queued: list[Queued],
+    pool: Pool,
+    usage: dict[str, int],
+    book: PriceBook,
 ) -> _Writes:
     owners = {j.owner_id for j in queued}
     limits: dict[str, int | None] = {
         user_id: limit
         for user_id, limit in session.execute(select(User.id, User.max_gpus).where(User.id.in_(owners)))
     }
-    writes = _Writes([], [])
+    billing = ctx.settings.billing_enabled
+    cash = ledger.balances(session, ledger.USER_CASH, owners) if billing else {}
+    priced_products = frozenset(book.gpu) if billing else None
+    writes = _Writes([], [], {})
     # Capacity only shrinks during a pass: a need that did not fit once will not fit again.
     unplaceable: dict[Need, str] = {}
     restricted = pool.restricted
@@ -183,7 +196,13 @@ def _decide(
         if limit and held + total > limit:
             _explain(writes, job, f"your limit of {limit} concurrent GPUs is reached ({held} in use)")
             continue
-        placement = None if need in unplaceable else pool.place(need)
+        if billing and (balance := cash.get(job.owner_id, 0)) <= 0:
+            _explain(writes, job, f"waiting for a top-up: your balance is {yuan_text(balance)} CNY")
+            continue
+        if billing and (unpriced := _unpriced(job, book)):
+            _explain(writes, job, unpriced)
+            continue
+        placement = None if need in unplaceable else pool.place(need, priced_products)
         if placement is None:
             if need not in unplaceable:
                 pinned_online = job.pinned_cpod_id in pool.cpods if job.pinned_cpod_id else None
@@ -193,7 +212,23 @@ def _decide(
         pool.take(placement, job.gpus_per_node)
         usage[job.owner_id] = held + total
         writes.assigned.append((job, placement))
+        product = pool.product_of(placement) if job.gpus_per_node else None
+        rate = book.for_product(product) if billing else FREE
+        assert rate is not None  # placement took only priced products
+        resource = PriceResource.GPU if job.gpus_per_node else PriceResource.CPU
+        writes.priced[job.id] = (resource, product, rate)
     return writes
+
+
+def _unpriced(job: Queued, book: PriceBook) -> str | None:
+    """Why no price allows placing ``job`` (never a default price), or None."""
+    if not job.gpus_per_node:
+        return None if book.cpu else "no price is set for CPU-only work yet: an administrator must set one"
+    if job.gpu_product is not None and job.gpu_product not in book.gpu:
+        return f"no price is set for {job.gpu_product} yet: an administrator must set one"
+    if not book.gpu:
+        return "no GPU product has a price yet: an administrator must set one"
+    return None
 
 
 def _explain(writes: _Writes, job: Queued, reason: str) -> None:
@@ -226,6 +261,30 @@ _EXPLAIN = (
     .where(_JOBS.c.id == bindparam("b_id"), _JOBS.c.state == JobState.QUEUED)
     .values(reason=bindparam("b_reason"))
 )
+
+
+def _attempt_row(
+    job: Queued, placement: Placement, writes: _Writes, providers: dict[str, str], now: datetime
+) -> dict[str, object]:
+    resource, product, rate = writes.priced[job.id]
+    gpus = job.gpus_per_node * job.nodes
+    return {
+        "job_id": job.id,
+        "attempt": job.attempt + 1,
+        "cpod_id": placement.cpod_id,
+        "node_names": placement.node_names,
+        "gpus": gpus,
+        "assigned_at": now,
+        "resource": resource.value,
+        # CPU-only work is billed one core per node until jobs can ask for cores.
+        "units": gpus if resource == PriceResource.GPU else job.nodes,
+        "gpu_product": product,
+        "price_per_hour": rate.price_per_hour,
+        "fee_bp": rate.fee_bp,
+        "payer_id": job.owner_id,
+        "provider_id": providers.get(placement.cpod_id),
+        "rated_done": False,
+    }
 
 
 def _write(session: Session, writes: _Writes) -> list[tuple[Queued, Placement]]:
@@ -264,20 +323,10 @@ def _write(session: Session, writes: _Writes) -> list[tuple[Queued, Placement]]:
         won = [(job, placement) for job, placement in won if (job.id, job.attempt + 1) in current]
     if not won:
         return []
-    session.execute(
-        insert(JobAttempt),
-        [
-            {
-                "job_id": job.id,
-                "attempt": job.attempt + 1,
-                "cpod_id": placement.cpod_id,
-                "node_names": placement.node_names,
-                "gpus": job.gpus_per_node * job.nodes,
-                "assigned_at": now,
-            }
-            for job, placement in won
-        ],
+    providers = dict(
+        session.execute(select(CPod.id, CPod.owner_id).where(CPod.id.in_({p.cpod_id for _, p in won}))).all()
     )
+    session.execute(insert(JobAttempt), [_attempt_row(job, p, writes, providers, now) for job, p in won])
     session.execute(
         insert(JobEvent),
         [

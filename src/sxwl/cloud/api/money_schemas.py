@@ -1,0 +1,132 @@
+"""Bodies of the money endpoints. Integers are micro-yuan; fields named ``*_yuan`` are decimal yuan
+as strings, fields named ``*_percent`` decimal percentages as strings."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
+from sxwl.protocol.fields import Name, Strict, Text
+from sxwl.protocol.money import FeePercent, YuanAmount, YuanPrice, yuan
+
+IdempotencyKey = Text
+
+
+def yuan_str(micro: int) -> str:
+    return str(yuan(micro))
+
+
+class PriceIn(Strict):
+    resource: Literal["gpu", "cpu"] = "gpu"
+    product: Name = Field(default="", max_length=128)  # a GPU product as CPods report it; "" for CPU
+    # Strings, or numbers: "7.20" is exact, a JSON number is taken at its decimal text.
+    price_per_hour_yuan: YuanPrice = Field(strict=False)
+    fee_percent: FeePercent = Field(strict=False)
+
+
+class PricesIn(Strict):
+    prices: list[PriceIn] = Field(min_length=1, max_length=200)
+    # Products whose price is removed: their work is not placed until priced again.
+    remove: list[Name] = Field(default_factory=list, max_length=200)
+
+
+class PriceOut(BaseModel):
+    resource: str
+    product: str
+    price_per_hour: int
+    price_per_hour_yuan: str
+    fee_percent: str
+    updated_at: datetime
+    updated_by: str | None
+
+
+class TopUpIn(Strict):
+    user_id: Text = Field(min_length=1, max_length=32)
+    amount_yuan: YuanAmount = Field(strict=False)
+    note: Text = Field(default="", max_length=500)
+    idempotency_key: IdempotencyKey | None = Field(default=None, min_length=1, max_length=100)
+
+
+class PayoutIn(Strict):
+    provider_id: Text = Field(min_length=1, max_length=32)
+    amount_yuan: YuanAmount = Field(strict=False)
+    reference: Text = Field(min_length=1, max_length=500)
+    idempotency_key: IdempotencyKey | None = Field(default=None, min_length=1, max_length=100)
+
+
+class TransactionOut(BaseModel):
+    id: str
+    kind: str
+    created_at: datetime
+    amount: int
+    amount_yuan: str
+    note: str | None
+    user_id: str | None
+    provider_id: str | None
+    actor: str | None
+
+
+class BalanceOut(BaseModel):
+    balance: int
+    balance_yuan: str
+    burn_per_hour: int
+    running_attempts: int
+    hours_left: float | None
+    low: bool
+
+
+class StatementLine(BaseModel):
+    job_id: str
+    job_name: str
+    attempt: int
+    cpod_id: str | None
+    resource: str
+    gpu_product: str | None
+    units: int
+    unit_seconds: float
+    unit_price: int
+    gross: int
+    fee: int
+    net: int
+
+
+class StatementOut(BaseModel):
+    month: str
+    lines: list[StatementLine]
+    total: int
+    total_yuan: str
+    top_ups: list[TransactionOut]
+
+
+class BreakdownOut(BaseModel):
+    key: str
+    unit_seconds: float
+    gross: int
+    fee: int
+    net: int
+
+
+class EarningsOut(BaseModel):
+    month: str
+    pending: int
+    available: int
+    paid_out: int
+    today: int
+    month_net: int
+    month_gross: int
+    month_fee: int
+    sold_gpu_hours: float
+    by_cpod: list[BreakdownOut]
+    by_product: list[BreakdownOut]
+    lines: list[StatementLine]
+
+
+class RevenueOut(BaseModel):
+    fees: int
+    top_ups: int
+    payouts: int
+    providers_pending: int
+    providers_available: int
+    users_cash: int

@@ -1,0 +1,299 @@
+"""What compute users pay: top-ups, the balance a submission needs, the burn rate, the cost of a
+job so far, and monthly statements. Amounts are micro-yuan (protocol/money.py)."""
+
+from __future__ import annotations
+
+import csv
+import io
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from sxwl.cloud.context import CloudContext
+from sxwl.cloud.db.models import CPod, Job, JobAttempt, LedgerTransaction, Role, User, new_id
+from sxwl.cloud.db.types import utcnow
+from sxwl.cloud.errors import AppError, invalid
+from sxwl.cloud.services import ledger
+from sxwl.cloud.services.ledger import Posting
+from sxwl.cloud.services.metering import proof
+from sxwl.cloud.services.prices import Rate, price_book
+from sxwl.protocol.jobs import JobFields
+from sxwl.protocol.money import cost, yuan_text
+
+FIRST_HOUR_S = 3600
+_US = timedelta(microseconds=1)
+
+
+def top_up(
+    session: Session, admin: User, *, user_id: str, amount: int, note: str, idempotency_key: str | None
+) -> LedgerTransaction:
+    """Adds ``amount`` to a user's cash, recorded with who and when. A repeated ``idempotency_key``
+    returns the first top-up instead of adding again."""
+    key = f"top_up:{idempotency_key or new_id()}"
+    done = session.scalar(select(LedgerTransaction).where(LedgerTransaction.idempotency_key == key))
+    if done is not None:
+        if done.payer_id != user_id or done.gross != amount:
+            raise AppError(
+                409, "this idempotency key was used for another top-up", code="idempotency_conflict"
+            )
+        return done
+    user = session.get(User, user_id)
+    if user is None:
+        raise invalid("user_id", f"no user {user_id}")
+    if user.role == Role.PROVIDER:
+        raise invalid("user_id", "providers do not run jobs; top up a compute user's account")
+    ledger.post(
+        session,
+        Posting(
+            key,
+            "top_up",
+            {
+                ledger.account_key(ledger.USER_CASH, user.id): amount,
+                ledger.account_key(ledger.PLATFORM_TOP_UPS): -amount,
+            },
+            {"actor_id": admin.id, "note": note, "payer_id": user.id, "gross": amount},
+        ),
+    )
+    return session.scalars(select(LedgerTransaction).where(LedgerTransaction.idempotency_key == key)).one()
+
+
+def rate_for(session: Session, spec: JobFields) -> tuple[int, Rate | None]:
+    """The units a job is billed for and the price it would be placed at (for a GPU job that names no
+    product, the cheapest priced one); None: no price yet, the job waits in the queue."""
+    book = price_book(session)
+    if not spec.gpus_per_node:
+        return spec.nodes, book.cpu
+    rate = book.gpu.get(spec.gpu_product) if spec.gpu_product else book.cheapest_gpu()
+    return spec.gpus_per_node * spec.nodes, rate
+
+
+def estimate(session: Session, spec: JobFields, seconds: int | None = None) -> int | None:
+    """What the job costs for ``seconds`` (default: its maximum runtime); None: unknown."""
+    units, rate = rate_for(session, spec)
+    seconds = seconds if seconds is not None else spec.max_runtime_s
+    if rate is None or seconds is None:
+        return None
+    return cost(units, rate.price_per_hour, seconds * 1_000_000)
+
+
+def require_funds(ctx: CloudContext, session: Session, owner: User, spec: JobFields) -> None:
+    """A submission needs a positive balance that covers the job's first hour (or its maximum
+    runtime, if shorter): 402 with the amount missing otherwise."""
+    if not ctx.settings.billing_enabled:
+        return
+    balance = ledger.balance(session, ledger.account_key(ledger.USER_CASH, owner.id))
+    first = min(FIRST_HOUR_S, spec.max_runtime_s or FIRST_HOUR_S)
+    needed = estimate(session, spec, first) or 0
+    if balance > 0 and balance >= needed:
+        return
+    missing = max(needed - balance, 1 - balance if balance <= 0 else 0)
+    raise AppError(
+        402,
+        f"your balance of {yuan_text(balance)} CNY does not cover this job's first "
+        f"{first // 60} minutes ({yuan_text(needed)} CNY): {yuan_text(missing)} CNY missing",
+        code="insufficient_balance",
+        details={"balance": balance, "required": needed, "missing": missing},
+    )
+
+
+@dataclass(frozen=True)
+class Balance:
+    balance: int
+    burn_per_hour: int  # micro-yuan per hour at the attempts running now
+    running: int  # attempts running and charged now
+
+    @property
+    def hours_left(self) -> float | None:
+        return self.balance / self.burn_per_hour if self.burn_per_hour else None
+
+    @property
+    def low(self) -> bool:
+        """Less than an hour of the current burn is left."""
+        return self.burn_per_hour > 0 and self.balance < self.burn_per_hour
+
+
+def balance_of(session: Session, user_id: str) -> Balance:
+    burn, running = session.execute(
+        select(func.coalesce(func.sum(JobAttempt.units * JobAttempt.price_per_hour), 0), func.count()).where(
+            JobAttempt.payer_id == user_id,
+            JobAttempt.started_at.is_not(None),
+            JobAttempt.finished_at.is_(None),
+            JobAttempt.price_per_hour > 0,
+        )
+    ).one()
+    return Balance(ledger.balance(session, ledger.account_key(ledger.USER_CASH, user_id)), int(burn), running)
+
+
+@dataclass(frozen=True)
+class JobCost:
+    cost: int  # so far: rated, plus what has accrued since the last rating up to the last proof
+    per_hour: int  # while running; 0 otherwise
+    running: bool
+
+
+def job_cost(session: Session, job: Job, now: datetime | None = None) -> JobCost:
+    now = now or utcnow()
+    total, per_hour, running = 0, 0, False
+    for placed in session.scalars(select(JobAttempt).where(JobAttempt.job_id == job.id)):
+        total += _so_far(session, placed, now)
+        if placed.started_at is not None and placed.finished_at is None:
+            per_hour += placed.units * placed.price_per_hour
+            running = True
+    return JobCost(total, per_hour, running)
+
+
+def _so_far(session: Session, placed: JobAttempt, now: datetime) -> int:
+    if placed.started_at is None or placed.rated_done:
+        return placed.charged
+    cpod = session.get(CPod, placed.cpod_id) if placed.cpod_id else None
+    listed = cpod is not None and f"{placed.job_id}:{placed.attempt}" in cpod.reported_jobs
+    end = proof(placed, cpod.last_heartbeat_at if cpod else None, listed)
+    if placed.finished_at is None:
+        end = min(end, now)
+    usage = max(placed.rated_us, (end - placed.started_at) // _US)
+    return cost(placed.units, placed.price_per_hour, usage)
+
+
+def month_bounds(month: str) -> tuple[datetime, datetime]:
+    """The first instant of ``month`` (YYYY-MM, UTC) and of the next; ValueError when it is not one."""
+    try:
+        start = datetime.strptime(month, "%Y-%m").replace(tzinfo=UTC)
+    except ValueError:
+        raise ValueError("must be a month as YYYY-MM, such as 2026-12") from None
+    end = (
+        start.replace(year=start.year + 1, month=1)
+        if start.month == 12
+        else start.replace(month=start.month + 1)
+    )
+    return start, end
+
+
+@dataclass(frozen=True)
+class StatementRow:
+    """One attempt's usage within a month."""
+
+    job_id: str
+    job_name: str
+    attempt: int
+    cpod_id: str | None
+    resource: str
+    gpu_product: str | None
+    units: int
+    usage_us: int  # of the attempt (GPU-seconds are this times units)
+    unit_price: int
+    gross: int
+    fee: int
+    net: int
+
+    @property
+    def unit_seconds(self) -> float:
+        return self.units * self.usage_us / 1_000_000
+
+
+def usage_rows(
+    session: Session,
+    start: datetime,
+    end: datetime,
+    *,
+    payer_id: str | None = None,
+    provider_id: str | None = None,
+) -> list[StatementRow]:
+    """Usage between ``start`` and ``end`` of one payer or one provider, one row per attempt."""
+    tx = LedgerTransaction
+    stmt = (
+        select(
+            tx.job_id,
+            func.coalesce(Job.name, ""),
+            tx.attempt,
+            tx.cpod_id,
+            tx.resource,
+            tx.gpu_product,
+            tx.units,
+            func.sum(tx.usage_us),
+            tx.unit_price,
+            func.sum(tx.gross),
+            func.sum(tx.fee),
+            func.sum(tx.net),
+        )
+        .outerjoin(Job, Job.id == tx.job_id)
+        .where(tx.kind == "usage", tx.created_at >= start, tx.created_at < end)
+        .group_by(
+            tx.job_id, Job.name, tx.attempt, tx.cpod_id, tx.resource, tx.gpu_product, tx.units, tx.unit_price
+        )
+        .order_by(func.min(tx.created_at))
+    )
+    if payer_id is not None:
+        stmt = stmt.where(tx.payer_id == payer_id)
+    if provider_id is not None:
+        stmt = stmt.where(tx.provider_id == provider_id)
+    return [
+        StatementRow(
+            r[0] or "",
+            r[1],
+            r[2] or 0,
+            r[3],
+            r[4] or "gpu",
+            r[5],
+            r[6] or 0,
+            int(r[7] or 0),
+            r[8] or 0,
+            int(r[9]),
+            int(r[10]),
+            int(r[11]),
+        )
+        for r in session.execute(stmt)
+    ]
+
+
+CSV_COLUMNS = (
+    "job",
+    "job_name",
+    "attempt",
+    "cpod",
+    "gpu_product",
+    "gpu_seconds",
+    "unit_price_per_hour",
+    "gross",
+    "fee",
+    "net",
+)
+
+
+def statement_csv(rows: list[StatementRow]) -> str:
+    """The statement as CSV, in yuan: rounded here, on the statement, and nowhere before."""
+    out = io.StringIO()
+    writer = csv.writer(out)
+    writer.writerow(CSV_COLUMNS)
+    for row in rows:
+        writer.writerow(
+            [
+                row.job_id,
+                row.job_name,
+                row.attempt,
+                row.cpod_id or "",
+                row.gpu_product or "CPU",
+                f"{row.unit_seconds:.3f}",
+                yuan_text(row.unit_price, 6),
+                yuan_text(row.gross, 6),
+                yuan_text(row.fee, 6),
+                yuan_text(row.net, 6),
+            ]
+        )
+    return out.getvalue()
+
+
+def top_ups(session: Session, user_id: str, start: datetime, end: datetime) -> list[LedgerTransaction]:
+    return list(
+        session.scalars(
+            select(LedgerTransaction)
+            .where(
+                LedgerTransaction.kind == "top_up",
+                LedgerTransaction.payer_id == user_id,
+                LedgerTransaction.created_at >= start,
+                LedgerTransaction.created_at < end,
+            )
+            .order_by(LedgerTransaction.created_at)
+        )
+    )

@@ -1,0 +1,213 @@
+"""What providers earn: usage credits their pending earnings; after the hold they become available;
+an admin records payouts out of what is available. Amounts are micro-yuan."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from sxwl.cloud.context import CloudContext
+from sxwl.cloud.db.models import LedgerAccount, LedgerTransaction, Role, User, new_id
+from sxwl.cloud.db.types import utcnow
+from sxwl.cloud.errors import AppError, invalid
+from sxwl.cloud.services import ledger
+from sxwl.cloud.services.billing import StatementRow, usage_rows
+from sxwl.cloud.services.ledger import Posting
+from sxwl.protocol.money import yuan_text
+
+
+def release_once(ctx: CloudContext, now: datetime | None = None) -> int:
+    """Moves earnings older than the hold from pending to available; returns how many providers got
+    some. Computed from totals (everything earned before the cutoff, minus everything released), and
+    keyed by the released total, so a repeated or concurrent release moves nothing twice."""
+    cutoff = (now or utcnow()) - timedelta(seconds=ctx.settings.earnings_hold_s)
+    tx = LedgerTransaction
+    moved = 0
+    with ctx.db.session(immediate=True) as session:
+        earned = dict(
+            session.execute(
+                select(tx.provider_id, func.sum(tx.net))
+                .where(tx.kind == "usage", tx.provider_id.is_not(None), tx.created_at <= cutoff)
+                .group_by(tx.provider_id)
+            ).all()
+        )
+        released = dict(
+            session.execute(
+                select(tx.provider_id, func.sum(tx.gross))
+                .where(tx.kind == "release")
+                .group_by(tx.provider_id)
+            ).all()
+        )
+        for provider_id, total in sorted(earned.items()):
+            done = int(released.get(provider_id) or 0)
+            amount = int(total or 0) - done
+            if amount <= 0 or provider_id is None:
+                continue
+            moved += ledger.post(
+                session,
+                Posting(
+                    f"release:{provider_id}:{done}",
+                    "release",
+                    {
+                        ledger.account_key(ledger.PROVIDER_PENDING, provider_id): -amount,
+                        ledger.account_key(ledger.PROVIDER_AVAILABLE, provider_id): amount,
+                    },
+                    {"provider_id": provider_id, "gross": amount, "net": amount},
+                ),
+            )
+    return moved
+
+
+def payout(
+    session: Session,
+    admin: User,
+    *,
+    provider_id: str,
+    amount: int,
+    reference: str,
+    idempotency_key: str | None,
+) -> LedgerTransaction:
+    """Records money paid out to a provider (by bank transfer, say: ``reference``), out of what is
+    available; more than that is a 422 on ``amount``."""
+    key = f"payout:{idempotency_key or new_id()}"
+    done = session.scalar(select(LedgerTransaction).where(LedgerTransaction.idempotency_key == key))
+    if done is not None:
+        if done.provider_id != provider_id or done.gross != amount:
+            raise AppError(
+                409, "this idempotency key was used for another payout", code="idempotency_conflict"
+            )
+        return done
+    provider = session.get(User, provider_id)
+    if provider is None or provider.role != Role.PROVIDER:
+        raise invalid("provider_id", f"no provider {provider_id}")
+    available_key = ledger.account_key(ledger.PROVIDER_AVAILABLE, provider_id)
+    # Locked, so two payouts at once cannot both spend the same available earnings.
+    available = (
+        session.scalar(
+            select(LedgerAccount.balance).where(LedgerAccount.key == available_key).with_for_update()
+        )
+        or 0
+    )
+    if amount > available:
+        raise invalid("amount", f"is more than the {yuan_text(available)} CNY available to this provider")
+    ledger.post(
+        session,
+        Posting(
+            key,
+            "payout",
+            {available_key: -amount, ledger.account_key(ledger.PLATFORM_PAYOUTS): amount},
+            {
+                "actor_id": admin.id,
+                "note": reference,
+                "provider_id": provider_id,
+                "gross": amount,
+                "net": amount,
+            },
+        ),
+    )
+    return session.scalars(select(LedgerTransaction).where(LedgerTransaction.idempotency_key == key)).one()
+
+
+@dataclass
+class Breakdown:
+    """Usage of one CPod or one GPU product within a period."""
+
+    key: str
+    unit_seconds: float = 0.0
+    gross: int = 0
+    fee: int = 0
+    net: int = 0
+
+
+@dataclass
+class Earnings:
+    pending: int
+    available: int
+    paid_out: int
+    today: int  # net, since midnight UTC
+    month: int  # net, this month
+    month_gross: int
+    month_fee: int
+    sold_gpu_hours: float  # this month
+    by_cpod: list[Breakdown] = field(default_factory=list)
+    by_product: list[Breakdown] = field(default_factory=list)
+    rows: list[StatementRow] = field(default_factory=list)
+
+
+def earnings_of(
+    session: Session, provider_id: str, start: datetime, end: datetime, now: datetime | None = None
+) -> Earnings:
+    now = now or utcnow()
+    today = now.replace(hour=0, minute=0, second=0, microsecond=0)
+    rows = usage_rows(session, start, end, provider_id=provider_id)
+    today_net = (
+        session.scalar(
+            select(func.coalesce(func.sum(LedgerTransaction.net), 0)).where(
+                LedgerTransaction.kind == "usage",
+                LedgerTransaction.provider_id == provider_id,
+                LedgerTransaction.created_at >= today,
+            )
+        )
+        or 0
+    )
+    paid = (
+        session.scalar(
+            select(func.coalesce(func.sum(LedgerTransaction.gross), 0)).where(
+                LedgerTransaction.kind == "payout", LedgerTransaction.provider_id == provider_id
+            )
+        )
+        or 0
+    )
+    by_cpod: dict[str, Breakdown] = {}
+    by_product: dict[str, Breakdown] = {}
+    for row in rows:
+        for table, key in ((by_cpod, row.cpod_id or "—"), (by_product, row.gpu_product or "CPU")):
+            part = table.setdefault(key, Breakdown(key))
+            part.unit_seconds += row.unit_seconds
+            part.gross += row.gross
+            part.fee += row.fee
+            part.net += row.net
+    return Earnings(
+        pending=ledger.balance(session, ledger.account_key(ledger.PROVIDER_PENDING, provider_id)),
+        available=ledger.balance(session, ledger.account_key(ledger.PROVIDER_AVAILABLE, provider_id)),
+        paid_out=int(paid),
+        today=int(today_net),
+        month=sum(r.net for r in rows),
+        month_gross=sum(r.gross for r in rows),
+        month_fee=sum(r.fee for r in rows),
+        sold_gpu_hours=sum(r.unit_seconds for r in rows if r.resource == "gpu") / 3600,
+        by_cpod=sorted(by_cpod.values(), key=lambda b: -b.net),
+        by_product=sorted(by_product.values(), key=lambda b: -b.net),
+        rows=rows,
+    )
+
+
+@dataclass(frozen=True)
+class Revenue:
+    fees: int  # the platform's fee revenue, all time
+    top_ups: int
+    payouts: int
+    pending: int  # owed to providers, not yet available
+    available: int  # owed to providers, payable now
+    user_cash: int  # what users hold
+
+
+def platform_revenue(session: Session) -> Revenue:
+    per_kind = dict(
+        session.execute(
+            select(LedgerAccount.kind, func.coalesce(func.sum(LedgerAccount.balance), 0)).group_by(
+                LedgerAccount.kind
+            )
+        ).all()
+    )
+    return Revenue(
+        fees=int(per_kind.get(ledger.PLATFORM_FEES, 0)),
+        top_ups=-int(per_kind.get(ledger.PLATFORM_TOP_UPS, 0)),
+        payouts=int(per_kind.get(ledger.PLATFORM_PAYOUTS, 0)),
+        pending=int(per_kind.get(ledger.PROVIDER_PENDING, 0)),
+        available=int(per_kind.get(ledger.PROVIDER_AVAILABLE, 0)),
+        user_cash=int(per_kind.get(ledger.USER_CASH, 0)),
+    )
