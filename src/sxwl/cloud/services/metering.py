@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any, cast
+from typing import Any, Protocol, cast
 
-from sqlalchemy import Table, bindparam, literal, select, tuple_, update
+from sqlalchemy import Row, Table, bindparam, literal, select, tuple_, update
 from sqlalchemy.orm import Session
 
 from sxwl.cloud.context import CloudContext
@@ -71,13 +71,25 @@ class PassResult:
     charged: int  # micro-yuan charged by this pass
 
 
-def proof(row: Any, cpod_heartbeat: datetime | None, listed: bool) -> datetime:
-    """The last moment the attempt is proven alive."""
-    if row.finished_at is None and listed and cpod_heartbeat is not None:
+class Started(Protocol):
+    """What proves an attempt alive: a JobAttempt, or a row of its columns."""
+
+    @property
+    def started_at(self) -> datetime | None: ...
+    @property
+    def finished_at(self) -> datetime | None: ...
+    @property
+    def proven_until(self) -> datetime | None: ...
+
+
+def proof(attempt: Started, cpod_heartbeat: datetime | None, listed: bool) -> datetime:
+    """The last moment a started attempt is proven alive."""
+    assert attempt.started_at is not None
+    if attempt.finished_at is None and listed and cpod_heartbeat is not None:
         latest = cpod_heartbeat
     else:
-        latest = row.proven_until or row.started_at
-    return cast(datetime, max(latest, row.started_at))
+        latest = attempt.proven_until or attempt.started_at
+    return max(latest, attempt.started_at)
 
 
 Cursor = tuple[datetime, str, int]  # (started_at, job_id, attempt): where the last batch ended
@@ -161,7 +173,7 @@ def _pass(
     return PassResult(len(rows), len(advances), charged_total), cursor
 
 
-def _usage_posting(row: Any, target: int, gross: int, net: int, now: datetime) -> Posting:
+def _usage_posting(row: Row[Any], target: int, gross: int, net: int, now: datetime) -> Posting:
     fee = gross - net
     payer = ledger.account_key(ledger.USER_CASH, row.payer_id) if row.payer_id else None
     # A provider whose account is gone earns nothing: the platform keeps it.
