@@ -173,7 +173,7 @@ def _pass(
     return PassResult(len(rows), len(advances), charged_total), cursor
 
 
-def _usage_posting(row: Row[Any], target: int, gross: int, net: int, now: datetime) -> Posting:
+def _usage_posting(row: Row[*tuple[Any, ...]], target: int, gross: int, net: int, now: datetime) -> Posting:
     fee = gross - net
     payer = ledger.account_key(ledger.USER_CASH, row.payer_id) if row.payer_id else None
     # A provider whose account is gone earns nothing: the platform keeps it.
