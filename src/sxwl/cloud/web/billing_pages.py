@@ -9,7 +9,6 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 from sqlalchemy import select
 
-from sxwl.cloud.api.deps import Principal
 from sxwl.cloud.db.models import CPod, Role
 from sxwl.cloud.db.types import utcnow
 from sxwl.cloud.services import billing, earnings
@@ -44,13 +43,6 @@ def billing_page(request: Request, principal: JobsViewer, month: str | None = No
     )
 
 
-def cpod_names(principal: Principal, request: Request) -> dict[str, str]:
-    with ctx_of(request).db.session() as session:
-        return dict(
-            session.execute(select(CPod.id, CPod.name).where(CPod.owner_id == principal.user.id)).all()
-        )
-
-
 @router.get("/earnings")
 def earnings_page(request: Request, principal: ComputeViewer, month: str | None = None) -> Response:
     ctx, lang = ctx_of(request), language(request)
@@ -61,6 +53,8 @@ def earnings_page(request: Request, principal: ComputeViewer, month: str | None 
     chosen = money_view.month_of(lang, month, now)
     with ctx.db.session() as session:
         mine = earnings.earnings_of(session, principal.user.id, chosen.start, chosen.end, now)
+        mine_cpods = select(CPod.id, CPod.name).where(CPod.owner_id == principal.user.id)
+        names = dict(session.execute(mine_cpods).all())
     return render(
         request,
         "earnings.html",
@@ -68,7 +62,7 @@ def earnings_page(request: Request, principal: ComputeViewer, month: str | None 
         status=422 if chosen.error else 200,
         e=mine,
         month=chosen,
-        names=cpod_names(principal, request),
+        names=names,
         hold_days=money_view.hold_days(ctx.settings.earnings_hold_s),
         csv_url=f"/api/v1/earnings?month={chosen.name}&format=csv",
     )
