@@ -7,14 +7,31 @@ from fastapi import Depends, FastAPI
 from fastapi.staticfiles import StaticFiles
 
 from sxwl.cloud.api.deps import plain_parameters
-from sxwl.cloud.web import account_pages, admin_pages, auth_pages, compute_pages, jobs_pages
+from sxwl.cloud.web import (
+    account_pages,
+    admin_pages,
+    auth_pages,
+    billing_pages,
+    compute_pages,
+    jobs_pages,
+    money_admin_pages,
+)
 from sxwl.cloud.web.kit import HERE, PageRefused, error_page, page_refused
 
 
 def install(app: FastAPI) -> None:
     # Path and query values the database cannot hold (NUL) are refused before any page runs.
     checked = [Depends(plain_parameters)]
-    for pages in (auth_pages, account_pages, compute_pages, jobs_pages, admin_pages):
+    pages_of = (
+        auth_pages,
+        account_pages,
+        compute_pages,
+        jobs_pages,
+        billing_pages,
+        admin_pages,
+        money_admin_pages,
+    )
+    for pages in pages_of:
         app.include_router(pages.router, dependencies=checked)
     app.mount("/static", StaticFiles(directory=HERE / "static"), name="static")
     app.add_exception_handler(PageRefused, page_refused)

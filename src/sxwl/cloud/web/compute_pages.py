@@ -14,8 +14,8 @@ from sxwl.cloud.api.schemas import CPodRenameIn
 from sxwl.cloud.db.models import Role
 from sxwl.cloud.db.types import utcnow
 from sxwl.cloud.errors import AppError
-from sxwl.cloud.services import access_keys, cpods
-from sxwl.cloud.web import compute_view
+from sxwl.cloud.services import access_keys, billing, cpods, earnings
+from sxwl.cloud.web import compute_view, money_view
 from sxwl.cloud.web.i18n import translate
 from sxwl.cloud.web.kit import (
     ComputeFragmentViewer,
@@ -65,10 +65,14 @@ def _compute(
 ) -> Response:
     ctx = ctx_of(request)
     values = _compute_values(request, principal)
-    key = None
+    key, earned = None, None
     if principal.user.role == Role.PROVIDER:
         with ctx.db.session() as session:
             key = access_keys.reveal(ctx, session, principal.user)
+            if ctx.settings.billing_enabled:
+                now = utcnow()
+                start, end = billing.month_bounds(now.strftime("%Y-%m"))
+                earned = earnings.earnings_of(session, principal.user.id, start, end, now)
     cloud_url = ctx.settings.public_url or str(request.base_url).rstrip("/")
     return render(
         request,
@@ -77,6 +81,8 @@ def _compute(
         status=status,
         path="/compute",  # also after a form post, so the nav and the language link point at the page
         access_key=key,
+        e=earned,
+        hold_days=money_view.hold_days(ctx.settings.earnings_hold_s),
         cloud_url=cloud_url,
         ago_formats=compute_view.ago_formats(language(request)),
         errors=errors or {},

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from sxwl.cloud.web.i18n_money import MONEY_MESSAGES
+
 LANGUAGES = ("zh", "en")
 DEFAULT_LANGUAGE = "zh"
 
@@ -684,6 +686,10 @@ MESSAGES: dict[str, dict[str, str]] = {
         "notice.job_cancel_requested": "Cancel requested; the CPod is stopping the job.",
     },
 }
+
+# Kept apart to keep each table readable; a key in both tables would be a mistake (tested).
+for _lang, _texts in MONEY_MESSAGES.items():
+    MESSAGES[_lang].update(_texts)
 
 
 def translate(lang: str, key: str, **values: object) -> str:

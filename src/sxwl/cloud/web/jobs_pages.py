@@ -15,9 +15,10 @@ from sxwl.cloud.api.deps import Principal, csrf_ok
 from sxwl.cloud.db.models import Role
 from sxwl.cloud.db.types import utcnow
 from sxwl.cloud.errors import AppError
-from sxwl.cloud.services import cpods
+from sxwl.cloud.services import billing, cpods
 from sxwl.cloud.services import jobs as job_service
-from sxwl.cloud.web import jobs_view
+from sxwl.cloud.services.prices import price_book
+from sxwl.cloud.web import jobs_view, money_view
 from sxwl.cloud.web.i18n import translate
 from sxwl.cloud.web.kit import (
     JobsFragmentViewer,
@@ -130,9 +131,13 @@ def _form(
     errors: dict[str, str] | None = None,
     status: int = 200,
 ) -> Response:
+    lang = language(request)
+    shown = jobs_view.FORM_DEFAULTS | (form or {})
+    billed = ctx_of(request).settings.billing_enabled
     with ctx_of(request).db.session() as session:
         gpu_types = cpods.gpu_types(session)
-    shown = jobs_view.FORM_DEFAULTS | (form or {})
+        estimate = money_view.estimate_text(lang, session, money_view.form_spec(shown)) if billed else ""
+        prices = money_view.form_prices(price_book(session)) if billed else {}
     return render(
         request,
         "job_new.html",
@@ -143,6 +148,8 @@ def _form(
         errors=errors or {},
         gpu_types=gpu_types,
         known_products={g.product for g in gpu_types},
+        estimate=estimate,
+        prices=prices,
         max_runtime_min=jobs_view.MAX_RUNTIME_MIN,
         max_gpus_per_node=MAX_GPUS_PER_NODE,
         max_nodes=MAX_NODES,
@@ -185,12 +192,14 @@ def _job_values(request: Request, principal: Principal, job_id: str) -> dict[str
         with ctx_of(request).db.session() as session:
             detail = jobs_view.job_detail(session, principal.user, lang, job_id, utcnow())
             owner_email = detail.job.owner.email
+            cost = billing.job_cost(session, detail.job) if ctx_of(request).settings.billing_enabled else None
     except AppError as exc:
         return exc
     return {
         "d": detail,
         "job": detail.job,
         "owner_email": owner_email,
+        "cost": cost,
         "is_admin": principal.user.role == Role.ADMIN,
         "mine": detail.job.owner_id == principal.user.id,
         **_helpers(lang),

@@ -21,7 +21,8 @@ from sxwl.cloud.api.deps import CSRF_COOKIE, Principal, console_principal
 from sxwl.cloud.context import CloudContext
 from sxwl.cloud.db.models import Role
 from sxwl.cloud.errors import AppError
-from sxwl.cloud.web import compute_view
+from sxwl.cloud.services import billing
+from sxwl.cloud.web import compute_view, money_view
 from sxwl.cloud.web.i18n import DEFAULT_LANGUAGE, LANGUAGES, translate
 from sxwl.protocol.fields import CONTROL_CHARS
 
@@ -38,6 +39,10 @@ NOTICES = {
     "job_submitted",
     "job_cancelled",
     "job_cancel_requested",
+    "price_set",
+    "price_removed",
+    "topped_up",
+    "paid_out",
 }
 SECURITY_HEADERS = {
     "Cache-Control": "no-store",
@@ -62,6 +67,7 @@ def _format_dt_seconds(value: datetime | None) -> str:
 
 templates.env.filters["dt"] = _format_dt
 templates.env.filters["dt_s"] = _format_dt_seconds
+templates.env.filters["yuan"] = money_view.money_text
 templates.env.globals["gib"] = compute_view.gib
 
 
@@ -77,6 +83,19 @@ def language(request: Request) -> str:
 
 def secure(request: Request) -> bool:
     return request.url.scheme == "https"
+
+
+def _balance_warning(request: Request, principal: Principal | None, name: str) -> str | None:
+    """The low-balance banner of a compute user's full pages (fragments are swapped into a page that
+    already has it)."""
+    ctx = ctx_of(request)
+    if principal is None or principal.user.role != Role.USER or name.startswith("_"):
+        return None
+    if not ctx.settings.billing_enabled:
+        return None
+    with ctx.db.session() as session:
+        balance = billing.balance_of(session, principal.user.id)
+    return money_view.warning(language(request), balance)
 
 
 def render(
@@ -97,6 +116,8 @@ def render(
             "csrf_token": csrf,
             "path": request.url.path,
             "notice": notice if notice in NOTICES else None,
+            "balance_warning": _balance_warning(request, principal, name),
+            "billing_enabled": ctx_of(request).settings.billing_enabled,
             **values,
         },
         status_code=status,

@@ -364,4 +364,37 @@
 
   const jobLog = document.getElementById("job-log");
   if (jobLog) startLog(jobLog);
+
+  // ---- the submit form's estimate -------------------------------------------------------------
+  // Prices are micro-yuan per unit-hour (#estimate's data-prices); amounts are shown exactly, as the
+  // server shows them (web/money_view.py money_text), in BigInt so large jobs do not lose digits.
+  const estimate = document.getElementById("estimate");
+  const yuanText = (micro) => {
+    const places = (micro % 1000000n).toString().padStart(6, "0").replace(/0+$/, "").padEnd(2, "0");
+    return `${micro / 1000000n}.${places}`;
+  };
+  const fill = (pattern, values) => pattern.replace(/\{(\w+)\}/g, (_, key) => values[key] ?? "");
+  function updateEstimate() {
+    const form = estimate.closest("form");
+    const prices = JSON.parse(estimate.dataset.prices);
+    const count = (name, fallback) => {
+      const value = Number.parseInt(form.elements[name].value, 10);
+      return Number.isInteger(value) && value >= 0 ? value : fallback;
+    };
+    const gpus = count("gpus_per_node", 0);
+    const nodes = Math.max(count("nodes", 1), 1);
+    const minutes = count("max_runtime_min", 0);
+    const price = prices[gpus ? form.elements.gpu_product.value : "cpu"];
+    if (price === undefined) {
+      estimate.textContent = estimate.dataset.none;
+      return;
+    }
+    const perHour = BigInt(price) * BigInt(gpus ? gpus * nodes : nodes);
+    const values = { per_hour: yuanText(perHour), minutes, total: yuanText((perHour * BigInt(minutes * 60)) / 3600n) };
+    estimate.textContent = fill(minutes ? estimate.dataset.total : estimate.dataset.open, values);
+  }
+  if (estimate) {
+    estimate.closest("form").addEventListener("input", updateEstimate);
+    estimate.closest("form").addEventListener("change", updateEstimate);
+  }
 })();
