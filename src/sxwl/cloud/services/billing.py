@@ -89,10 +89,16 @@ def require_funds(ctx: CloudContext, session: Session, owner: User, spec: JobFie
     if balance > 0 and balance >= needed:
         return
     missing = max(needed - balance, 1 - balance if balance <= 0 else 0)
+    if needed:
+        message = (
+            f"your balance of {yuan_text(balance)} CNY does not cover this job's first "
+            f"{first // 60} minutes ({yuan_text(needed)} CNY): {yuan_text(missing)} CNY missing"
+        )
+    else:  # no price yet: the job would wait in the queue, but an empty balance never submits
+        message = f"your balance is {yuan_text(balance)} CNY: top up before submitting jobs"
     raise AppError(
         402,
-        f"your balance of {yuan_text(balance)} CNY does not cover this job's first "
-        f"{first // 60} minutes ({yuan_text(needed)} CNY): {yuan_text(missing)} CNY missing",
+        message,
         code="insufficient_balance",
         details={"balance": balance, "required": needed, "missing": missing},
     )
