@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, cast
 
-from sqlalchemy import Table, bindparam, select, update
+from sqlalchemy import Table, bindparam, select, tuple_, update
 from sqlalchemy.orm import Session
 
 from sxwl.cloud.context import CloudContext
@@ -81,20 +81,37 @@ def proof(row: Any, cpod_heartbeat: datetime | None, listed: bool) -> datetime:
 
 
 def meter_once(ctx: CloudContext, now: datetime | None = None, limit: int | None = None) -> PassResult:
-    """Rates every started attempt that is not rated to its end yet (at most ``limit`` of them)."""
+    """Rates every started attempt that is not rated to its end yet, ``limit`` of them (the oldest
+    first) per database transaction, so a pass over more open attempts than that reaches them all."""
     now = now or utcnow()
-    with ctx.db.session(immediate=True) as session:
-        return _pass(session, now, limit or ctx.settings.metering_batch)
+    batch = limit or ctx.settings.metering_batch
+    total = PassResult(0, 0, 0)
+    after: tuple[datetime, str, int] | None = None
+    while True:
+        with ctx.db.session(immediate=True) as session:
+            result, after = _pass(session, now, batch, after)
+        total = PassResult(
+            total.attempts + result.attempts, total.rated + result.rated, total.charged + result.charged
+        )
+        if after is None:
+            return total
 
 
-def _pass(session: Session, now: datetime, limit: int) -> PassResult:
+def _pass(
+    session: Session, now: datetime, limit: int, after: tuple[datetime, str, int] | None
+) -> tuple[PassResult, tuple[datetime, str, int] | None]:
+    """One batch, from the attempt after ``after`` in (started_at, job, attempt) order; also returns
+    where the next batch starts (None after the last one)."""
+    order = (JobAttempt.started_at, JobAttempt.job_id, JobAttempt.attempt)
     stmt = (
         select(*_COLUMNS, CPod.last_heartbeat_at, CPod.reported_jobs)
         .outerjoin(CPod, CPod.id == JobAttempt.cpod_id)
         .where(JobAttempt.started_at.is_not(None), ~JobAttempt.rated_done)
-        .order_by(JobAttempt.started_at)
+        .order_by(*order)
         .limit(limit)
     )
+    if after is not None:
+        stmt = stmt.where(tuple_(*order) > after)
     if session.get_bind().dialect.name == "postgresql":
         # Another replica's pass holds some rows: this one rates the others.
         stmt = stmt.with_for_update(of=JobAttempt, skip_locked=True)
@@ -112,9 +129,11 @@ def _pass(session: Session, now: datetime, limit: int) -> PassResult:
         if not closed:
             end = min(end, now)
         target = max(row.rated_us, (end - row.started_at) // _US)
-        if target == row.rated_us and not closed:
-            continue
         charged = cost(row.units, row.price_per_hour, target)
+        # A running attempt's mark waits until its usage costs something: otherwise its seconds
+        # would be in no transaction, and statements would count fewer GPU-seconds than were rated.
+        if not closed and (target == row.rated_us or charged == row.charged):
+            continue
         earned = provider_share(charged, row.fee_bp)
         gross, net = charged - row.charged, earned - row.earned
         advances.append(
@@ -128,7 +147,9 @@ def _pass(session: Session, now: datetime, limit: int) -> PassResult:
                 "b_done": closed,
             }
         )
-        if gross:
+        # The last slice of a closed attempt is posted even when it costs nothing (a price of 0):
+        # the statement still shows its seconds.
+        if gross or target > row.rated_us:
             charged_total += gross
             postings.append(_usage_posting(row, target, gross, net, now))
     if advances:
@@ -136,7 +157,8 @@ def _pass(session: Session, now: datetime, limit: int) -> PassResult:
         if moved != len(advances):
             raise MarkMoved(f"{len(advances) - moved} of {len(advances)} marks moved during the pass")
         ledger.post_many(session, postings)
-    return PassResult(len(rows), len(advances), charged_total)
+    last = (rows[-1].started_at, rows[-1].job_id, rows[-1].attempt) if len(rows) == limit else None
+    return PassResult(len(rows), len(advances), charged_total), last
 
 
 def _usage_posting(row: Any, target: int, gross: int, net: int, now: datetime) -> Posting:
