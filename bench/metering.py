@@ -21,11 +21,10 @@ from __future__ import annotations
 import argparse
 import os
 import platform
-import statistics
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -48,6 +47,7 @@ from sqlalchemy import event, update  # noqa: E402
 from tests.support.metering import context, problems, seed  # noqa: E402
 from tests.support.postgres import TempPostgres  # noqa: E402
 
+from sxwl.cloud.config import Settings  # noqa: E402
 from sxwl.cloud.context import CloudContext  # noqa: E402
 from sxwl.cloud.db.models import CPod  # noqa: E402
 from sxwl.cloud.services import metering  # noqa: E402
@@ -55,6 +55,7 @@ from sxwl.cloud.services import metering  # noqa: E402
 TARGET_S = 1.0  # a pass over 10,000 running attempts
 END = datetime(2026, 6, 1, 12, 0, tzinfo=UTC)
 HEARTBEAT_S = 30
+BATCH = int(Settings.model_fields["metering_batch"].default)
 
 
 @dataclass(frozen=True)
@@ -99,11 +100,20 @@ def measure(ctx: CloudContext, counter: Counter, name: str, now: datetime) -> Me
     result = metering.meter_once(ctx, now=now)
     wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
     return Measured(
-        name, result.attempts, result.rated, wall, cpu, counter.statements, counter.rows_sent, counter.rows_written
+        name,
+        result.attempts,
+        result.rated,
+        wall,
+        cpu,
+        counter.statements,
+        counter.rows_sent,
+        counter.rows_written,
     )
 
 
-def run(args: argparse.Namespace, console: Console, workdir: Path, url: str) -> tuple[list[Measured], list[str]]:
+def run(
+    args: argparse.Namespace, console: Console, workdir: Path, url: str
+) -> tuple[list[Measured], list[str]]:
     ctx = context(workdir / "data", url)
     console.print(f"seeding {args.attempts:,} running attempts on {args.cpods:,} CPods")
     seeded = seed(ctx, cpods=args.cpods, attempts=args.attempts, end=END, closed_share=0.0)
@@ -119,27 +129,30 @@ def run(args: argparse.Namespace, console: Console, workdir: Path, url: str) -> 
     results.append(sorted(advanced, key=lambda m: m.wall_s)[len(advanced) // 2])
     # What the passes charged must be exactly what the attempts ran, up to the last heartbeat.
     last = END + timedelta(seconds=args.repeat * HEARTBEAT_S)
-    shifted = type(seeded)(last, [_until(a, last - END) for a in seeded.attempts], seeded.provider_id)
+    later_us = (last - END) // timedelta(microseconds=1)
+    shifted = replace(
+        seeded, end=last, attempts=[replace(a, usage_us=a.usage_us + later_us) for a in seeded.attempts]
+    )
     with ctx.db.session() as session:
         found = problems(session, shifted, complete=True)
     ctx.db.dispose()
     return results, found
 
 
-def _until(attempt: Any, later: timedelta) -> Any:
-    return type(attempt)(
-        attempt.job_id,
-        attempt.usage_us + later // timedelta(microseconds=1),
-        attempt.units,
-        attempt.price,
-        attempt.fee_bp,
-        attempt.payer_id,
-    )
-
-
 def print_table(console: Console, results: list[Measured]) -> None:
     table = Table(title="one metering pass on PostgreSQL")
-    for column in ("pass", "attempts", "rated", "s", "CPU s", "µs/attempt", "statements", "rows sent", "rows written"):
+    columns = (
+        "pass",
+        "attempts",
+        "rated",
+        "s",
+        "CPU s",
+        "µs/attempt",
+        "statements",
+        "rows sent",
+        "rows written",
+    )
+    for column in columns:
         table.add_column(column, justify="left" if column == "pass" else "right")
     for m in results:
         table.add_row(
@@ -169,7 +182,7 @@ def markdown_section(args: argparse.Namespace, results: list[Measured], found: l
         f"- 1-minute load average: {loads[0][0]:.2f} before the run, {loads[1][0]:.2f} after it "
         "(other work on the machine skews the figures)",
         f"- {args.attempts:,} running attempts on {args.cpods:,} CPods (1, 2 or 8 GPUs, three prices, "
-        f"fees 0/10/12.5 %), 5 paying users; batch {context_batch():,} attempts per transaction; "
+        f"fees 0/10/12.5 %), 5 paying users; batch {BATCH:,} attempts per transaction; "
         f"'heartbeat advanced' is the median of {args.repeat}",
         "",
         "| pass | attempts | rated | s | CPU s | µs/attempt | statements | rows sent | rows written |",
@@ -189,12 +202,6 @@ def markdown_section(args: argparse.Namespace, results: list[Measured], found: l
         + ("every second charged once." if not found else f"{len(found)} problems: {found[:3]}"),
     ]
     return "\n".join(lines) + "\n"
-
-
-def context_batch() -> int:
-    from sxwl.cloud.config import Settings
-
-    return int(Settings.model_fields["metering_batch"].default)
 
 
 def main(argv: list[str] | None = None) -> int:
