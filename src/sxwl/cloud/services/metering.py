@@ -203,9 +203,9 @@ def _pass(
                 "b_done": closed,
             }
         )
-        # The last slice of a closed attempt is posted even when it costs nothing (a price of 0):
-        # the statement still shows its seconds.
-        if gross or target > row.rated_us:
+        # A closed attempt's last slice is posted even when it is too short to cost a micro-yuan, so
+        # the statement still shows its seconds; work that is free (price 0) posts nothing.
+        if gross or (target > row.rated_us and row.price_per_hour):
             charged_total += gross
             postings.append(_usage_posting(row, target, gross, net, now))
     if advances:
