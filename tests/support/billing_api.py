@@ -39,7 +39,8 @@ class Money:
         self.agent = {"Authorization": f"Bearer {reg['cpod_token']}"}
         self.token: str = reg["cpod_token"]
         self.gpus, self.used, self.seq = gpus, 0, 0
-        self.listed: list[tuple[str, int]] = []  # the attempts this CPod's heartbeats list
+        # The attempts this CPod's heartbeats list, and the GPUs each holds.
+        self.listed: dict[tuple[str, int], int] = {}
         self.beat()
         self.user_id: str = register(client, "dev@example.com", "user")["id"]
         self.user = login(client, "dev@example.com")
@@ -92,7 +93,7 @@ class Money:
     def beat(self) -> None:
         self.seq += 1
         jobs = [{"job_id": job_id, "attempt": attempt, "state": "running"} for job_id, attempt in self.listed]
-        node = gpu_node("w1", count=self.gpus, used=self.used)
+        node = gpu_node("w1", count=self.gpus, used=self.used + sum(self.listed.values()))
         response = beat(self.client, self.token, self.seq, [node], jobs=jobs)
         assert response.status_code == 200 and response.json()["accepted"], response.text
 
@@ -125,7 +126,7 @@ class Money:
         (assignment,) = [a for a in self.poll()["assignments"] if a["job_id"] == job_id]
         attempt: int = assignment["attempt"]
         self.status(job_id, attempt, "starting")
-        self.listed.append((job_id, attempt))
+        self.listed[job_id, attempt] = assignment["gpus_per_node"]
         self.beat()
         return attempt
 
@@ -135,7 +136,7 @@ class Money:
 
     def finish(self, job_id: str, attempt: int, state: str = "succeeded", **extra: Any) -> None:
         self.status(job_id, attempt, state, **extra)
-        self.listed.remove((job_id, attempt))
+        del self.listed[job_id, attempt]
         self.beat()
 
     # ---- the ledger -----------------------------------------------------------------------------

@@ -66,7 +66,8 @@ def yuan_text(micro: int, places: int = 2) -> str:
 
 
 def percent_text(basis_points: int) -> str:
-    return str((Decimal(basis_points) / 100).normalize().quantize(Decimal("0.01")).normalize())
+    """ "12.5" for 1250 basis points; "10", not normalize()'s "1E+1", for 1000."""
+    return f"{(Decimal(basis_points) / 100).normalize():f}"
 
 
 def cost(units: int, price_per_hour: int, usage_us: int) -> int:
