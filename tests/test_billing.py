@@ -229,6 +229,20 @@ def test_a_balance_of_exactly_zero_cannot_submit(money: Money) -> None:
     assert free.json()["error"]["details"]["missing"] == 1
 
 
+def test_statements_never_hand_a_spreadsheet_a_formula(money: Money) -> None:
+    money.top_up("20")
+    job = money.submit(name='=HYPERLINK("http://evil.example","x")', max_runtime_s=600)
+    attempt = money.take(job["id"])
+    money.status(job["id"], attempt, "running")
+    money.tick(5)
+    money.finish(job["id"], attempt)
+    money.meter()
+    (mine,) = _csv(money.client.get("/api/v1/billing/statement?format=csv", headers=money.user))
+    (theirs,) = _csv(money.client.get("/api/v1/earnings?format=csv", headers=money.provider))
+    assert mine["job_name"] == theirs["job_name"] == "'" + job["name"]
+    assert mine["gross"] == "0.020000"
+
+
 def _csv(response: httpx.Response) -> list[dict[str, str]]:
     assert response.status_code == 200, response.text
     assert response.headers["content-type"].startswith("text/csv")

@@ -167,6 +167,8 @@ BAD_PRICES = [
     ({"price_per_hour_yuan": True}, "price_per_hour_yuan"),
     ({"price_per_hour_yuan": "7.1234567"}, "price_per_hour_yuan"),
     ({"price_per_hour_yuan": "100000.01"}, "price_per_hour_yuan"),
+    ({"price_per_hour_yuan": "1_000"}, "price_per_hour_yuan"),
+    ({"price_per_hour_yuan": "1e-999999999999"}, "price_per_hour_yuan"),  # not a price of 0
     ({"fee_percent": "101"}, "fee_percent"),
     ({"fee_percent": "-1"}, "fee_percent"),
     ({"fee_percent": "ten"}, "fee_percent"),
@@ -198,6 +200,7 @@ def test_bad_prices_are_422_naming_the_field_and_change_nothing(
         ({"amount_yuan": "100000001"}, "amount_yuan"),
         ({"amount_yuan": "1e30"}, "amount_yuan"),
         ({"amount_yuan": "abc"}, "amount_yuan"),
+        ({"amount_yuan": "１０"}, "amount_yuan"),
         ({"amount_yuan": "0.0000001"}, "amount_yuan"),
         ({"user_id": "nobody"}, "user_id"),
         ({"user_id": "provider"}, "user_id"),
@@ -242,3 +245,13 @@ def test_bad_payouts_are_422_naming_the_field_and_change_nothing(
     assert [d["field"] for d in response.json()["error"]["details"]] == [field]
     assert money.transactions() == before
     assert money.account(ledger.PROVIDER_AVAILABLE, money.provider_id) == NET
+
+
+@pytest.mark.parametrize("month", ["２０２６-03", "2026-3", "2026-13", "9999-12", "0000-01"])
+@pytest.mark.parametrize("path", ["/api/v1/billing/statement", "/api/v1/earnings"])
+def test_bad_months_are_422_naming_the_field(money: Money, path: str, month: str) -> None:
+    headers = money.provider if path.endswith("earnings") else money.user
+    for form in ("json", "csv"):
+        response = money.client.get(path, params={"month": month, "format": form}, headers=headers)
+        assert response.status_code == 422, response.text
+        assert [d["field"] for d in response.json()["error"]["details"]] == ["month"]

@@ -18,7 +18,7 @@ from tests.support.cpods import A100, access_key, beat, gpu_node, register_cpod
 from tests.test_admin_api import make_admin
 from tests.test_cpods_api import ctx_of
 
-PRODUCT = A100["product"]
+PRODUCT = str(A100["product"])
 # Settings of every money test: billing on, and the background metering loop left to its first
 # round at start-up, so that each test rates exactly when it says (meter_once with the clock's now).
 BILLING = {"billing_enabled": True, "metering_interval_s": 3600.0, "balance_stop_grace_s": 30.0}
