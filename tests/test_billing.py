@@ -44,6 +44,7 @@ def test_90_5_seconds_on_2_gpus_cost_exactly_0_362_and_queue_time_is_free(money:
 
     money.status(job["id"], attempt, "running")
     money.tick(30)
+    assert money.job(job["id"])["cost"] == 120_000  # live, before any rating
     assert money.meter().charged == 120_000  # 30 s × 2 GPUs at 7.20 per GPU-hour
     assert money.job(job["id"])["cost_per_hour"] == 14_400_000
     money.tick(60)
@@ -153,9 +154,11 @@ def test_a_lost_cpod_is_paid_up_to_its_last_heartbeat_listing_the_attempt(money:
     money.clock.advance(35)  # the CPod falls silent
     assert money.meter().charged == 160_000  # 40 s × 2 GPUs: nothing after the last proof
     money.clock.advance(60)
-    moved = cpods.sweep_liveness(money.ctx, money.clock.now)
-    moved += cpods.sweep_liveness(money.ctx, money.clock.now)
-    assert [status.value for _, status in moved] == ["unknown", "offline"]
+    # The app's own liveness loop reads the same clock, so it may make either move first.
+    cpods.sweep_liveness(money.ctx, money.clock.now)
+    cpods.sweep_liveness(money.ctx, money.clock.now)
+    (cpod,) = money.client.get("/api/v1/cpods", headers=money.provider).json()
+    assert cpod["status"] == "offline"
     requeued = money.job(job["id"])
     assert requeued["state"] == "queued" and requeued["attempt"] == attempt
     money.clock.advance(3600)
@@ -175,6 +178,22 @@ def test_an_attempt_its_cpod_stops_listing_is_paid_up_to_the_last_listing(money:
     money.tick(30)
     money.meter()
     assert money.job(job["id"])["cost"] == 80_000  # 20 s × 2 GPUs
+
+
+def test_cpu_only_work_has_its_own_price_per_core_hour(money: Money) -> None:
+    body = {"prices": [{"resource": "cpu", "price_per_hour_yuan": "0.36", "fee_percent": "0"}]}
+    assert money.client.put("/api/v1/admin/prices", headers=money.admin, json=body).status_code == 200
+    money.top_up("1")
+    job = money.submit(gpus_per_node=0, gpu_product=None, max_runtime_s=600)
+    attempt = money.take(job["id"])
+    money.status(job["id"], attempt, "running")
+    money.tick(100)
+    money.finish(job["id"], attempt)
+    money.meter()
+    assert money.job(job["id"])["cost"] == 10_000  # 100 s of one core at 0.36 per core-hour
+    assert money.account(ledger.PROVIDER_PENDING, money.provider_id) == 10_000  # no fee
+    (line,) = money.client.get("/api/v1/billing/statement", headers=money.user).json()["lines"]
+    assert (line["resource"], line["gpu_product"], line["unit_seconds"]) == ("cpu", None, 100.0)
 
 
 def test_no_price_no_placement_and_gpu_types_show_the_price(money: Money) -> None:

@@ -28,6 +28,9 @@ def test_an_empty_balance_stops_the_job_after_the_grace_and_the_queue_waits_for_
     queued = money.submit(max_runtime_s=60)  # the CPod's 2 GPUs are taken: it waits
     attempt = money.take(running["id"])
     money.status(running["id"], attempt, "running")
+    low = money.client.get("/api/v1/billing/balance", headers=money.user).json()
+    assert (low["burn_per_hour"], low["running_attempts"], low["low"]) == (14_400_000, 1, True)
+    assert low["hours_left"] == pytest.approx(0.05)
     money.tick(170)
     money.meter()
     assert balance_stop.stop_exhausted(money.ctx) == []  # 0.04 CNY left: nothing stops
