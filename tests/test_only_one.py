@@ -14,7 +14,7 @@ import httpx
 import pytest
 from alembic import command
 from fastapi.testclient import TestClient
-from sqlalchemy import delete, func, insert, select
+from sqlalchemy import JSON, column, delete, func, insert, select, table
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -22,7 +22,7 @@ from sxwl.cloud.context import CloudContext
 from sxwl.cloud.db import migrate
 from sxwl.cloud.db.engine import make_engine
 from sxwl.cloud.db.models import AccessKey, Artifact, CPod, CPodStatus, Job, JobAttempt, JobState, Role, User
-from sxwl.cloud.db.types import utcnow
+from sxwl.cloud.db.types import UTCDateTime, utcnow
 from sxwl.cloud.security import token_hash
 from sxwl.cloud.services import access_keys, attempts, cpods, scheduler
 from tests.conftest import MakeSettings, login, register
@@ -383,9 +383,21 @@ def test_migration_0005_keeps_the_newest_active_key_and_the_latest_open_attempt(
                 id="j" * 32, owner_id="u" * 32, name="j", command=["true"], env={}, gpus_per_node=1, nodes=1
             )
         )
+        # The table as revision 0004 has it: the model's later columns (and their defaults) are not there yet.
+        attempts_0004 = table(
+            "job_attempts",
+            column("job_id"),
+            column("attempt"),
+            column("node_names", JSON),
+            column("gpus"),
+            column("assigned_at", UTCDateTime()),
+        )
         connection.execute(
-            insert(JobAttempt),
-            [{"job_id": "j" * 32, "attempt": n, "node_names": [], "gpus": 1} for n in (2, 3, 1)],
+            insert(attempts_0004),
+            [
+                {"job_id": "j" * 32, "attempt": n, "node_names": [], "gpus": 1, "assigned_at": t0}
+                for n in (2, 3, 1)
+            ],
         )
     migrate.upgrade(engine)
     with engine.connect() as connection:

@@ -141,7 +141,14 @@ def provider_earnings(
 
     def parts(items: list[earnings.Breakdown]) -> list[BreakdownOut]:
         return [
-            BreakdownOut(key=b.key, unit_seconds=b.unit_seconds, gross=b.gross, fee=b.fee, net=b.net)
+            BreakdownOut(
+                key=b.key,
+                unit_seconds=b.unit_seconds,
+                gross=b.gross,
+                fee=b.fee,
+                net=b.net,
+                offered_hours=b.offered_hours,
+            )
             for b in items
         ]
 
@@ -155,6 +162,8 @@ def provider_earnings(
         month_gross=mine.month_gross,
         month_fee=mine.month_fee,
         sold_gpu_hours=mine.sold_gpu_hours,
+        offered_gpu_hours=mine.offered_gpu_hours,
+        utilisation=mine.sold_gpu_hours / mine.offered_gpu_hours if mine.offered_gpu_hours else None,
         by_cpod=parts(mine.by_cpod),
         by_product=parts(mine.by_product),
         lines=_lines(mine.rows),

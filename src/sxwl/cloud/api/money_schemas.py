@@ -106,6 +106,7 @@ class BreakdownOut(BaseModel):
     gross: int
     fee: int
     net: int
+    offered_hours: float  # GPU-hours offered, per product (0 per CPod)
 
 
 class EarningsOut(BaseModel):
@@ -118,6 +119,8 @@ class EarningsOut(BaseModel):
     month_gross: int
     month_fee: int
     sold_gpu_hours: float
+    offered_gpu_hours: float
+    utilisation: float | None  # sold ÷ offered GPU-hours this month; None before anything was offered
     by_cpod: list[BreakdownOut]
     by_product: list[BreakdownOut]
     lines: list[StatementLine]

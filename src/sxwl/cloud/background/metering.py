@@ -1,4 +1,5 @@
-"""Rates usage, releases held earnings, and stops the work of users whose balance is empty."""
+"""Rates usage, counts GPU time offered, releases held earnings, and stops the work of users whose
+balance is empty."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import logging
 import time
 
 from sxwl.cloud.context import CloudContext
-from sxwl.cloud.services import balance_stop, earnings, metering
+from sxwl.cloud.services import balance_stop, earnings, metering, offers
 
 log = logging.getLogger("sxwl.metering")
 
@@ -19,6 +20,7 @@ def one_round(ctx: CloudContext, release: bool) -> None:
     result = metering.meter_once(ctx)
     if result.rated:
         log.debug("rated %d attempts, %d micro-yuan", result.rated, result.charged)
+    offers.account_once(ctx)
     if release:
         earnings.release_once(ctx)
     for job_id in balance_stop.stop_exhausted(ctx):

@@ -149,6 +149,8 @@ class CPod(Base):
     # its provider and of the accounts in trusted_owner_ids (docs/agent.md, "Isolation").
     isolation: Mapped[str] = mapped_column(String(16), default="isolated")
     trusted_owner_ids: Mapped[list[str]] = mapped_column(JSON, default=list)
+    # GPU time offered is counted up to here (services/offers.py): utilisation is sold ÷ offered.
+    offered_until: Mapped[datetime | None] = mapped_column(UTCDateTime())
 
     owner: Mapped[User] = relationship()
 
@@ -414,3 +416,14 @@ class LedgerEntry(Base):
     )
     account_id: Mapped[int] = mapped_column(ForeignKey("ledger_accounts.id", ondelete="RESTRICT"), index=True)
     amount: Mapped[int] = mapped_column(BigInteger)
+
+
+class GpuOffer(Base):
+    """GPU time a CPod offered (its allocatable GPUs while online), per UTC day and product."""
+
+    __tablename__ = "gpu_offers"
+
+    cpod_id: Mapped[str] = mapped_column(ForeignKey("cpods.id", ondelete="CASCADE"), primary_key=True)
+    day: Mapped[str] = mapped_column(String(10), primary_key=True)  # YYYY-MM-DD, UTC
+    gpu_product: Mapped[str] = mapped_column(String(128), primary_key=True)
+    gpu_us: Mapped[int] = mapped_column(BigInteger, default=0)  # GPU-microseconds

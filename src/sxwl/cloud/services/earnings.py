@@ -10,12 +10,13 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from sxwl.cloud.context import CloudContext
-from sxwl.cloud.db.models import LedgerAccount, LedgerTransaction, Role, User, new_id
+from sxwl.cloud.db.models import CPod, LedgerAccount, LedgerTransaction, Role, User, new_id
 from sxwl.cloud.db.types import utcnow
 from sxwl.cloud.errors import AppError, invalid
 from sxwl.cloud.services import ledger
 from sxwl.cloud.services.billing import StatementRow, usage_rows
 from sxwl.cloud.services.ledger import Posting
+from sxwl.cloud.services.offers import offered_hours
 from sxwl.protocol.money import yuan_text
 
 
@@ -122,10 +123,13 @@ class Breakdown:
     gross: int = 0
     fee: int = 0
     net: int = 0
+    offered_hours: float = 0.0  # GPU-hours offered (per product only)
 
 
 @dataclass
 class Earnings:
+    """A provider's earnings: balances now, and one period's usage of its CPods."""
+
     pending: int
     available: int
     paid_out: int
@@ -134,6 +138,7 @@ class Earnings:
     month_gross: int
     month_fee: int
     sold_gpu_hours: float  # this month
+    offered_gpu_hours: float  # this month, while online
     by_cpod: list[Breakdown] = field(default_factory=list)
     by_product: list[Breakdown] = field(default_factory=list)
     rows: list[StatementRow] = field(default_factory=list)
@@ -165,6 +170,10 @@ def earnings_of(
     )
     by_cpod: dict[str, Breakdown] = {}
     by_product: dict[str, Breakdown] = {}
+    cpod_ids = list(session.scalars(select(CPod.id).where(CPod.owner_id == provider_id)))
+    offered = offered_hours(session, cpod_ids, start, end)
+    for product, hours in offered.items():
+        by_product[product] = Breakdown(product, offered_hours=hours)
     for row in rows:
         for table, key in ((by_cpod, row.cpod_id or "—"), (by_product, row.gpu_product or "CPU")):
             part = table.setdefault(key, Breakdown(key))
@@ -181,6 +190,7 @@ def earnings_of(
         month_gross=sum(r.gross for r in rows),
         month_fee=sum(r.fee for r in rows),
         sold_gpu_hours=sum(r.unit_seconds for r in rows if r.resource == "gpu") / 3600,
+        offered_gpu_hours=sum(offered.values()),
         by_cpod=sorted(by_cpod.values(), key=lambda b: -b.net),
         by_product=sorted(by_product.values(), key=lambda b: -b.net),
         rows=rows,

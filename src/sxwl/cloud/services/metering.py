@@ -11,14 +11,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any, cast
+from typing import Any, Protocol, cast
 
-from sqlalchemy import Table, bindparam, select, update
+from sqlalchemy import Row, Table, bindparam, literal, select, tuple_, update
 from sqlalchemy.orm import Session
 
 from sxwl.cloud.context import CloudContext
 from sxwl.cloud.db.models import CPod, JobAttempt
-from sxwl.cloud.db.types import utcnow
+from sxwl.cloud.db.types import UTCDateTime, utcnow
 from sxwl.cloud.services import ledger
 from sxwl.cloud.services.ledger import Posting
 from sxwl.protocol.money import cost, provider_share
@@ -71,30 +71,63 @@ class PassResult:
     charged: int  # micro-yuan charged by this pass
 
 
-def proof(row: Any, cpod_heartbeat: datetime | None, listed: bool) -> datetime:
-    """The last moment the attempt is proven alive."""
-    if row.finished_at is None and listed and cpod_heartbeat is not None:
+class Started(Protocol):
+    """What proves an attempt alive: a JobAttempt, or a row of its columns."""
+
+    @property
+    def started_at(self) -> datetime | None: ...
+    @property
+    def finished_at(self) -> datetime | None: ...
+    @property
+    def proven_until(self) -> datetime | None: ...
+
+
+def proof(attempt: Started, cpod_heartbeat: datetime | None, listed: bool) -> datetime:
+    """The last moment a started attempt is proven alive."""
+    assert attempt.started_at is not None
+    if attempt.finished_at is None and listed and cpod_heartbeat is not None:
         latest = cpod_heartbeat
     else:
-        latest = row.proven_until or row.started_at
-    return cast(datetime, max(latest, row.started_at))
+        latest = attempt.proven_until or attempt.started_at
+    return max(latest, attempt.started_at)
+
+
+Cursor = tuple[datetime, str, int]  # (started_at, job_id, attempt): where the last batch ended
 
 
 def meter_once(ctx: CloudContext, now: datetime | None = None, limit: int | None = None) -> PassResult:
-    """Rates every started attempt that is not rated to its end yet (at most ``limit`` of them)."""
+    """Rates every started attempt that is not rated to its end yet, ``limit`` attempts (the
+    setting ``metering_batch`` by default) per database transaction."""
     now = now or utcnow()
-    with ctx.db.session(immediate=True) as session:
-        return _pass(session, now, limit or ctx.settings.metering_batch)
+    batch = limit or ctx.settings.metering_batch
+    total = PassResult(0, 0, 0)
+    after: Cursor | None = None
+    while True:
+        with ctx.db.session(immediate=True) as session:
+            result, after = _pass(session, now, batch, after)
+        total = PassResult(
+            total.attempts + result.attempts, total.rated + result.rated, total.charged + result.charged
+        )
+        if after is None:
+            return total
 
 
-def _pass(session: Session, now: datetime, limit: int) -> PassResult:
+def _pass(
+    session: Session, now: datetime, limit: int, after: Cursor | None
+) -> tuple[PassResult, Cursor | None]:
+    """One batch; the cursor to go on from, or None after the last batch."""
     stmt = (
         select(*_COLUMNS, CPod.last_heartbeat_at, CPod.reported_jobs)
         .outerjoin(CPod, CPod.id == JobAttempt.cpod_id)
         .where(JobAttempt.started_at.is_not(None), ~JobAttempt.rated_done)
-        .order_by(JobAttempt.started_at)
+        .order_by(JobAttempt.started_at, JobAttempt.job_id, JobAttempt.attempt)
         .limit(limit)
     )
+    if after is not None:
+        stmt = stmt.where(
+            tuple_(JobAttempt.started_at, JobAttempt.job_id, JobAttempt.attempt)
+            > tuple_(literal(after[0], UTCDateTime()), literal(after[1]), literal(after[2]))
+        )
     if session.get_bind().dialect.name == "postgresql":
         # Another replica's pass holds some rows: this one rates the others.
         stmt = stmt.with_for_update(of=JobAttempt, skip_locked=True)
@@ -136,10 +169,11 @@ def _pass(session: Session, now: datetime, limit: int) -> PassResult:
         if moved != len(advances):
             raise MarkMoved(f"{len(advances) - moved} of {len(advances)} marks moved during the pass")
         ledger.post_many(session, postings)
-    return PassResult(len(rows), len(advances), charged_total)
+    cursor = (rows[-1].started_at, rows[-1].job_id, rows[-1].attempt) if len(rows) == limit else None
+    return PassResult(len(rows), len(advances), charged_total), cursor
 
 
-def _usage_posting(row: Any, target: int, gross: int, net: int, now: datetime) -> Posting:
+def _usage_posting(row: Row[*tuple[Any, ...]], target: int, gross: int, net: int, now: datetime) -> Posting:
     fee = gross - net
     payer = ledger.account_key(ledger.USER_CASH, row.payer_id) if row.payer_id else None
     # A provider whose account is gone earns nothing: the platform keeps it.

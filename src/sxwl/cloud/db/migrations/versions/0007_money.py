@@ -28,6 +28,15 @@ def upgrade() -> None:
         batch.add_column(sa.Column("cancel_reason", sa.String(200)))
     with op.batch_alter_table("agent_commands") as batch:
         batch.add_column(sa.Column("grace_s", sa.Float))
+    with op.batch_alter_table("cpods") as batch:
+        batch.add_column(sa.Column("offered_until", UTCDateTime()))
+    op.create_table(
+        "gpu_offers",
+        sa.Column("cpod_id", sa.String(32), sa.ForeignKey("cpods.id", ondelete="CASCADE"), primary_key=True),
+        sa.Column("day", sa.String(10), primary_key=True),
+        sa.Column("gpu_product", sa.String(128), primary_key=True),
+        sa.Column("gpu_us", sa.BigInteger, nullable=False),
+    )
     # Attempts placed before prices existed were never priced: they are rated as done, at zero.
     with op.batch_alter_table("job_attempts") as batch:
         batch.add_column(sa.Column("resource", sa.String(8), nullable=False, server_default="gpu"))
@@ -123,6 +132,9 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
+    op.drop_table("gpu_offers")
+    with op.batch_alter_table("cpods") as batch:
+        batch.drop_column("offered_until")
     for table in ("ledger_entries", "ledger_transactions", "ledger_accounts", "price_changes", "prices"):
         op.drop_table(table)
     op.drop_index("ix_job_attempts_unrated", "job_attempts")
