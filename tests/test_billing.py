@@ -197,15 +197,10 @@ def test_cpu_only_work_has_its_own_price_per_core_hour(money: Money) -> None:
 
 
 def test_no_price_no_placement_and_gpu_types_show_the_price(money: Money) -> None:
-    response = money.client.put(
-        "/api/v1/admin/prices",
-        headers=money.admin,
-        json={
-            "prices": [{"product": "other", "price_per_hour_yuan": "1", "fee_percent": "0"}],
-            "remove": [PRODUCT],
-        },
-    )
-    assert response.status_code == 200, response.text
+    response = money.client.put("/api/v1/admin/prices", headers=money.admin, json={"remove": [PRODUCT]})
+    assert response.status_code == 200 and response.json() == [], response.text
+    nothing = money.client.put("/api/v1/admin/prices", headers=money.admin, json={})
+    assert nothing.status_code == 422 and nothing.json()["error"]["details"][0]["field"] == "prices"
     types = money.client.get("/api/v1/gpu-types", headers=money.user).json()
     assert [(t["product"], t["price_per_hour"]) for t in types] == [(PRODUCT, None)]
     money.top_up("20")
