@@ -11,6 +11,7 @@ from playwright.sync_api import Browser, Playwright, sync_playwright
 from sxwl.cloud.app import create_app
 from sxwl.cloud.config import Settings
 from tests.support.browser import launch
+from tests.support.clock import TestClock
 from tests.support.cloud import test_settings
 from tests.support.k8s import K8sCluster, MissingBinariesError, StartError, bin_dir
 from tests.support.postgres import TempPostgres
@@ -38,6 +39,15 @@ def k8s_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[K8sCluster
         pytest.fail(failure, pytrace=False)
     yield cluster
     cluster.stop()
+
+
+@pytest.fixture
+def clock() -> Iterator[TestClock]:
+    """The cloud's clock frozen at a fixed instant for this test; the test moves it. Request it
+    before the client, so the app's loops start on the frozen clock."""
+    frozen = TestClock()
+    yield frozen
+    frozen.release()
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])

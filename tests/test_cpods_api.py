@@ -54,6 +54,7 @@ def test_register_then_heartbeat_shows_the_nodes(client: TestClient) -> None:
             "allocatable": 14,
             "used": 2,
             "available": 12,
+            "price_per_hour": None,  # prices are shown where users choose a GPU (gpu-types)
         }
     ]
     assert client.get(f"/api/v1/cpods/{reg['cpod_id']}", headers=headers).json()["last_heartbeat_at"]
@@ -229,7 +230,15 @@ def test_providers_are_isolated_and_users_see_only_totals(client: TestClient) ->
     assert client.get("/api/v1/cpods", headers=user).status_code == 403
     assert client.get(f"/api/v1/cpods/{a['cpod_id']}", headers=user).status_code == 403
     types = client.get("/api/v1/gpu-types", headers=user).json()
-    assert types == [{"product": "NVIDIA-A100-SXM4-80GB", "memory_mib": 81920, "available": 9, "total": 12}]
+    assert types == [
+        {
+            "product": "NVIDIA-A100-SXM4-80GB",
+            "memory_mib": 81920,
+            "available": 9,
+            "total": 12,
+            "price_per_hour": None,  # billing is off in this test: nothing is priced
+        }
+    ]
     assert "a@example.com" not in str(types)
 
     admin = make_admin(client)

@@ -6,6 +6,7 @@ GPU-hour is 2.8 micro-yuan per second."""
 
 from __future__ import annotations
 
+import re
 from decimal import ROUND_HALF_EVEN, Decimal, InvalidOperation
 from typing import Annotated
 
@@ -15,16 +16,27 @@ MICRO = 1_000_000  # micro-yuan per yuan
 US_PER_HOUR = 3_600_000_000  # microseconds
 MAX_PRICE_YUAN = Decimal(100_000)  # per unit-hour: anything above is a typo
 MAX_AMOUNT_YUAN = Decimal(100_000_000)  # one top-up or payout
+# Text is plain decimal notation: Decimal alone would also take "1_000", full-width digits, and
+# "1e-999999999999", which underflows to a price of 0.
+_DECIMAL_TEXT = re.compile(r"[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)")
+
+
+def _decimal(value: object, problem: str) -> Decimal:
+    """The Decimal of a JSON number or of decimal text; ValueError(``problem``) otherwise."""
+    if isinstance(value, bool) or not isinstance(value, str | int | float | Decimal):
+        raise ValueError(problem)
+    text = str(value).strip()
+    if isinstance(value, str) and not _DECIMAL_TEXT.fullmatch(text):
+        raise ValueError(problem)
+    try:
+        return Decimal(text)
+    except InvalidOperation:
+        raise ValueError(problem) from None
 
 
 def parse_yuan(value: object, *, maximum: Decimal, allow_zero: bool) -> int:
     """Micro-yuan of a decimal amount given as text ("7.20") or a number; ValueError says why not."""
-    if isinstance(value, bool) or not isinstance(value, str | int | float | Decimal):
-        raise ValueError("must be a decimal number of yuan, such as 7.20")
-    try:
-        amount = Decimal(str(value).strip())
-    except InvalidOperation:
-        raise ValueError("must be a decimal number of yuan, such as 7.20") from None
+    amount = _decimal(value, "must be a decimal number of yuan, such as 7.20")
     if not amount.is_finite():
         raise ValueError("must be a finite number")
     if amount < 0:
@@ -41,12 +53,7 @@ def parse_yuan(value: object, *, maximum: Decimal, allow_zero: bool) -> int:
 
 def parse_percent(value: object) -> int:
     """Basis points of a percentage between 0 and 100 with at most two decimals ("12.5")."""
-    if isinstance(value, bool) or not isinstance(value, str | int | float | Decimal):
-        raise ValueError("must be a percentage between 0 and 100, such as 10")
-    try:
-        percent = Decimal(str(value).strip())
-    except InvalidOperation:
-        raise ValueError("must be a percentage between 0 and 100, such as 10") from None
+    percent = _decimal(value, "must be a percentage between 0 and 100, such as 10")
     if not percent.is_finite() or not 0 <= percent <= 100:
         raise ValueError("must be between 0 and 100")
     basis_points = percent * 100
@@ -66,7 +73,8 @@ def yuan_text(micro: int, places: int = 2) -> str:
 
 
 def percent_text(basis_points: int) -> str:
-    return str((Decimal(basis_points) / 100).normalize().quantize(Decimal("0.01")).normalize())
+    """ "12.5" for 1250 basis points; "10", not normalize()'s "1E+1", for 1000."""
+    return f"{(Decimal(basis_points) / 100).normalize():f}"
 
 
 def cost(units: int, price_per_hour: int, usage_us: int) -> int:

@@ -198,6 +198,8 @@ def list_prices(admin: CurrentAdmin, ctx: Ctx) -> list[PriceOut]:
 def put_prices(body: PricesIn, admin: CurrentAdmin, ctx: Ctx) -> list[PriceOut]:
     """Sets the listed prices (and removes those in ``remove``) in one transaction. Attempts already
     placed keep the price they were placed at."""
+    if not body.prices and not body.remove:
+        raise invalid("prices", "give the prices to set, or the products to remove")
     with ctx.db.session() as session:
         for item in body.prices:
             resource = PriceResource(item.resource)

@@ -27,7 +27,7 @@ class PriceIn(Strict):
 
 
 class PricesIn(Strict):
-    prices: list[PriceIn] = Field(min_length=1, max_length=200)
+    prices: list[PriceIn] = Field(default_factory=list, max_length=200)
     # Products whose price is removed: their work is not placed until priced again.
     remove: list[Name] = Field(default_factory=list, max_length=200)
 

@@ -31,8 +31,23 @@ class UTCDateTime(TypeDecorator[datetime]):
         return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
 
 
+class Clock:
+    """The cloud's sense of now, read by every service through ``utcnow``. Production never sets it
+    and reads the system clock; in-process tests freeze it and move it by exact amounts
+    (tests/support/clock.py), so that usage and holds can be checked to the micro-yuan."""
+
+    def __init__(self) -> None:
+        self.frozen: datetime | None = None
+
+    def now(self) -> datetime:
+        return datetime.now(UTC) if self.frozen is None else self.frozen
+
+
+CLOCK = Clock()
+
+
 def utcnow() -> datetime:
-    return datetime.now(UTC)
+    return CLOCK.now()
 
 
 class EncodedJSON(str):

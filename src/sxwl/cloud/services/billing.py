@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import io
+import re
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
@@ -162,17 +163,24 @@ def _so_far(session: Session, placed: JobAttempt, now: datetime) -> int:
     return cost(placed.units, placed.price_per_hour, usage)
 
 
+# ASCII digits only: strptime also takes "2026-1" and full-width digits, which then reach the CSV's
+# file name (an HTTP header, latin-1) as they were given.
+_MONTH = re.compile(r"[0-9]{4}-[0-9]{2}")
+
+
 def month_bounds(month: str) -> tuple[datetime, datetime]:
     """The first instant of ``month`` (YYYY-MM, UTC) and of the next; ValueError when it is not one."""
     try:
+        if not _MONTH.fullmatch(month):
+            raise ValueError(month)
         start = datetime.strptime(month, "%Y-%m").replace(tzinfo=UTC)
-    except ValueError:
+        end = (
+            start.replace(year=start.year + 1, month=1)
+            if start.month == 12
+            else start.replace(month=start.month + 1)
+        )
+    except ValueError:  # not a month, or 9999-12, whose end no datetime holds
         raise ValueError("must be a month as YYYY-MM, such as 2026-12") from None
-    end = (
-        start.replace(year=start.year + 1, month=1)
-        if start.month == 12
-        else start.replace(month=start.month + 1)
-    )
     return start, end
 
 
@@ -267,6 +275,12 @@ CSV_COLUMNS = (
 )
 
 
+def _cell(text: str) -> str:
+    """Text that a spreadsheet would run as a formula is quoted: job names are the user's and GPU
+    products the provider's, and each reads the other's in a statement or earnings download."""
+    return "'" + text if text[:1] in ("=", "+", "-", "@", "\t", "\r") else text
+
+
 def statement_csv(rows: list[StatementRow]) -> str:
     """The statement as CSV, in yuan: rounded here, on the statement, and nowhere before."""
     out = io.StringIO()
@@ -276,10 +290,10 @@ def statement_csv(rows: list[StatementRow]) -> str:
         writer.writerow(
             [
                 row.job_id,
-                row.job_name,
+                _cell(row.job_name),
                 row.attempt,
                 row.cpod_id or "",
-                row.gpu_product or "CPU",
+                _cell(row.gpu_product or "CPU"),
                 f"{row.unit_seconds:.3f}",
                 yuan_text(row.unit_price, 6),
                 yuan_text(row.gross, 6),

@@ -72,7 +72,7 @@ def payout(
     idempotency_key: str | None,
 ) -> LedgerTransaction:
     """Records money paid out to a provider (by bank transfer, say: ``reference``), out of what is
-    available; more than that is a 422 on ``amount``."""
+    available; more than that is a 422 on ``amount_yuan``, the field of the API's body."""
     key = f"payout:{idempotency_key or new_id()}"
     done = session.scalar(select(LedgerTransaction).where(LedgerTransaction.idempotency_key == key))
     if done is not None:
@@ -93,7 +93,9 @@ def payout(
         or 0
     )
     if amount > available:
-        raise invalid("amount", f"is more than the {yuan_text(available)} CNY available to this provider")
+        raise invalid(
+            "amount_yuan", f"is more than the {yuan_text(available)} CNY available to this provider"
+        )
     ledger.post(
         session,
         Posting(
