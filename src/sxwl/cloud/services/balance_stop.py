@@ -8,7 +8,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from sxwl.cloud.context import CloudContext
-from sxwl.cloud.db.models import ACTIVE_STATES, Job, JobAttempt, LedgerAccount
+from sxwl.cloud.db.models import Job, JobAttempt, JobState, LedgerAccount
 from sxwl.cloud.db.types import utcnow
 from sxwl.cloud.services import ledger
 from sxwl.cloud.services.attempts import stop_command
@@ -18,7 +18,7 @@ BALANCE_EXHAUSTED = "balance exhausted"
 
 
 def stop_exhausted(ctx: CloudContext) -> list[str]:
-    """Asks every charged active job of a user whose balance is not positive to stop; the ids."""
+    """Asks every charged running job of a user whose balance is not positive to stop; the ids."""
     if not ctx.settings.billing_enabled:
         return []
     with ctx.db.session(immediate=True) as session:
@@ -34,7 +34,7 @@ def _stop(session: Session, grace_s: float) -> list[str]:
         .join(JobAttempt, (JobAttempt.job_id == Job.id) & (JobAttempt.attempt == Job.attempt))
         .where(
             Job.owner_id.in_(empty),
-            Job.state.in_(ACTIVE_STATES),
+            Job.state == JobState.RUNNING,  # work not yet running costs nothing: it is stopped if it runs
             Job.cancel_requested_at.is_(None),
             JobAttempt.price_per_hour > 0,
         )
