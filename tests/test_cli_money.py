@@ -95,6 +95,8 @@ def test_bad_input_is_refused_naming_the_flag_and_changes_nothing(cli: Cli) -> N
         (("top-up", "--email", PROVIDER, "--amount", "5"), "--email/--user-id: providers do not run jobs"),
         (("top-up", "--user-id", "nope", "--amount", "5"), "--email/--user-id: no user"),
         (("top-up", "--amount", "5"), "--email or --user-id"),
+        (("top-up", "--email", USER, "--amount", "5", "--note", "x" * 501), "--note: at most 500"),
+        (("payout", "--email", PROVIDER, "--amount", "1", "--reference", " "), "--reference: must not"),
         (("prices", "set", "--product", PRODUCT, "--price", "1", "--fee", "150"), "--fee"),
         (("prices", "set", "--product", PRODUCT, "--price", "-1", "--fee", "10"), "--price"),
         (("prices", "set", "--price", "1", "--fee", "10"), "--product or --cpu"),
@@ -149,6 +151,7 @@ def test_money_from_prices_to_payout(cli: Cli) -> None:
     assert cli.admin("prices", "set", "--cpu", "--price", "0.5", "--fee", "10", actor=None)[0] == 0
     listed = cli.read("prices")[1]
     assert PRODUCT in listed and "7.20 / GPU-hour" in listed and "0.50 / core-hour" in listed
+    assert ADMIN in listed  # who set them (and when)
     code, output = cli.admin("top-up", "--email", USER, "--amount", "100", "--idempotency-key", "k1")
     assert code == 0 and "balance now 100.00 CNY" in output
     code, output = cli.admin("top-up", "--email", USER, "--amount", "100", "--idempotency-key", "k1")

@@ -86,6 +86,14 @@ def _yuan(flag: str, text: str, maximum: Decimal = MAX_AMOUNT_YUAN, allow_zero: 
         raise CliError(f"{flag}: {exc}", exit_code=2) from None
 
 
+def _text(flag: str, value: str | None, maximum: int) -> None:
+    """The API's bounds on free text (api/money_schemas.py), so the database never refuses it."""
+    if value is not None and len(value) > maximum:
+        raise CliError(f"{flag}: at most {maximum} characters", exit_code=2)
+    if value is not None and flag != "--note" and not value.strip():
+        raise CliError(f"{flag}: must not be empty", exit_code=2)
+
+
 def _account(session: Session, flag: str, email: str) -> User:
     user = accounts.find_by_email(session, email.strip().lower())
     if user is None:
@@ -125,6 +133,8 @@ def top_up(
     if (email is None) == (user_id is None):
         raise CliError("--email or --user-id: give exactly one", exit_code=2)
     micro = _yuan("--amount", amount)
+    _text("--note", note, 500)
+    _text("--idempotency-key", key, 100)
     with _acting(data_dir, actor) as (session, admin):
         target = _account(session, "--email", email).id if email is not None else str(user_id)
         billing.top_up(session, admin, user_id=target, amount=micro, note=note, idempotency_key=key)
@@ -144,8 +154,8 @@ def payout(
 ) -> None:
     """Record money paid to a provider, out of its available earnings."""
     micro = _yuan("--amount", amount)
-    if not reference.strip():
-        raise CliError("--reference: must not be empty", exit_code=2)
+    _text("--reference", reference, 500)
+    _text("--idempotency-key", key, 100)
     with _acting(data_dir, actor, immediate=True) as (session, admin):
         provider = _account(session, "--email", email)
         earnings.payout(
@@ -161,16 +171,24 @@ def list_prices(ctx: typer.Context, data_dir: DataDir = Path(".sxwl")) -> None:
     if ctx.invoked_subcommand is not None:
         return
     with database(data_dir) as cloud, cloud.db.session() as session:
-        rows = [(r.resource, r.product, r.price_per_hour, r.fee_bp) for r in prices.listing(session)]
-    if not rows:
-        out.print("No prices yet: nothing is placed until one is set (`sxwl admin prices set`).")
-        return
-    table = Table("resource", "product", "CNY per unit-hour", "fee %")
-    for resource, product, price, fee_bp in rows:
-        unit = "core-hour" if resource == PriceResource.CPU else "GPU-hour"
-        table.add_row(
-            resource.value, product or "CPU cores", f"{yuan_text(price)} / {unit}", percent_text(fee_bp)
-        )
+        rows = [
+            (r, session.get(User, r.updated_by_id) if r.updated_by_id else None)
+            for r in prices.listing(session)
+        ]
+        if not rows:
+            out.print("No prices yet: nothing is placed until one is set (`sxwl admin prices set`).")
+            return
+        table = Table("resource", "product", "CNY per unit-hour", "fee %", "set at (UTC)", "by")
+        for row, by in rows:
+            unit = "core-hour" if row.resource == PriceResource.CPU else "GPU-hour"
+            table.add_row(
+                row.resource.value,
+                row.product or "CPU cores",
+                f"{yuan_text(row.price_per_hour)} / {unit}",
+                percent_text(row.fee_bp),
+                row.updated_at.strftime("%Y-%m-%d %H:%M"),
+                by.email if by else "-",
+            )
     out.print(table)
 
 
