@@ -14,8 +14,13 @@ from pathlib import Path
 import httpx
 import pytest
 
+from sxwl.cli import demo_money, server
+from sxwl.cloud.context import CloudContext
+from sxwl.cloud.db.models import PriceResource
+from sxwl.cloud.services import accounts, ledger, prices
+from sxwl.protocol.money import MICRO
 from tests.support.agent import eventually
-from tests.support.cloud import CloudProcess
+from tests.support.cloud import CloudProcess, test_settings
 from tests.support.net import free_port
 
 
@@ -91,7 +96,13 @@ def test_cli_session_against_a_served_cloud(cloud: CloudProcess, tmp_path: Path)
 
 def test_up_creates_demo_accounts_and_prints_their_logins(tmp_path: Path) -> None:
     port = free_port()
-    env = {**os.environ, "SXWL_ARGON2_TIME_COST": "1", "SXWL_ARGON2_MEMORY_KIB": "1024", "COLUMNS": "200"}
+    env = {
+        **os.environ,
+        "SXWL_ARGON2_TIME_COST": "1",
+        "SXWL_ARGON2_MEMORY_KIB": "1024",
+        "SXWL_METERING_INTERVAL_S": "1",
+        "COLUMNS": "200",
+    }
     log = (tmp_path / "up.log").open("w+")
     proc = subprocess.Popen(
         [sys.executable, "-m", "sxwl.cli", "up", "--port", str(port), "--data-dir", str(tmp_path / "data")],
@@ -138,12 +149,52 @@ def test_up_creates_demo_accounts_and_prints_their_logins(tmp_path: Path) -> Non
         artifacts = httpx.get(f"{url}/api/v1/jobs/{job['id']}/artifacts", headers=user).json()
         assert {a["path"] for a in artifacts} == {"checkpoint.npz", "metrics.json"}
         assert "step 200 loss" in httpx.get(f"{url}/api/v1/jobs/{job['id']}/logs", headers=user).text
+
+        # Money: the demo user was funded, the demo job is billed, and the demo provider earns for it.
+        assert "The demo user's balance: 100.00 CNY" in text
+        cost = eventually(
+            lambda: httpx.get(f"{url}/api/v1/jobs/{job['id']}", headers=user).json()["cost"] or None,
+            what="the demo job's cost",
+        )
+        assert cost > 0
+        balance = httpx.get(f"{url}/api/v1/billing/balance", headers=user).json()["balance"]
+        assert balance == 100_000_000 - cost
+        provider = tokens["provider@demo.example.com"]
+        earned = httpx.get(f"{url}/api/v1/earnings", headers=provider).json()
+        assert earned["pending"] > 0 and earned["available"] == 0  # held for the default 7 days
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
         proc.wait(20)
         log.close()
     # Stopping `sxwl up` stops its agent too.
     eventually(lambda: not agent_pids(tmp_path), what="the agent to stop with sxwl up")
+
+
+def test_demo_money_is_set_once_and_never_over_an_admins_change(tmp_path: Path) -> None:
+    settings = test_settings(tmp_path / "data", f"sqlite:///{tmp_path / 'sxwl.db'}", billing_enabled=True)
+    server.ensure_demo_accounts(settings)
+    ctx = CloudContext.from_settings(settings)
+    with ctx.db.session() as session:
+        admin = accounts.find_by_email(session, "admin@demo.example.com")
+        assert admin is not None
+        # An admin changes the CPU price and removes a demo GPU price.
+        prices.set_price(
+            session, admin, resource=PriceResource.CPU, product="", rate=prices.Rate(3 * MICRO, 500)
+        )
+        demo_money.ensure_demo_prices(session, admin, ["DEMO-GPU"])
+        prices.set_price(session, admin, resource=PriceResource.GPU, product="DEMO-GPU", rate=None)
+    again = server.ensure_demo_accounts(settings)  # a restart of `sxwl up`
+    with ctx.db.session() as session:
+        admin = accounts.find_by_email(session, "admin@demo.example.com")
+        assert admin is not None
+        demo_money.ensure_demo_prices(session, admin, ["DEMO-GPU"])
+        book = prices.price_book(session)
+        user = accounts.find_by_email(session, "user@demo.example.com")
+        assert user is not None
+        assert ledger.balance(session, ledger.account_key(ledger.USER_CASH, user.id)) == 100 * MICRO
+    ctx.db.dispose()
+    assert again.user_balance == 100 * MICRO  # topped up once, not once per start
+    assert book.cpu == prices.Rate(3 * MICRO, 500) and book.gpu == {}
 
 
 def agent_pids(marker: Path) -> list[int]:

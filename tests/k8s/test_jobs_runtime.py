@@ -11,7 +11,7 @@ from typing import Any
 
 import httpx
 import pytest
-from kubernetes_asyncio import client
+from kubernetes_asyncio import client, watch
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from sxwl.agent import main as agent_main
@@ -431,3 +431,37 @@ def test_agent_kubernetes_runtime_end_to_end(
         assert agent.proc.poll() is None
     finally:
         world.close()
+
+
+def test_a_stop_deletes_the_pods_with_the_clouds_grace(
+    k8s_cluster: K8sCluster, products: dict[str, str], tmp_path: Path
+) -> None:
+    async def body(api: Any) -> None:
+        runtime = make_runtime(api, tmp_path, unique("sxwl-t") + "-")  # --stop-grace 1
+        job = runtime.start(assignment(products["small"]))
+        await drive(runtime, lambda: job.created, what="the Job to be created")
+        pods = await wait_until(lambda: cluster_pods(api, job), what="the pod")
+        graces: list[int] = []
+        stream = watch.Watch().stream(
+            client.CoreV1Api(api).list_namespaced_pod,
+            job.namespace,
+            field_selector=f"metadata.name={pods[0].metadata.name}",
+            timeout_seconds=60,
+        )
+
+        async def follow() -> None:
+            async for event in stream:
+                if (grace := event["object"].metadata.deletion_grace_period_seconds) is not None:
+                    graces.append(grace)
+                if event["type"] == "DELETED":
+                    return
+
+        watching = asyncio.create_task(follow())
+        await asyncio.sleep(0.5)  # the watch is open before the stop
+        runtime.stop(job.job_id, job.attempt, "balance exhausted", cancel=True, grace_s=37)
+        await finished(runtime, job)
+        await asyncio.wait_for(watching, 30)
+        assert graces and graces[0] == 37  # the cloud's grace, not the agent's --stop-grace of 1
+        assert (job.outcome, job.stop_reason) == ("cancelled", "balance exhausted")
+
+    in_cluster(k8s_cluster, body)

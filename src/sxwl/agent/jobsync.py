@@ -83,6 +83,7 @@ class JobSync(Generic[J]):
                 command.attempt,
                 command.reason or "stopped by the cloud",
                 cancel=command.cancel,
+                grace_s=command.grace_s,
             )
             await self.client.ack(self.token, command.id)
 

@@ -17,6 +17,7 @@ from rich.table import Table
 from sxwl.cli import client
 from sxwl.cli.client import CliError, Credentials
 from sxwl.protocol.jobs import MAX_GPUS_PER_NODE, MAX_NODES, MAX_RUNTIME_S, env_problem
+from sxwl.protocol.money import yuan_text
 
 app = typer.Typer(
     help="Training jobs: submit, list, follow logs, cancel, download results.", no_args_is_help=True
@@ -199,7 +200,7 @@ def resolve(job_id: str) -> dict[str, Any]:
 
 @app.command()
 def show(job_id: Annotated[str, typer.Argument(help="Job id (or a unique prefix).")]) -> None:
-    """A job's details and its timeline."""
+    """A job's details, its cost so far, and its timeline."""
     job = resolve(job_id)
     table = Table(show_header=False, box=None)
     for key in (
@@ -225,6 +226,11 @@ def show(job_id: Annotated[str, typer.Argument(help="Job id (or a unique prefix)
         value = job.get(key)
         if value not in (None, [], ""):
             table.add_row(key, state_text(value) if key == "state" else str(value))
+    if job.get("cost") is not None:
+        per_hour = (
+            f" ({yuan_text(job['cost_per_hour'])} CNY/hour while running)" if job.get("cost_per_hour") else ""
+        )
+        table.add_row("cost so far", f"{yuan_text(job['cost'])} CNY{per_hour}")
     out.print(table)
     events = client.call("GET", f"/api/v1/jobs/{job['id']}/events").json()
     timeline = Table("time", "attempt", "event", "detail", title="timeline", title_justify="left")

@@ -12,7 +12,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from sxwl.cli import client, jobs, server
+from sxwl.cli import admin_money, billing, client, jobs, server
 from sxwl.cli.client import CliError, Credentials
 from sxwl.cloud.logs import LogFormat
 
@@ -28,6 +28,9 @@ app.add_typer(cpods_app, name="cpods")
 app.add_typer(jobs.app, name="jobs")
 app.add_typer(admin_app, name="admin")
 app.add_typer(key_app, name="access-key")
+app.add_typer(billing.app, name="billing")
+app.command("earnings")(billing.earnings)
+admin_money.register(admin_app)
 out = Console()
 
 DataDir = Annotated[
@@ -74,7 +77,7 @@ def up(port: Port = 8000, data_dir: DataDir = Path(".sxwl"), log_format: LogForm
     provider's CPod; print the console URL and the logins."""
     settings = server.settings_for(data_dir, port, log_format=log_format)
     demo = server.ensure_demo_accounts(settings)
-    server.print_banner(settings.public_url, demo.logins)
+    server.print_banner(settings.public_url, demo.logins, demo.user_balance)
     agent = server.start_local_agent(settings, demo.provider_access_key)
     # uvicorn re-raises SIGTERM after its shutdown; turning it into SystemExit lets `finally` stop the agent.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
@@ -114,15 +117,19 @@ def list_cpods() -> None:
 
 @app.command("gpu-types")
 def gpu_types() -> None:
-    """Free GPUs per product over all online CPods."""
+    """Free GPUs per product over all online CPods, and their price per GPU-hour."""
     rows = client.call("GET", "/api/v1/gpu-types").json()
     if not rows:
         out.print("No GPUs are online right now.")
         return
-    table = Table("product", "memory (GiB)", "available", "total")
+    table = Table("product", "memory (GiB)", "available", "total", "price per GPU-hour")
     for row in rows:
         table.add_row(
-            row["product"], f"{row['memory_mib'] / 1024:.0f}", str(row["available"]), str(row["total"])
+            row["product"],
+            f"{row['memory_mib'] / 1024:.0f}",
+            str(row["available"]),
+            str(row["total"]),
+            billing.price_text(row.get("price_per_hour")),
         )
     out.print(table)
 

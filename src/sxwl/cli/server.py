@@ -19,6 +19,7 @@ from rich.table import Table
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from sxwl.cli import demo_money
 from sxwl.cloud import logs
 from sxwl.cloud.app import create_app
 from sxwl.cloud.config import Settings
@@ -28,6 +29,7 @@ from sxwl.cloud.db.models import Job, Role, User
 from sxwl.cloud.head_deadline import protocol_with_head_timeout
 from sxwl.cloud.services import access_keys, accounts, jobs
 from sxwl.protocol.jobs import JobIn
+from sxwl.protocol.money import yuan_text
 
 DEMO_USER = "user@demo.example.com"
 DEMO_ACCOUNTS = (
@@ -102,6 +104,7 @@ def uvicorn_config(app: FastAPI, settings: Settings, host: str, port: int) -> uv
 class Demo:
     logins: list[tuple[str, Role, str]]
     provider_access_key: str
+    user_balance: int  # micro-yuan
 
 
 def ensure_demo_accounts(settings: Settings) -> Demo:
@@ -110,7 +113,7 @@ def ensure_demo_accounts(settings: Settings) -> Demo:
     ctx = CloudContext.from_settings(settings)
     migrate.upgrade(ctx.db.engine)
     logins = []
-    key = ""
+    made: dict[Role, User] = {}
     with ctx.db.session() as session:
         for email, role, name, company in DEMO_ACCOUNTS:
             password = secrets.token_urlsafe(9)
@@ -121,13 +124,15 @@ def ensure_demo_accounts(settings: Settings) -> Demo:
                 )
             else:
                 accounts.set_password(ctx, session, user, password)
-            if role == Role.PROVIDER:
-                key = access_keys.reveal(ctx, session, user)
-            if role == Role.USER:
-                submit_demo_job(ctx, session, user)
+            made[role] = user
             logins.append((email, role, password))
+        key = access_keys.reveal(ctx, session, made[Role.PROVIDER])
+        # Priced and funded before the demo job is submitted: a submission needs a balance.
+        demo_money.ensure_demo_prices(session, made[Role.ADMIN], demo_money.local_gpu_products())
+        balance = demo_money.ensure_demo_credit(session, made[Role.ADMIN], made[Role.USER])
+        submit_demo_job(ctx, session, made[Role.USER])
     ctx.db.dispose()
-    return Demo(logins, key)
+    return Demo(logins, key, balance)
 
 
 EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "tiny-lm"
@@ -190,7 +195,7 @@ def stop_process(proc: subprocess.Popen[bytes], grace_s: float = 10) -> None:
             proc.wait()
 
 
-def print_banner(url: str, logins: list[tuple[str, Role, str]]) -> None:
+def print_banner(url: str, logins: list[tuple[str, Role, str]], user_balance: int) -> None:
     console = Console(stderr=True)
     table = Table(title="Demo logins (passwords are new on every start)", title_justify="left")
     table.add_column("role")
@@ -201,5 +206,6 @@ def print_banner(url: str, logins: list[tuple[str, Role, str]]) -> None:
     console.print(f"\n[bold green]算想云 console:[/] [link={url}]{url}[/link]\n")
     console.print(table)
     console.print(
-        "This machine runs as the demo provider's CPod (agent log: [bold]agent.log[/] in the data dir).\n"
+        f"The demo user's balance: [bold]{yuan_text(user_balance)} CNY[/]; this machine runs as the demo "
+        "provider's CPod (agent log: [bold]agent.log[/] in the data dir).\n"
     )

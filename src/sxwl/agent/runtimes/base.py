@@ -34,6 +34,7 @@ class AttemptRecord:
     stop_reason: str | None = None  # why it ended other than by its own exit status (sent as the reason)
     stop_cancel: bool = False
     stop_at: float | None = None
+    stop_grace_s: float | None = None  # the cloud's grace for this stop; None: the agent's --stop-grace
     outcome: Outcome | None = None
     exit_code: int | None = None
     reported: bool = False  # the final state reached the cloud
@@ -45,6 +46,10 @@ class AttemptRecord:
     @property
     def key(self) -> str:
         return f"{self.job_id}:{self.attempt}"
+
+    def grace(self, default: float) -> float:
+        """Seconds between SIGTERM and SIGKILL for this attempt's stop."""
+        return default if self.stop_grace_s is None else self.stop_grace_s
 
 
 J = TypeVar("J", bound=AttemptRecord)
@@ -66,7 +71,11 @@ class Runtime(Protocol[J]):
         it cannot."""
         ...
 
-    def stop(self, job_id: str, attempt: int, reason: str, cancel: bool) -> J | None: ...
+    def stop(
+        self, job_id: str, attempt: int, reason: str, cancel: bool, grace_s: float | None = None
+    ) -> J | None:
+        """Stops an attempt: SIGTERM, then SIGKILL ``grace_s`` later (None: the agent's --stop-grace)."""
+        ...
 
     async def refresh(self) -> list[J]:
         """Does the runtime's I/O (create, delete, read status, collect logs); returns attempts found

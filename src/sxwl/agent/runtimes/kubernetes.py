@@ -162,12 +162,15 @@ class KubernetesRuntime(AttemptDirs[KubeJob]):
         log.info("accepted job %s attempt %d as %s/%s", job.job_id, job.attempt, job.namespace, job.k8s_name)
         return job
 
-    def stop(self, job_id: str, attempt: int, reason: str, cancel: bool) -> KubeJob | None:
-        """Marks the attempt stopping; ``refresh`` deletes its Job (foreground)."""
+    def stop(
+        self, job_id: str, attempt: int, reason: str, cancel: bool, grace_s: float | None = None
+    ) -> KubeJob | None:
+        """Marks the attempt stopping; ``refresh`` deletes its pods with the grace, then its Job."""
         job = self.jobs.get(f"{job_id}:{attempt}")
         if job is None or job.outcome is not None or job.stop_at is not None:
             return job
         job.stop_reason, job.stop_cancel, job.stop_at = reason, cancel, time.time()
+        job.stop_grace_s = grace_s
         self.save(job)
         return job
 
@@ -338,13 +341,22 @@ class KubernetesRuntime(AttemptDirs[KubeJob]):
             job.attempt,
         )
 
-    async def _delete(self, job: KubeJob) -> None:
+    async def _delete(self, job: KubeJob, pods: list[Any] | None = None) -> None:
+        grace = max(0, int(job.grace(self.stop_grace_s)))
+        # The pods first, with the stop's grace: the garbage collector then deletes them without a
+        # grace of its own, which leaves a pending deletion as it is (their manifest's grace is the
+        # agent's --stop-grace; the cloud may ask for another, e.g. to save a checkpoint).
+        for pod in pods or []:
+            try:
+                await self.core.delete_namespaced_pod(
+                    pod.metadata.name, pod.metadata.namespace, grace_period_seconds=grace
+                )
+            except ApiException as exc:
+                if exc.status != 404:
+                    raise
         try:
             await self.batch.delete_namespaced_job(
-                job.k8s_name,
-                job.namespace,
-                propagation_policy="Foreground",
-                grace_period_seconds=max(0, int(self.stop_grace_s)),
+                job.k8s_name, job.namespace, propagation_policy="Foreground", grace_period_seconds=grace
             )
         except ApiException as exc:
             if exc.status != 404:
@@ -366,11 +378,11 @@ class KubernetesRuntime(AttemptDirs[KubeJob]):
     async def _observe(self, job: KubeJob, item: Any, pods: list[Any]) -> None:
         if job.stop_at is not None:
             if job.created and not job.delete_sent:
-                await self._delete(job)
+                await self._delete(job, pods)
                 job.delete_sent = True
                 self.save(job)
             # Ended once the Job is gone (or, should deletion hang, a minute past the grace).
-            if item is None or time.time() - job.stop_at > self.stop_grace_s + 60:
+            if item is None or time.time() - job.stop_at > job.grace(self.stop_grace_s) + 60:
                 outcome: Outcome = "cancelled" if job.stop_cancel else "failed"
                 self._seen[job.key] = _Seen(outcome, _exit_code(pods), None)
             return

@@ -215,12 +215,15 @@ class LocalRuntime(AttemptDirs[LocalJob]):
                 return uid
         raise RuntimeError(f"all {UID_COUNT} sandbox uids are in use")
 
-    def stop(self, job_id: str, attempt: int, reason: str, cancel: bool) -> LocalJob | None:
+    def stop(
+        self, job_id: str, attempt: int, reason: str, cancel: bool, grace_s: float | None = None
+    ) -> LocalJob | None:
         """SIGTERM to the job's process group now, SIGKILL after the grace (see ``poll``)."""
         job = self.jobs.get(f"{job_id}:{attempt}")
         if job is None or job.outcome is not None or job.stop_at is not None:
             return job
         job.stop_reason, job.stop_cancel, job.stop_at = reason, cancel, time.time()
+        job.stop_grace_s = grace_s
         self.save(job)
         self._signal(job, signal.SIGTERM)
         return job
@@ -254,7 +257,7 @@ class LocalRuntime(AttemptDirs[LocalJob]):
                 self.stop(
                     job.job_id, job.attempt, f"max runtime of {job.max_runtime_s} s exceeded", cancel=False
                 )
-            elif job.stop_at is not None and now - job.stop_at > self.stop_grace_s:
+            elif job.stop_at is not None and now - job.stop_at > job.grace(self.stop_grace_s):
                 self._signal(job, signal.SIGKILL)
         return finished
 

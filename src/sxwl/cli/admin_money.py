@@ -1,0 +1,259 @@
+"""``sxwl admin top-up | payout | prices | ledger``: money on the server's own database, through the
+same services as the API (docs/billing.md). What changes money is recorded with the admin named by
+``--as`` (or SXWL_ADMIN_EMAIL) and the time, like an admin's call to the API."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from decimal import Decimal
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+from sqlalchemy.orm import Session
+
+from sxwl.cli import server
+from sxwl.cli.client import CliError
+from sxwl.cloud.context import CloudContext
+from sxwl.cloud.db import migrate
+from sxwl.cloud.db.models import PriceResource, Role, User
+from sxwl.cloud.errors import AppError
+from sxwl.cloud.services import accounts, billing, earnings, ledger, prices
+from sxwl.protocol.money import (
+    MAX_AMOUNT_YUAN,
+    MAX_PRICE_YUAN,
+    parse_percent,
+    parse_yuan,
+    percent_text,
+    yuan_text,
+)
+
+prices_app = typer.Typer(
+    help="Prices per GPU-hour (per GPU product) and per CPU core-hour, with the platform's fee."
+)
+ledger_app = typer.Typer(help="The double-entry ledger of every money movement.", no_args_is_help=True)
+out = Console()
+
+DataDir = Annotated[
+    Path, typer.Option("--data-dir", envvar="SXWL_DATA_DIR", help="Where the database and keys live.")
+]
+Actor = Annotated[
+    str,
+    typer.Option(
+        "--as",
+        envvar="SXWL_ADMIN_EMAIL",
+        help="The admin account this action is recorded under (default: SXWL_ADMIN_EMAIL).",
+        show_default=False,
+    ),
+]
+Amount = Annotated[str, typer.Option("--amount", help="CNY, a decimal such as 100 or 7.20.")]
+# Flags as the services name the fields, so that their errors name the flag.
+FLAGS = {
+    "user_id": "--email/--user-id",
+    "provider_id": "--email",
+    "amount": "--amount",
+    "product": "--product",
+}
+
+
+@contextmanager
+def database(data_dir: Path) -> Iterator[CloudContext]:
+    """The cloud's database (migrated), as `sxwl admin create-user` opens it."""
+    ctx = CloudContext.from_settings(server.settings_for(data_dir))
+    migrate.upgrade(ctx.db.engine)
+    try:
+        yield ctx
+    except AppError as exc:
+        raise CliError(_flagged(exc), exit_code=2 if exc.status == 422 else 1) from None
+    finally:
+        ctx.db.dispose()
+
+
+def _flagged(exc: AppError) -> str:
+    field = exc.details[0].get("field") if isinstance(exc.details, list) and exc.details else None
+    if isinstance(field, str) and field in FLAGS:
+        return exc.message.replace(f"{field}:", f"{FLAGS[field]}:", 1)
+    return exc.message
+
+
+def _yuan(flag: str, text: str, maximum: Decimal = MAX_AMOUNT_YUAN, allow_zero: bool = False) -> int:
+    try:
+        return parse_yuan(text, maximum=maximum, allow_zero=allow_zero)
+    except ValueError as exc:
+        raise CliError(f"{flag}: {exc}", exit_code=2) from None
+
+
+def _text(flag: str, value: str | None, maximum: int) -> None:
+    """The API's bounds on free text (api/money_schemas.py), so the database never refuses it."""
+    if value is not None and len(value) > maximum:
+        raise CliError(f"{flag}: at most {maximum} characters", exit_code=2)
+    if value is not None and flag != "--note" and not value.strip():
+        raise CliError(f"{flag}: must not be empty", exit_code=2)
+
+
+def _account(session: Session, flag: str, email: str) -> User:
+    user = accounts.find_by_email(session, email.strip().lower())
+    if user is None:
+        raise CliError(f"{flag}: no account {email}", exit_code=2)
+    return user
+
+
+def _admin(session: Session, email: str) -> User:
+    if not email:
+        raise CliError("--as: name the admin this is recorded under (or set SXWL_ADMIN_EMAIL)", exit_code=2)
+    admin = _account(session, "--as", email)
+    if admin.role != Role.ADMIN:
+        raise CliError(f"--as: {email} is not an admin", exit_code=2)
+    return admin
+
+
+@contextmanager
+def _acting(data_dir: Path, actor: str, *, immediate: bool = False) -> Iterator[tuple[Session, User]]:
+    with database(data_dir) as ctx, ctx.db.session(immediate=immediate) as session:
+        yield session, _admin(session, actor)
+
+
+def top_up(
+    amount: Amount,
+    email: Annotated[str | None, typer.Option("--email", help="The user's email.")] = None,
+    user_id: Annotated[
+        str | None, typer.Option("--user-id", help="The user's id (instead of --email).")
+    ] = None,
+    note: Annotated[str, typer.Option("--note", help="Why (kept with the top-up).")] = "",
+    key: Annotated[
+        str | None, typer.Option("--idempotency-key", help="Repeating a key adds nothing the second time.")
+    ] = None,
+    actor: Actor = "",
+    data_dir: DataDir = Path(".sxwl"),
+) -> None:
+    """Add money to a compute user's balance (there is no payment gateway yet)."""
+    if (email is None) == (user_id is None):
+        raise CliError("--email or --user-id: give exactly one", exit_code=2)
+    micro = _yuan("--amount", amount)
+    _text("--note", note, 500)
+    _text("--idempotency-key", key, 100)
+    with _acting(data_dir, actor) as (session, admin):
+        target = _account(session, "--email", email).id if email is not None else str(user_id)
+        billing.top_up(session, admin, user_id=target, amount=micro, note=note, idempotency_key=key)
+        balance = ledger.balance(session, ledger.account_key(ledger.USER_CASH, target))
+    out.print(f"topped up {yuan_text(micro)} CNY; balance now {yuan_text(balance)} CNY")
+
+
+def payout(
+    email: Annotated[str, typer.Option("--email", help="The provider's email.")],
+    amount: Amount,
+    reference: Annotated[str, typer.Option("--reference", help="The transfer's reference, e.g. a bank's.")],
+    key: Annotated[
+        str | None, typer.Option("--idempotency-key", help="Repeating a key pays nothing the second time.")
+    ] = None,
+    actor: Actor = "",
+    data_dir: DataDir = Path(".sxwl"),
+) -> None:
+    """Record money paid to a provider, out of its available earnings."""
+    micro = _yuan("--amount", amount)
+    _text("--reference", reference, 500)
+    _text("--idempotency-key", key, 100)
+    with _acting(data_dir, actor, immediate=True) as (session, admin):
+        provider = _account(session, "--email", email)
+        earnings.payout(
+            session, admin, provider_id=provider.id, amount=micro, reference=reference, idempotency_key=key
+        )
+        left = ledger.balance(session, ledger.account_key(ledger.PROVIDER_AVAILABLE, provider.id))
+    out.print(f"paid out {yuan_text(micro)} CNY to {email}; {yuan_text(left)} CNY still available")
+
+
+@prices_app.callback(invoke_without_command=True)
+def list_prices(ctx: typer.Context, data_dir: DataDir = Path(".sxwl")) -> None:
+    """The prices in force (without a subcommand)."""
+    if ctx.invoked_subcommand is not None:
+        return
+    with database(data_dir) as cloud, cloud.db.session() as session:
+        rows = [
+            (r, session.get(User, r.updated_by_id) if r.updated_by_id else None)
+            for r in prices.listing(session)
+        ]
+        if not rows:
+            out.print("No prices yet: nothing is placed until one is set (`sxwl admin prices set`).")
+            return
+        table = Table("resource", "product", "CNY per unit-hour", "fee %", "set at (UTC)", "by")
+        for row, by in rows:
+            unit = "core-hour" if row.resource == PriceResource.CPU else "GPU-hour"
+            table.add_row(
+                row.resource.value,
+                row.product or "CPU cores",
+                f"{yuan_text(row.price_per_hour)} / {unit}",
+                percent_text(row.fee_bp),
+                row.updated_at.strftime("%Y-%m-%d %H:%M"),
+                by.email if by else "-",
+            )
+    out.print(table)
+
+
+@prices_app.command("set")
+def set_price(
+    price: Annotated[str, typer.Option("--price", help="CNY per GPU-hour (per core-hour with --cpu).")],
+    fee: Annotated[str, typer.Option("--fee", help="The platform's fee in percent (0-100).")],
+    product: Annotated[str, typer.Option("--product", help="GPU product, as CPods report it.")] = "",
+    cpu: Annotated[bool, typer.Option("--cpu", help="The price per CPU core-hour of CPU-only work.")] = False,
+    actor: Actor = "",
+    data_dir: DataDir = Path(".sxwl"),
+) -> None:
+    """Set a price; attempts already placed keep the price they were placed at."""
+    if cpu == bool(product):
+        raise CliError("--product or --cpu: give exactly one", exit_code=2)
+    micro = _yuan("--price", price, MAX_PRICE_YUAN, allow_zero=True)
+    try:
+        fee_bp = parse_percent(fee)
+    except ValueError as exc:
+        raise CliError(f"--fee: {exc}", exit_code=2) from None
+    resource = PriceResource.CPU if cpu else PriceResource.GPU
+    with _acting(data_dir, actor) as (session, admin):
+        prices.set_price(session, admin, resource=resource, product=product, rate=prices.Rate(micro, fee_bp))
+    unit = "CPU core-hour" if cpu else f"GPU-hour of {product}"
+    out.print(f"{yuan_text(micro)} CNY per {unit}, fee {percent_text(fee_bp)} %")
+
+
+@prices_app.command("remove")
+def remove_price(
+    product: Annotated[str, typer.Option("--product", help="GPU product whose price is removed.")] = "",
+    cpu: Annotated[bool, typer.Option("--cpu", help="Remove the CPU core-hour price.")] = False,
+    actor: Actor = "",
+    data_dir: DataDir = Path(".sxwl"),
+) -> None:
+    """Remove a price: work on it is not placed until it is priced again."""
+    if cpu == bool(product):
+        raise CliError("--product or --cpu: give exactly one", exit_code=2)
+    resource = PriceResource.CPU if cpu else PriceResource.GPU
+    with _acting(data_dir, actor) as (session, admin):
+        prices.set_price(session, admin, resource=resource, product=product, rate=None)
+    out.print(f"removed the price of {product or 'CPU cores'}")
+
+
+@ledger_app.command("check")
+def check_ledger(data_dir: DataDir = Path(".sxwl")) -> None:
+    """Prove every transaction sums to zero and every cached balance equals its entries; exit 1 if not."""
+    with database(data_dir) as ctx, ctx.db.session() as session:
+        report = ledger.check(session)
+    out.print(f"{report.transactions} transactions, {report.entries} entries")
+    for key in report.unbalanced:
+        out.print(f"[red]unbalanced transaction[/] {key}")
+    for account, cached, summed in report.mismatched:
+        out.print(
+            f"[red]cached balance differs[/] {account}: cached {cached}, entries sum to {summed} (micro-yuan)"
+        )
+    if not report.ok:
+        raise CliError(
+            f"the ledger does not balance: {len(report.unbalanced)} transaction(s), "
+            f"{len(report.mismatched)} account(s)"
+        )
+    out.print("[green]ok[/]: every transaction balances and every cached balance matches its entries")
+
+
+def register(admin_app: typer.Typer) -> None:
+    admin_app.command("top-up")(top_up)
+    admin_app.command("payout")(payout)
+    admin_app.add_typer(prices_app, name="prices")
+    admin_app.add_typer(ledger_app, name="ledger")
