@@ -83,6 +83,8 @@ def balance(cli: Cli) -> str:
     return str(body["balance_yuan"])
 
 
+# The flags are checked before any database work: one engine is enough (each call is a process).
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
 def test_bad_input_is_refused_naming_the_flag_and_changes_nothing(cli: Cli) -> None:
     assert cli.admin("prices", "set", "--product", PRODUCT, "--price", "7.20", "--fee", "10")[0] == 0
     assert cli.admin("top-up", "--email", USER, "--amount", "100", "--note", "first")[0] == 0
