@@ -33,12 +33,7 @@ def top_up(
     """Adds ``amount`` to a user's cash, recorded with who and when. A repeated ``idempotency_key``
     returns the first top-up instead of adding again."""
     key = f"top_up:{idempotency_key or new_id()}"
-    done = session.scalar(select(LedgerTransaction).where(LedgerTransaction.idempotency_key == key))
-    if done is not None:
-        if done.payer_id != user_id or done.gross != amount:
-            raise AppError(
-                409, "this idempotency key was used for another top-up", code="idempotency_conflict"
-            )
+    if done := ledger.replayed(session, key, owner_id=user_id, amount=amount, what="top-up"):
         return done
     user = session.get(User, user_id)
     if user is None:

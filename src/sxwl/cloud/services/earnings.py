@@ -12,7 +12,7 @@ from sqlalchemy.orm import Session
 from sxwl.cloud.context import CloudContext
 from sxwl.cloud.db.models import CPod, LedgerAccount, LedgerTransaction, Role, User, new_id
 from sxwl.cloud.db.types import utcnow
-from sxwl.cloud.errors import AppError, invalid
+from sxwl.cloud.errors import invalid
 from sxwl.cloud.services import ledger
 from sxwl.cloud.services.billing import StatementRow, usage_rows
 from sxwl.cloud.services.ledger import Posting
@@ -74,12 +74,7 @@ def payout(
     """Records money paid out to a provider (by bank transfer, say: ``reference``), out of what is
     available; more than that is a 422 on ``amount_yuan``, the field of the API's body."""
     key = f"payout:{idempotency_key or new_id()}"
-    done = session.scalar(select(LedgerTransaction).where(LedgerTransaction.idempotency_key == key))
-    if done is not None:
-        if done.provider_id != provider_id or done.gross != amount:
-            raise AppError(
-                409, "this idempotency key was used for another payout", code="idempotency_conflict"
-            )
+    if done := ledger.replayed(session, key, owner_id=provider_id, amount=amount, what="payout"):
         return done
     provider = session.get(User, provider_id)
     if provider is None or provider.role != Role.PROVIDER:

@@ -20,6 +20,7 @@ from sqlalchemy.orm import Session
 
 from sxwl.cloud.db.models import LedgerAccount, LedgerEntry, LedgerTransaction, new_id
 from sxwl.cloud.db.types import utcnow
+from sxwl.cloud.errors import AppError
 
 USER_CASH = "user_cash"
 PROVIDER_PENDING = "provider_pending"
@@ -170,6 +171,17 @@ def post(session: Session, posting: Posting) -> bool:
     except IntegrityError:
         return False
     return True
+
+
+def replayed(
+    session: Session, key: str, *, owner_id: str, amount: int, what: str
+) -> LedgerTransaction | None:
+    """The transaction an admin's retried request (same idempotency ``key``) already posted, or
+    None; 409 when the key was used for a different owner or amount."""
+    done = session.scalar(select(LedgerTransaction).where(LedgerTransaction.idempotency_key == key))
+    if done is not None and (owner_id not in (done.payer_id, done.provider_id) or done.gross != amount):
+        raise AppError(409, f"this idempotency key was used for another {what}", code="idempotency_conflict")
+    return done
 
 
 def balance(session: Session, key: str) -> int:
