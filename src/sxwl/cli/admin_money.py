@@ -54,7 +54,7 @@ Amount = Annotated[str, typer.Option("--amount", help="CNY, a decimal such as 10
 FLAGS = {
     "user_id": "--email/--user-id",
     "provider_id": "--email",
-    "amount": "--amount",
+    "amount_yuan": "--amount",
     "product": "--product",
 }
 
