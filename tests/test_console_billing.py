@@ -221,7 +221,8 @@ def test_forms_need_csrf_and_the_admin_role(client: TestClient) -> None:
     [
         ({"amount": "0"}, "amount", "必须大于 0。"),
         ({"amount": "-5"}, "amount", "不能为负数。"),
-        ({"amount": "1e12"}, "amount", "金额过大（最多 100000000）。"),
+        ({"amount": "1000000000000"}, "amount", "金额过大（最多 100000000）。"),
+        ({"amount": "1e3"}, "amount", "请输入金额（元），例如 7.20。"),
         ({"amount": "ten"}, "amount", "请输入金额（元），例如 7.20。"),
         ({"user": "nobody@example.com"}, "user", "没有这个算力用户（请填写邮箱或用户 ID）。"),
         ({"user": "farm2@example.com"}, "user", "算力源不运行任务，请为算力用户充值。"),
