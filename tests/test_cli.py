@@ -20,7 +20,8 @@ from sxwl.cloud.db.models import PriceResource
 from sxwl.cloud.services import accounts, ledger, prices
 from sxwl.protocol.money import MICRO
 from tests.support.agent import eventually
-from tests.support.cloud import CloudProcess, test_settings
+from tests.support.cloud import CloudProcess
+from tests.support.cloud import test_settings as settings_for_test  # not collected as a test
 from tests.support.net import free_port
 
 
@@ -157,8 +158,15 @@ def test_up_creates_demo_accounts_and_prints_their_logins(tmp_path: Path) -> Non
             what="the demo job's cost",
         )
         assert cost > 0
-        balance = httpx.get(f"{url}/api/v1/billing/balance", headers=user).json()["balance"]
-        assert balance == 100_000_000 - cost
+        # The job page shows its cost at once; the balance moves when the metering loop rates it.
+        eventually(
+            lambda: (
+                httpx.get(f"{url}/api/v1/billing/balance", headers=user).json()["balance"]
+                == 100_000_000 - cost
+            ),
+            timeout=90,
+            what="the demo job's cost charged to the balance",
+        )
         provider = tokens["provider@demo.example.com"]
         earned = httpx.get(f"{url}/api/v1/earnings", headers=provider).json()
         assert earned["pending"] > 0 and earned["available"] == 0  # held for the default 7 days
@@ -171,7 +179,7 @@ def test_up_creates_demo_accounts_and_prints_their_logins(tmp_path: Path) -> Non
 
 
 def test_demo_money_is_set_once_and_never_over_an_admins_change(tmp_path: Path) -> None:
-    settings = test_settings(tmp_path / "data", f"sqlite:///{tmp_path / 'sxwl.db'}", billing_enabled=True)
+    settings = settings_for_test(tmp_path / "data", f"sqlite:///{tmp_path / 'sxwl.db'}", billing_enabled=True)
     server.ensure_demo_accounts(settings)
     ctx = CloudContext.from_settings(settings)
     with ctx.db.session() as session:
