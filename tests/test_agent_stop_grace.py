@@ -56,7 +56,7 @@ def test_the_clouds_grace_delays_sigkill(tmp_path: Path) -> None:
 def test_without_a_grace_from_the_cloud_the_agents_applies(tmp_path: Path) -> None:
     job, elapsed, output = stop_and_time(tmp_path, None)
     assert (output / "checkpoint").read_text() == "saved\n"
-    assert AGENT_GRACE_S <= elapsed < 2.5
+    assert elapsed >= AGENT_GRACE_S  # never killed before a grace: a bound, not a speed
     assert job.outcome == "cancelled" and job.stop_grace_s is None
 
 
@@ -96,7 +96,8 @@ def test_an_exhausted_balance_stops_a_job_with_the_clouds_grace(
             assert (job["state"], job["reason"]) == ("cancelled", "balance exhausted")
             output = world.logs(job_id)
             assert "saved" in output
-            # SIGKILL came after the cloud's 4 s, not the agent's 1 s: about 20 ticks of 0.2 s.
-            assert output.count("tick") >= 12, output
+            # Each tick takes at least 0.2 s, so the agent's 1 s would allow at most 6: more proves
+            # SIGKILL waited for the cloud's longer grace (a bound that load cannot break).
+            assert output.count("tick") > 6, output
     finally:
         world.close()
