@@ -15,8 +15,12 @@ T = TypeVar("T")
 
 
 class AgentProcess:
-    def __init__(self, api_url: str, state_dir: Path, access_key: str | None, *args: str) -> None:
-        self.log_path = state_dir.parent / f"{state_dir.name}-{time.monotonic_ns()}.log"
+    def __init__(
+        self, api_url: str, state_dir: Path, access_key: str | None, *args: str, cwd: Path | None = None
+    ) -> None:
+        """``cwd``: the agent's working directory, against which a relative ``state_dir`` counts."""
+        where = cwd / state_dir if cwd is not None else state_dir
+        self.log_path = where.parent / f"{where.name}-{time.monotonic_ns()}.log"
         self._log = self.log_path.open("wb")
         env = {k: v for k, v in os.environ.items() if k != "SXWL_ACCESS_KEY"}
         if access_key is not None:
@@ -24,6 +28,7 @@ class AgentProcess:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "sxwl.agent", "--api-url", api_url, "--state-dir", str(state_dir), *args],
             env=env,
+            cwd=cwd,
             stdout=self._log,
             stderr=subprocess.STDOUT,
             start_new_session=True,

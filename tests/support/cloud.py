@@ -34,10 +34,14 @@ def test_settings(data_dir: Path, database_url: str, **overrides: object) -> Set
 class CloudProcess:
     """``sxwl serve`` as a real process on loopback."""
 
-    def __init__(self, data_dir: Path, port: int, env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self, data_dir: Path, port: int, env: dict[str, str] | None = None, cwd: Path | None = None
+    ) -> None:
+        """``cwd``: the server's working directory, against which a relative ``data_dir`` counts."""
         self.url = f"http://127.0.0.1:{port}"
-        self.log_path = data_dir / "cloud.log"
-        data_dir.mkdir(parents=True, exist_ok=True)
+        where = cwd / data_dir if cwd is not None else data_dir
+        self.log_path = where / "cloud.log"
+        where.mkdir(parents=True, exist_ok=True)
         full_env = {
             **os.environ,
             "SXWL_ARGON2_TIME_COST": "1",
@@ -49,6 +53,7 @@ class CloudProcess:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "sxwl.cli", "serve", "--port", str(port), "--data-dir", str(data_dir)],
             env=full_env,
+            cwd=cwd,
             stdout=self._log,
             stderr=subprocess.STDOUT,
             start_new_session=True,

@@ -123,6 +123,9 @@ def run(
     if runtime not in ("local", "kubernetes"):
         typer.echo(f"error: --runtime {runtime}: choose local or kubernetes", err=True)
         raise typer.Exit(2)
+    # Resolved once, at start: every path the agent hands a job (its work and output dirs) or keeps
+    # (the token, job records) derives from it and must not depend on a working directory.
+    state_dir = state_dir.resolve()
     mode = local_isolation(isolation, trust_account or []) if runtime == "local" else None
     config = AgentConfig(
         api_url=api_url.rstrip("/"),

@@ -42,10 +42,10 @@ DEMO_ACCOUNTS = (
 def settings_for(
     data_dir: Path, port: int | None = None, host: str = "127.0.0.1", log_format: logs.LogFormat | None = None
 ) -> Settings:
-    os.environ.setdefault("SXWL_DATA_DIR", str(data_dir))
     if log_format is not None:  # the flag wins over the environment, and is validated like it
         os.environ["SXWL_LOG_FORMAT"] = log_format
-    settings = Settings(data_dir=data_dir)
+    settings = Settings(data_dir=data_dir)  # absolute from here on (Settings resolves it)
+    os.environ.setdefault("SXWL_DATA_DIR", str(settings.data_dir))
     if port is not None and not settings.public_url:
         shown = "127.0.0.1" if host in ("0.0.0.0", "::") else host  # noqa: S104 - comparing, not binding
         settings = settings.model_copy(update={"public_url": f"http://{shown}:{port}"})

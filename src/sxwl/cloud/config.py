@@ -32,7 +32,7 @@ def _proxy_items(text: str) -> list[str]:
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="SXWL_", extra="ignore")
 
-    data_dir: Path = Path(".sxwl")
+    data_dir: Path = Field(default=Path(".sxwl"), validate_default=True)
     database_url: str = ""
     secret_key: str = ""
     # The URL that CPods and browsers use to reach this cloud; defaults to the request's own.
@@ -100,6 +100,13 @@ class Settings(BaseSettings):
     earnings_hold_s: float = Field(default=7 * 24 * 3600.0, ge=0)
     # An empty balance: running jobs get SIGTERM, then this long to save a checkpoint.
     balance_stop_grace_s: float = Field(default=60.0, ge=0, le=3600)
+
+    @field_validator("data_dir")
+    @classmethod
+    def _absolute_data_dir(cls, value: Path) -> Path:
+        # Resolved once, here: the artifact store, the database URL and the agent that ``sxwl up``
+        # starts all derive their paths from it, and none of them may depend on a working directory.
+        return value.resolve()
 
     @field_validator("rate_login_ip", "rate_login_account", "rate_register_ip", "rate_register_account")
     @classmethod
