@@ -15,6 +15,14 @@
 #   scripts/gpu-check.sh run --use-venv PATH [--require-gpu] [--keep]
 #       The same check with an existing virtualenv where sxwl is installed (e.g. the checkout's .venv).
 #
+#   DIR/gpu-check.sh k8s DIR --image IMAGE [--python PYTHON] [gpu-check-k8s.sh options]
+#   scripts/gpu-check.sh k8s --use-venv PATH --image IMAGE [gpu-check-k8s.sh options]
+#       The Kubernetes variant, for a GPU machine with a (single-node) cluster and the NVIDIA device
+#       plugin: sets up the venv as `run` does, then runs gpu-check-k8s.sh (beside this script; its
+#       own header says what it checks): tiny-lm through `sxwl-agent --runtime kubernetes` with
+#       nvidia.com/gpu: 1, CUDA in its log, its checkpoint downloaded; a PASS/FAIL summary. Missing
+#       prerequisites (kubectl, the cluster, the device plugin, a GPU) are listed, exit status 3.
+#
 # The check: starts `sxwl serve` on a free loopback port with a throwaway data dir (SQLite), creates
 # a provider with `sxwl admin create-user --role provider --password-stdin`, signs in to fetch its
 # accessKey, starts `sxwl-agent` with the key in SXWL_ACCESS_KEY (never on a command line) and a 1 s
@@ -87,7 +95,10 @@ prepare() {
     --platform linux_x86_64 --platform any \
     "$wheel"
   cp "$SCRIPT_PATH" "$dir/gpu-check.sh"
-  chmod +x "$dir/gpu-check.sh"
+  cp "$(dirname "$SCRIPT_PATH")/gpu-check-k8s.sh" "$dir/gpu-check-k8s.sh"
+  chmod +x "$dir/gpu-check.sh" "$dir/gpu-check-k8s.sh"
+  mkdir -p "$dir/tiny-lm"
+  cp "$root/examples/tiny-lm/train.py" "$root/examples/tiny-lm/input.txt" "$dir/tiny-lm/"
   say "ready: $(find "$dir/wheels" -name '*.whl' | wc -l) wheels in $dir/wheels"
   say "on the GPU machine: $dir/gpu-check.sh run $dir"
 }
@@ -158,24 +169,10 @@ sys.exit(0 if httpx.get(sys.argv[1] + "/healthz", timeout=1).status_code == 200 
   die "the cloud did not answer /healthz in 30 s (see $WORK/cloud.log)"
 }
 
-run() {
-  local dir="" use_venv="" require_gpu=0 python=""
-  while [ $# -gt 0 ]; do
-    case $1 in
-      --use-venv) [ $# -ge 2 ] || usage; use_venv=$2; shift 2 ;;
-      --require-gpu) require_gpu=1; shift ;;
-      --python) [ $# -ge 2 ] || usage; python=$2; shift 2 ;;
-      --keep) KEEP=1; shift ;;
-      -h | --help) usage ;;
-      -*) warn "unknown option $1"; usage ;;
-      *) [ -z "$dir" ] || usage; dir=$1; shift ;;
-    esac
-  done
-  [ -n "$dir" ] || [ -n "$use_venv" ] || usage
-
-  trap cleanup EXIT
-  trap on_signal INT TERM HUP
-
+# Sets VENV: --use-venv's, or DIR/venv installed offline from DIR/wheels (again when DIR was
+# prepared again since).
+setup_venv() {
+  local dir=$1 use_venv=$2 python=$3
   if [ -n "$use_venv" ]; then
     VENV=$(cd "$use_venv" && pwd)
   else
@@ -204,6 +201,26 @@ run() {
   if [ ! -x "$VENV/bin/sxwl" ] || [ ! -x "$VENV/bin/sxwl-agent" ]; then
     die "$VENV has no sxwl and sxwl-agent installed"
   fi
+}
+
+run() {
+  local dir="" use_venv="" require_gpu=0 python=""
+  while [ $# -gt 0 ]; do
+    case $1 in
+      --use-venv) [ $# -ge 2 ] || usage; use_venv=$2; shift 2 ;;
+      --require-gpu) require_gpu=1; shift ;;
+      --python) [ $# -ge 2 ] || usage; python=$2; shift 2 ;;
+      --keep) KEEP=1; shift ;;
+      -h | --help) usage ;;
+      -*) warn "unknown option $1"; usage ;;
+      *) [ -z "$dir" ] || usage; dir=$1; shift ;;
+    esac
+  done
+  [ -n "$dir" ] || [ -n "$use_venv" ] || usage
+
+  trap cleanup EXIT
+  trap on_signal INT TERM HUP
+  setup_venv "$dir" "$use_venv" "$python"
 
   # A throwaway cloud, whatever this shell's SXWL_* variables say.
   unset SXWL_DATABASE_URL SXWL_DATA_DIR SXWL_PUBLIC_URL SXWL_ACCESS_KEY SXWL_API_URL SXWL_CONFIG_DIR
@@ -367,6 +384,27 @@ print(f"OK: the cloud shows {cloud_total} GPU(s), as nvidia-smi does")
 EOF
 }
 
+# ---- k8s ---------------------------------------------------------------------------------------------
+
+k8s() {
+  local dir="" use_venv="" python="" rest=()
+  if [ $# -gt 0 ] && [[ $1 != -* ]]; then
+    dir=$1
+    shift
+  fi
+  while [ $# -gt 0 ]; do
+    case $1 in
+      --use-venv) [ $# -ge 2 ] || usage; use_venv=$2; shift 2 ;;
+      --python) [ $# -ge 2 ] || usage; python=$2; shift 2 ;;
+      -h | --help) usage ;;
+      *) rest+=("$1"); shift ;;  # gpu-check-k8s.sh's own options: it judges them
+    esac
+  done
+  [ -n "$dir" ] || [ -n "$use_venv" ] || usage
+  setup_venv "$dir" "$use_venv" "$python"
+  exec "$(dirname "$SCRIPT_PATH")/gpu-check-k8s.sh" --venv "$VENV" "${rest[@]}"
+}
+
 # ---- main ------------------------------------------------------------------------------------------
 
 [ $# -ge 1 ] || usage
@@ -375,6 +413,7 @@ shift
 case $command in
   prepare) prepare "$@" ;;
   run) run "$@" ;;
+  k8s) k8s "$@" ;;
   -h | --help | help) usage ;;
   *) warn "unknown command $command"; usage ;;
 esac
