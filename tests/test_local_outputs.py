@@ -119,7 +119,7 @@ def test_make_run_keeps_the_demo_checkpoint(tmp_path: Path) -> None:
         for path in ("checkpoint.npz", "metrics.json"):
             assert f'data-path="{path}"' in page
             assert f'href="/api/v1/jobs/{job_id}/artifacts/{path}"' in page
-        assert "(2)" in page
+        assert '<span class="muted">(2)</span>' in page
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
         proc.wait(20)
