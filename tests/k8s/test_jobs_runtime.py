@@ -196,7 +196,7 @@ def test_single_node_job_fails_with_its_exit_code(
         runtime = make_runtime(api, tmp_path, unique("sxwl-t") + "-")
         env = {"KWOK_OUTCOME": "fail", "KWOK_EXIT_CODE": "3"}
         job = await finished(runtime, runtime.start(assignment(products["small"], env=env)))
-        assert (job.outcome, job.exit_code, job.stop_reason) == ("failed", 3, None)
+        assert (job.outcome, job.exit_code, job.stop_reason) == ("failed", 3, "exit code 3")
 
     in_cluster(k8s_cluster, body)
 

@@ -113,7 +113,7 @@ def upload_problem(pods: list[Any]) -> str | None:
             message = (terminated.message or "").strip()
             if message.startswith("error: "):
                 problems.append(message.removeprefix("error: "))
-            elif terminated.exit_code:
+            elif terminated.exit_code and not message.startswith("ok: "):  # "ok": its own word
                 detail = message or terminated.reason or f"exit code {terminated.exit_code}"
                 problems.append(f"artifacts not uploaded: the uploader failed ({detail})")
     return "; ".join(problems) if problems else None
