@@ -13,6 +13,7 @@ import pytest
 from typer.testing import CliRunner
 
 from sxwl.agent import main as agent_main
+from sxwl.agent import pod_uploader
 from sxwl.agent.pod_settings import node_selector, toleration
 from sxwl.agent.runtimes.kube_manifests import job_manifest
 from sxwl.agent.runtimes.kube_objects import KubeJob
@@ -78,7 +79,7 @@ def test_the_uploader_alone_mounts_the_token_and_no_token_is_in_the_pod_spec() -
     secret_volume = next(v for v in pod["volumes"] if v["name"] == "sxwl-upload")
     assert secret_volume["secret"] == {"secretName": "sxwl-j1-2-upload", "defaultMode": 0o400}
     assert uploader["image"] == UPLOADS.image
-    assert uploader["command"] == ["python3", "-m", "sxwl.agent.pod_uploader"]
+    assert uploader["command"] == ["python3", "-I", "/sxwl-upload/pod_uploader.py"]
     assert uploader["securityContext"]["capabilities"] == {"drop": ["ALL"]}
     assert uploader["securityContext"]["readOnlyRootFilesystem"] is True
     env = {e["name"]: e.get("value") for e in uploader["env"]}
@@ -93,6 +94,8 @@ def test_the_uploader_alone_mounts_the_token_and_no_token_is_in_the_pod_spec() -
     secret = secret_manifest(record(), TOKEN, UPLOADS, owner_uid="uid-1")
     assert base64.b64decode(secret["data"]["token"]).decode() == TOKEN
     assert base64.b64decode(secret["data"]["ca.crt"]) == b"PEM"
+    program = base64.b64decode(secret["data"]["pod_uploader.py"])  # the agent's own copy, run by path
+    assert program == Path(pod_uploader.__file__).read_bytes()
     (owner,) = secret["metadata"]["ownerReferences"]
     assert owner == {"apiVersion": "batch/v1", "kind": "Job", "name": "sxwl-j1-2", "uid": "uid-1"}
 

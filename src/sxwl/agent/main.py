@@ -124,8 +124,8 @@ def run(
         str | None,
         typer.Option(
             envvar="SXWL_UPLOADER_IMAGE",
-            help="kubernetes runtime: the image of each pod's uploader container (python3 and the sxwl "
-            "package; the chart gives the agent's own). Without it, jobs on this CPod have no artifacts.",
+            help="kubernetes runtime: the image of each pod's uploader container (any image with python3; "
+            "the chart gives the agent's own). Without it, jobs on this CPod have no artifacts.",
         ),
     ] = None,
     upload_ca_file: Annotated[
@@ -157,6 +157,8 @@ def run(
         stream=sys.stderr,
     )
     logging.getLogger("httpx").setLevel(logging.WARNING)
+    # Its debug log prints every response body, Secrets' data (CPod and upload tokens) included.
+    logging.getLogger("kubernetes_asyncio").setLevel(logging.INFO)
     if runtime not in ("local", "kubernetes"):
         typer.echo(f"error: --runtime {runtime}: choose local or kubernetes", err=True)
         raise typer.Exit(2)

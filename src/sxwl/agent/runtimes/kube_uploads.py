@@ -4,15 +4,18 @@ the main container, and what its termination message says about the upload.
 
 The main container writes to the ``sxwl`` emptyDir (``SXWL_OUTPUT_DIR`` is in it) under the wrapper
 of kube_wrapper.py; the uploader mounts that volume read-only and the Secret (mode 0400), and runs
-``sxwl.agent.pod_uploader``, which talks to the cloud with nothing but the upload token. The main
-container never mounts the Secret and no token is in any environment or command line."""
+``sxwl.agent.pod_uploader`` (its file, from the Secret), which talks to the cloud with nothing but
+the upload token. The main container never mounts the Secret and no token is in any environment or
+command line."""
 
 from __future__ import annotations
 
 import base64
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
+from sxwl.agent import pod_uploader
 from sxwl.agent.runtimes.kube_objects import KubeJob, labels
 from sxwl.agent.runtimes.kube_wrapper import OUTPUT_DIR, SHARED_DIR
 
@@ -20,7 +23,10 @@ UPLOADER = "uploader"
 SHARED_VOLUME = "sxwl"
 TOKEN_VOLUME = "sxwl-upload"  # noqa: S105 - a volume's name
 TOKEN_DIR = "/sxwl-upload"  # noqa: S105 - a mount point
-TOKEN_KEY, CA_KEY = "token", "ca.crt"
+TOKEN_KEY, CA_KEY, PROGRAM_KEY = "token", "ca.crt", "pod_uploader.py"
+# The agent's own copy of the program travels in the Secret, so the uploader's code always matches
+# the agent's and any image with a python3 can run it (the job's own image, say).
+PROGRAM = Path(pod_uploader.__file__).read_bytes()
 # The uploader reads the 0400 token as its owner and the output as anyone may (the wrapper makes it
 # readable): root without a single capability, on a read-only root file system.
 UPLOADER_SECURITY: dict[str, Any] = {
@@ -38,8 +44,8 @@ UPLOADER_RESOURCES = {"requests": {"cpu": "10m", "memory": "32Mi"}, "limits": {"
 @dataclass(frozen=True)
 class UploadConfig:
     """Where the pods' uploaders send artifacts: the cloud's URL as pods reach it, the image that runs
-    the uploader (any image with python3 and the sxwl package; the agent's own by default), and the CA
-    bundle that the cloud's certificate is checked against, if not the system's."""
+    the uploader (any image with a python3; the agent's own by default), and the CA bundle that the
+    cloud's certificate is checked against, if not the system's."""
 
     url: str
     image: str
@@ -52,7 +58,10 @@ def secret_name(job: KubeJob) -> str:
 
 def secret_manifest(job: KubeJob, token: str, config: UploadConfig, owner_uid: str) -> dict[str, Any]:
     """The Secret, owned by the attempt's Job, so the garbage collector deletes it with the Job."""
-    data = {TOKEN_KEY: base64.b64encode(token.encode()).decode()}
+    data = {
+        TOKEN_KEY: base64.b64encode(token.encode()).decode(),
+        PROGRAM_KEY: base64.b64encode(PROGRAM).decode(),
+    }
     if config.ca_pem is not None:
         data[CA_KEY] = base64.b64encode(config.ca_pem).decode()
     owner = {"apiVersion": "batch/v1", "kind": "Job", "name": job.k8s_name, "uid": owner_uid}
@@ -90,7 +99,7 @@ def uploader_container(job: KubeJob, config: UploadConfig, rank_env: dict[str, A
     return {
         "name": UPLOADER,
         "image": config.image,
-        "command": ["python3", "-m", "sxwl.agent.pod_uploader"],
+        "command": ["python3", "-I", f"{TOKEN_DIR}/{PROGRAM_KEY}"],
         "env": env,
         "volumeMounts": [
             {"name": SHARED_VOLUME, "mountPath": SHARED_DIR, "readOnly": True},
