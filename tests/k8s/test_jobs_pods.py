@@ -9,11 +9,12 @@ import json
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from sxwl.agent.runtimes.kube_objects import COMPLETION_INDEX
+from sxwl.agent.runtimes.kube_objects import COMPLETION_INDEX, JOB_ID
 from sxwl.agent.runtimes.kube_uploads import UploadConfig, secret_name
 from tests.k8s.test_jobs_runtime import (
     assignment,
@@ -26,6 +27,7 @@ from tests.k8s.test_jobs_runtime import (
     products,
     unique,
 )
+from tests.support.agent import AgentProcess, eventually
 from tests.support.k8s import EXIT_CODE, MESSAGE, OUTCOME, K8sCluster, wait_until
 
 pytestmark = pytest.mark.k8s
@@ -136,3 +138,61 @@ def test_a_pod_deleted_under_the_job_ends_it_with_that_reason(
         assert job.stop_reason == "a pod of the job was deleted before it finished"
 
     in_cluster(k8s_cluster, body)
+
+
+def test_a_failed_job_with_many_upload_errors_reaches_the_cloud_with_a_bounded_reason(
+    k8s_cluster: K8sCluster, products: dict[str, str], tmp_path: Path
+) -> None:
+    """Through `sxwl serve` and `sxwl-agent --runtime kubernetes` as processes: the reason, exit code
+    and upload error reach the job, cut to what a reason may hold."""
+    from tests.test_jobs_process import World
+
+    agent_ns = unique("sxwl-agent")
+    k8s_cluster.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": agent_ns}})
+    world = World(tmp_path, f"sqlite:///{tmp_path / 'sxwl.db'}")
+    try:
+        world.agents.append(
+            AgentProcess(
+                world.url,
+                tmp_path / "agent",
+                world.key,
+                *("--runtime", "kubernetes", "--kubeconfig", str(k8s_cluster.kubeconfig)),
+                *("--namespace", agent_ns, "--heartbeat-interval", "0.3"),
+                *("--uploader-image", "registry.example/sxwl-agent:1"),
+            )
+        )
+        world.online()
+        body = {
+            "name": "t",
+            "command": "python train.py",
+            "image": "registry.example/train:1",
+            "gpu_product": products["small"],
+            "gpus_per_node": 1,
+        }
+        response = httpx.post(f"{world.url}/api/v1/jobs", headers=world.user, json=body)
+        assert response.status_code == 201, response.text
+        job_id = response.json()["id"]
+        selector = f"{JOB_ID}={job_id}"
+
+        def pod() -> str:
+            return k8s_cluster.kubectl(
+                "get",
+                "pods",
+                "-A",
+                "-l",
+                selector,
+                "-o",
+                "jsonpath={.items[0].metadata.namespace}/{.items[0].metadata.name}",
+                check=False,
+            )
+
+        ns, _, name = eventually(pod, timeout=60, what="the job's pod").partition("/")
+        errors = "; ".join(f"artifact part-{i}.bin refused: larger than 10 bytes" for i in range(20))
+        for key, value in {OUTCOME: "fail", EXIT_CODE: "3", MESSAGE: f"error: {errors}"}.items():
+            k8s_cluster.kubectl("annotate", "-n", ns, f"pod/{name}", f"{key}={value}")
+        job = world.wait_state(job_id, "failed", timeout=60)
+        assert job["exit_code"] == 3
+        assert job["reason"].startswith("exit code 3; artifact part-0.bin refused: larger than 10 bytes; ")
+        assert len(job["reason"]) == 500 and job["reason"].endswith("…")
+    finally:
+        world.close()

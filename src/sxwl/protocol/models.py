@@ -145,6 +145,8 @@ class HeartbeatReply(Wire):
     status: Literal["online", "unknown", "offline"]
 
 
+REASON_MAX_CHARS = 500
+
 AgentJobState = Literal["starting", "running", "succeeded", "failed", "cancelled", "lost"]
 
 
@@ -191,7 +193,7 @@ class JobStatus(WireIn):
     attempt: PosInt32
     state: AgentJobState
     exit_code: Int32 | None = None
-    reason: Text | None = Field(default=None, max_length=500)
+    reason: Text | None = Field(default=None, max_length=REASON_MAX_CHARS)
 
 
 class JobStatusReply(Wire):
