@@ -11,6 +11,7 @@ import threading
 import time
 from pathlib import Path
 
+from sxwl.agent import pod_uploader
 from sxwl.agent.pod_uploader import wait_for_main
 from sxwl.agent.runtimes.kube_wrapper import wrapped
 from tests.support.agent import eventually
@@ -76,3 +77,29 @@ def test_a_main_container_killed_whole_ends_the_wait_without_a_status(tmp_path: 
     proc.wait(30)
     waiter.join(10)
     assert result == [None] and not (shared / "exit-code").exists()
+
+
+def test_a_pod_deleted_before_its_command_ever_ran_ends_the_wait(tmp_path: Path) -> None:
+    """A main container that could not start (no /bin/sh in the image) never makes the FIFO: SIGTERM
+    then ends the uploader's wait at once, instead of at the end of the grace."""
+    shared = tmp_path / "sxwl"
+    shared.mkdir()
+    env = {
+        "PATH": "/usr/bin:/bin",
+        "SXWL_SHARED_DIR": str(shared),
+        "SXWL_UPLOAD_URL": "http://127.0.0.1:9",
+        "SXWL_JOB_ID": "j",
+        "SXWL_ATTEMPT": "1",
+        "SXWL_UPLOAD_TOKEN_FILE": str(tmp_path / "token"),
+        "SXWL_TERMINATION_LOG": str(tmp_path / "termination-log"),
+    }
+    (tmp_path / "token").write_text("sxup_x")
+    uploader = subprocess.Popen(
+        ["python3", "-I", pod_uploader.__file__], env=env, stderr=subprocess.PIPE, text=True
+    )
+    time.sleep(1.5)
+    assert uploader.poll() is None  # waiting for the main container
+    uploader.send_signal(signal.SIGTERM)
+    assert uploader.wait(10) == 0
+    message = (tmp_path / "termination-log").read_text()
+    assert message == "ok: 0 files (0 bytes) uploaded; the main container ended without an exit status"

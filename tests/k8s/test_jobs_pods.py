@@ -14,7 +14,7 @@ import pytest
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from sxwl.agent.runtimes.kube_objects import COMPLETION_INDEX, JOB_ID
+from sxwl.agent.runtimes.kube_objects import COMPLETION_INDEX, JOB_ID, KubeJob
 from sxwl.agent.runtimes.kube_uploads import UploadConfig, secret_name
 from tests.k8s.test_jobs_runtime import (
     assignment,
@@ -28,7 +28,7 @@ from tests.k8s.test_jobs_runtime import (
     unique,
 )
 from tests.support.agent import AgentProcess, eventually
-from tests.support.k8s import EXIT_CODE, MESSAGE, OUTCOME, K8sCluster, wait_until
+from tests.support.k8s import EXIT_CODE, MESSAGE, OUTCOME, REASON, K8sCluster, wait_until
 
 pytestmark = pytest.mark.k8s
 __all__ = ["products"]  # the module's GPU nodes, from the runtime's tests
@@ -196,3 +196,44 @@ def test_a_failed_job_with_many_upload_errors_reaches_the_cloud_with_a_bounded_r
         assert len(job["reason"]) == 500 and job["reason"].endswith("…")
     finally:
         world.close()
+
+
+def test_kubernetes_reasons_are_said_in_words(
+    k8s_cluster: K8sCluster, products: dict[str, str], tmp_path: Path
+) -> None:
+    cases = {
+        "oom": ("137", "OOMKilled", "", "out of memory (OOMKilled, exit code 137)"),
+        "not-found": ("127", "Error", "", "command not found (exit code 127)"),
+        "no-shell": (
+            "128",
+            "StartError",
+            'exec: "/bin/sh": no such file or directory',
+            'the container could not start (StartError): exec: "/bin/sh": no such file or directory',
+        ),
+    }
+
+    async def body(api: Any) -> None:
+        # No uploader here: KWOK would end it with the main container's status.
+        runtime = make_runtime(api, tmp_path, unique("sxwl-t") + "-")
+        jobs = {key: runtime.start(assignment(products["small"])) for key in cases}
+        await drive(runtime, lambda: all(j.created for j in jobs.values()), what="the Jobs")
+        for key, job in jobs.items():
+
+            async def pods_of(job: KubeJob = job) -> list[Any]:
+                return await cluster_pods(api, job)
+
+            (pod,) = await wait_until(pods_of, what="the pod")
+            code, reason, message, _ = cases[key]
+            for name, value in {OUTCOME: "fail", EXIT_CODE: code, REASON: reason, MESSAGE: message}.items():
+                k8s_cluster.kubectl(
+                    "annotate", "-n", job.namespace, f"pod/{pod.metadata.name}", f"{name}={value}"
+                )
+        await drive(runtime, lambda: all(j.outcome for j in jobs.values()), what="the Jobs to end")
+        got = {key: (job.outcome, job.stop_reason) for key, job in jobs.items()}
+        assert got == {key: ("failed", said) for key, (_, _, _, said) in cases.items()}
+        assert (jobs["oom"].exit_code, jobs["not-found"].exit_code) == (137, 127)
+        # A container that could not start is stopped by the agent (a real pod's uploader would wait
+        # for it for ever), unless the Job controller saw the pod fail first: 128 then.
+        assert jobs["no-shell"].exit_code in (None, 128)
+
+    in_cluster(k8s_cluster, body)

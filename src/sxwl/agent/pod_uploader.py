@@ -20,6 +20,7 @@ import signal
 import ssl
 import stat
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -94,16 +95,23 @@ class Summary:
         return f"error: {'; '.join(self.errors)} ({done})"
 
 
+# Set by SIGTERM: the pod is being deleted.
+TERMINATING = threading.Event()
+
+
 def wait_for_main(shared: Path) -> int | None:
     """The main command's exit status once its wrapper wrote it; None when the main container ended
     without one (killed as a whole, by the OOM killer say): the wrapper holds the write end of a FIFO
-    for its whole life, so an end of file says that no process of it is left."""
+    for its whole life, so an end of file says that no process of it is left. Also None at once when
+    the pod is deleted before the wrapper ever ran (its container could not start)."""
     fifo: int | None = None
     code_file = shared / EXIT_CODE_FILE
     try:
         while True:
             if code_file.exists():
                 return _read_code(code_file)
+            if fifo is None and TERMINATING.is_set() and not (shared / ALIVE_FIFO).exists():
+                return None
             if fifo is None and (shared / ALIVE_FIFO).exists():
                 fifo = os.open(shared / ALIVE_FIFO, os.O_RDONLY | os.O_NONBLOCK)
             if fifo is not None:
@@ -250,6 +258,7 @@ def upload_all(config: Config) -> Summary:
 def _terminating(signum: int, frame: FrameType | None) -> None:
     """The pod is being deleted: the main container got SIGTERM too and may be saving a checkpoint,
     so keep waiting for it and upload what it leaves, until the grace ends with SIGKILL."""
+    TERMINATING.set()
     print("SIGTERM: uploading what the main container leaves, within the grace", file=sys.stderr)
 
 
