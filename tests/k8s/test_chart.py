@@ -142,6 +142,23 @@ def test_chart_lints_and_renders(k8s_cluster: K8sCluster) -> None:
     (deployment,) = [d for d in rendered if d and d["kind"] == "Deployment"]
     container = deployment["spec"]["template"]["spec"]["containers"][0]
     assert "--leader-elect" in container["args"] and "--runtime=kubernetes" in container["args"]
+    # Pods' uploaders run the agent's own image unless the values name another.
+    assert f"--uploader-image={container['image']}" in container["args"]
+    placed = k8s_cluster.helm(
+        "template",
+        "x",
+        str(CHART),
+        "--set=existingSecret=s",
+        '--set-json=jobs.podNodeSelector={"sxwl.test/node": "real"}',
+        '--set-json=jobs.podTolerations=["sxwl.test/real=true:NoSchedule"]',
+        "--set=jobs.uploadUrl=https://in.cluster",
+    )
+    for arg in (
+        "--pod-node-selector=sxwl.test/node=real",
+        "--pod-toleration=sxwl.test/real=true:NoSchedule",
+        "--upload-url=https://in.cluster",
+    ):
+        assert f"- {arg}" in placed
     assert container["securityContext"]["allowPrivilegeEscalation"] is False
     assert deployment["spec"]["template"]["spec"]["securityContext"]["runAsUser"] == 10001
     env = {e["name"]: e for e in container["env"]}
@@ -263,12 +280,15 @@ def test_chart_rbac_is_no_more_than_the_agent_uses(k8s_cluster: K8sCluster) -> N
         ("delete", "pods", "-n", "sxwl-tenant-x"),  # a stop's grace (runtimes/kubernetes.py)
         ("get", "pods", "--subresource=log", "-n", "sxwl-tenant-x"),
         ("create", "namespaces"),
+        ("create", "secrets", "-n", "sxwl-tenant-x"),  # an attempt's upload token
     ]
     denied = [
         ("list", "secrets"),  # not even in its own namespace
         ("list", "secrets", "--all-namespaces"),
         ("get", "secrets/sxwl-agent"),  # the accessKey reaches it through the pod's env only
         ("get", "secrets/other", "-n", "kube-system"),
+        ("get", "secrets", "-n", "sxwl-tenant-x"),  # it writes upload tokens and never reads them back
+        ("delete", "secrets", "-n", "sxwl-tenant-x"),
         ("delete", "nodes"),
         ("patch", "nodes"),
         ("create", "pods"),

@@ -4,6 +4,9 @@ GPU nodes, tenant namespaces and their isolation, status, cancel, and a restarte
 from __future__ import annotations
 
 import asyncio
+import base64
+import hashlib
+import json
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
@@ -20,7 +23,7 @@ from sxwl.agent.runtimes.kube_logs import new_log_lines
 from sxwl.agent.runtimes.kube_objects import ATTEMPT, COMPLETION_INDEX, JOB_ID, TENANT, KubeJob
 from sxwl.agent.runtimes.kube_tenancy import NETWORK_POLICY, RESOURCE_QUOTA
 from sxwl.agent.runtimes.kubernetes import KubernetesRuntime
-from sxwl.protocol import Assignment
+from sxwl.protocol import SHA256_HEADER, Assignment
 from tests.support.agent import AgentProcess, eventually
 from tests.support.k8s import DURATION, EXIT_CODE, OUTCOME, K8sCluster, api_client, wait_until
 
@@ -196,7 +199,7 @@ def test_single_node_job_fails_with_its_exit_code(
         runtime = make_runtime(api, tmp_path, unique("sxwl-t") + "-")
         env = {"KWOK_OUTCOME": "fail", "KWOK_EXIT_CODE": "3"}
         job = await finished(runtime, runtime.start(assignment(products["small"], env=env)))
-        assert (job.outcome, job.exit_code, job.stop_reason) == ("failed", 3, None)
+        assert (job.outcome, job.exit_code, job.stop_reason) == ("failed", 3, "exit code 3")
 
     in_cluster(k8s_cluster, body)
 
@@ -397,6 +400,8 @@ def test_agent_kubernetes_runtime_end_to_end(
             world.key,
             *("--runtime", "kubernetes", "--kubeconfig", str(k8s_cluster.kubeconfig)),
             *("--namespace", agent_ns, "--heartbeat-interval", "0.3", "--name", "k8s"),
+            *("--uploader-image", "registry.example/sxwl-agent:1"),
+            *("--pod-toleration", "sxwl.test/real=true:NoSchedule"),
         )
         world.agents.append(agent)
         world.online()
@@ -425,9 +430,38 @@ def test_agent_kubernetes_runtime_end_to_end(
             )
 
         ns, _, name = eventually(pod, timeout=30, what="the job's pod").partition("/")
+        spec = json.loads(k8s_cluster.kubectl("get", "pod", "-n", ns, name, "-o", "json"))["spec"]
+        assert [c["name"] for c in spec["containers"]] == ["main", "uploader"]
+        assert {
+            "key": "sxwl.test/real",
+            "operator": "Equal",
+            "value": "true",
+            "effect": "NoSchedule",
+        } in spec["tolerations"]
+        # The pod's uploader would put its files with the token the agent got from the cloud.
+        secret = eventually(
+            lambda: k8s_cluster.kubectl(
+                "get", "secret", "-n", ns, f"sxwl-{job_id}-1-upload", "-o", "json", check=False
+            ),
+            timeout=30,
+            what="the upload token's Secret",
+        )
+        token = base64.b64decode(json.loads(secret)["data"]["token"]).decode()
+        put = httpx.put(
+            f"{world.url}/api/v1/agent/uploads/{job_id}/1/model.bin",
+            headers={
+                "Authorization": f"Bearer {token}",
+                SHA256_HEADER: hashlib.sha256(b"weights").hexdigest(),
+            },
+            content=b"weights",
+        )
+        assert put.status_code == 201, put.text
         k8s_cluster.kubectl("annotate", "-n", ns, f"pod/{name}", f"{OUTCOME}=succeed")
         job = world.wait_state(job_id, "succeeded", timeout=60)
         assert job["exit_code"] == 0
+        listed = httpx.get(f"{world.url}/api/v1/jobs/{job_id}/artifacts", headers=world.user).json()
+        assert [a["path"] for a in listed] == ["model.bin"]
+        assert token not in agent.log
         assert agent.proc.poll() is None
     finally:
         world.close()

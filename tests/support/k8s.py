@@ -9,8 +9,9 @@ all the logs.
 Pods on KWOK nodes become Running and stay so, unless an annotation asks otherwise:
 
 - `sxwl.ai/kwok-outcome: succeed` — the pod ends Succeeded (exit code 0);
-- `sxwl.ai/kwok-outcome: fail` — the pod ends Failed with exit code `sxwl.ai/kwok-exit-code` (default 1)
-  and the message `sxwl.ai/kwok-message` (if any);
+- `sxwl.ai/kwok-outcome: fail` — the pod ends Failed with exit code `sxwl.ai/kwok-exit-code` (default 1),
+  the reason `sxwl.ai/kwok-reason` (default Error: OOMKilled, StartError ...) and the message
+  `sxwl.ai/kwok-message` (if any);
 - `sxwl.ai/kwok-outcome: image-pull-error` — the pod stays Pending, its containers waiting with reason
   ImagePullBackOff;
 - `sxwl.ai/kwok-duration: 2s` — how long the pod runs before the outcome (default 1s).
@@ -58,6 +59,7 @@ OUTCOME = "sxwl.ai/kwok-outcome"
 DURATION = "sxwl.ai/kwok-duration"
 EXIT_CODE = "sxwl.ai/kwok-exit-code"
 MESSAGE = "sxwl.ai/kwok-message"
+REASON = "sxwl.ai/kwok-reason"
 KWOK_NODE_ANNOTATION = "kwok.x-k8s.io/node"
 
 SERVICE_CIDR = "10.96.0.0/16"
@@ -318,6 +320,7 @@ def kwok_stages() -> list[dict[str, Any]]:
     duration = {"durationMilliseconds": 1000, "durationFrom": {"expressionFrom": _annotation(DURATION)}}
     exit_code = f'{{{{ or (index $.metadata.annotations "{EXIT_CODE}") "1" }}}}'
     message = f'{{{{ or (index $.metadata.annotations "{MESSAGE}") "" | Quote }}}}'
+    reason = f'{{{{ or (index $.metadata.annotations "{REASON}") "Error" | Quote }}}}'
 
     def stage(
         name: str, ref: dict[str, str], expressions: list[dict[str, Any]], **spec: Any
@@ -410,7 +413,7 @@ def kwok_stages() -> list[dict[str, Any]]:
             delay=duration,
             next={
                 "event": {"type": "Warning", "reason": "Failed", "message": "kwok: outcome fail"},
-                "statusTemplate": _terminated_status("Failed", exit_code, "Error", message),
+                "statusTemplate": _terminated_status("Failed", exit_code, reason, message),
             },
         ),
         stage(

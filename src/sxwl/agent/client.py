@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -13,6 +14,7 @@ import sxwl
 from sxwl.protocol import (
     PROTOCOL_HEADER,
     PROTOCOL_VERSION,
+    SHA256_HEADER,
     AssignmentsReply,
     Heartbeat,
     HeartbeatReply,
@@ -151,6 +153,10 @@ class CloudClient:
         return LogAppendReply.model_validate(response.json()).next_offset
 
     async def upload_artifact(self, token: str, job_id: str, attempt: int, path: str, file: Path) -> None:
+        """Streams the file, with its sha256 from a first pass: the cloud stores it only if the bytes
+        it received hash the same."""
+        digest = await asyncio.to_thread(_sha256, file)
+
         async def chunks() -> AsyncIterator[bytes]:
             handle = await asyncio.to_thread(file.open, "rb")
             try:
@@ -165,8 +171,16 @@ class CloudClient:
             token,
             params={"attempt": attempt},
             content=chunks(),
-            headers={"Content-Type": "application/octet-stream"},
+            headers={"Content-Type": "application/octet-stream", SHA256_HEADER: digest},
         )
+
+
+def _sha256(file: Path) -> str:
+    digest = hashlib.sha256()
+    with file.open("rb") as handle:
+        while chunk := handle.read(1024 * 1024):
+            digest.update(chunk)
+    return digest.hexdigest()
 
 
 def _error(response: httpx.Response) -> dict[str, Any]:

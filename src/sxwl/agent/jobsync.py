@@ -13,6 +13,7 @@ from typing import Generic
 from sxwl.agent.client import CloudClient, LogGap, Rejected, Stale
 from sxwl.agent.runtimes.base import J, Runtime
 from sxwl.protocol import AgentJobState, AssignmentsReply, JobReport, JobStatus
+from sxwl.protocol.models import REASON_MAX_CHARS
 
 log = logging.getLogger("sxwl.agent.jobs")
 LOG_CHUNK = 256 * 1024
@@ -41,6 +42,8 @@ class JobSync(Generic[J]):
         reason: str | None = None,
     ) -> bool:
         """True when the cloud took the report; a stale attempt is stopped and forgotten."""
+        if reason is not None and len(reason) > REASON_MAX_CHARS:  # several ranks' upload errors, say
+            reason = reason[: REASON_MAX_CHARS - 1] + "…"
         try:
             reply = await self.client.report(
                 self.token,

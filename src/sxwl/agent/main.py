@@ -7,8 +7,9 @@ import logging
 import os
 import signal
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, TypeVar
 
 import typer
 
@@ -17,6 +18,7 @@ from sxwl.agent.inventory.local import LocalInventory
 from sxwl.agent.inventory.simulated import SimulatedGpus
 from sxwl.agent.leader import LeadershipLost
 from sxwl.agent.loop import Agent, AgentConfig
+from sxwl.agent.pod_settings import PodSettings, node_selector, toleration
 from sxwl.agent.runtimes.base import J
 from sxwl.agent.runtimes.local import LocalRuntime
 from sxwl.agent.runtimes.sandbox import Isolation, IsolationSetting, detect
@@ -110,6 +112,41 @@ def run(
             "this CPod runs; repeat for several."
         ),
     ] = None,
+    upload_url: Annotated[
+        str | None,
+        typer.Option(
+            envvar="SXWL_UPLOAD_URL",
+            help="kubernetes runtime: the cloud's URL as tenant pods reach it, for their artifacts "
+            "(default: --api-url).",
+        ),
+    ] = None,
+    uploader_image: Annotated[
+        str | None,
+        typer.Option(
+            envvar="SXWL_UPLOADER_IMAGE",
+            help="kubernetes runtime: the image of each pod's uploader container (any image with python3; "
+            "the chart gives the agent's own). Without it, jobs on this CPod have no artifacts.",
+        ),
+    ] = None,
+    upload_ca_file: Annotated[
+        Path | None,
+        typer.Option(
+            help="kubernetes runtime: a PEM CA bundle the uploaders check the cloud's certificate "
+            "against, if not the system's."
+        ),
+    ] = None,
+    pod_node_selector: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="kubernetes runtime: KEY=VALUE, a node label every tenant pod requires; repeatable."
+        ),
+    ] = None,
+    pod_toleration: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="kubernetes runtime: KEY[=VALUE]:EFFECT, a taint every tenant pod tolerates; repeatable."
+        ),
+    ] = None,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Debug logging.")] = False,
 ) -> None:
     """Register this machine as a CPod of 算想云, report its CPUs, memory and GPUs, and run the jobs
@@ -120,6 +157,8 @@ def run(
         stream=sys.stderr,
     )
     logging.getLogger("httpx").setLevel(logging.WARNING)
+    # Its debug log prints every response body, Secrets' data (CPod and upload tokens) included.
+    logging.getLogger("kubernetes_asyncio").setLevel(logging.INFO)
     if runtime not in ("local", "kubernetes"):
         typer.echo(f"error: --runtime {runtime}: choose local or kubernetes", err=True)
         raise typer.Exit(2)
@@ -127,6 +166,13 @@ def run(
     # (the token, job records) derives from it and must not depend on a working directory.
     state_dir = state_dir.resolve()
     mode = local_isolation(isolation, trust_account or []) if runtime == "local" else None
+    pods = PodSettings(
+        upload_url=(upload_url or api_url).rstrip("/"),
+        uploader_image=uploader_image,
+        upload_ca=_read_ca(upload_ca_file),
+        node_selector=_flag_values(pod_node_selector or [], "--pod-node-selector", node_selector),
+        tolerations=_flag_values(pod_toleration or [], "--pod-toleration", toleration),
+    )
     config = AgentConfig(
         api_url=api_url.rstrip("/"),
         access_key=access_key,
@@ -148,7 +194,7 @@ def run(
             )
             asyncio.run(_run(Agent(config, inventory, runtime=local)))
         else:
-            asyncio.run(_run_kubernetes(config, kubeconfig, namespace, leader_elect))
+            asyncio.run(_run_kubernetes(config, pods, kubeconfig, namespace, leader_elect))
     except Refused as exc:
         where = (
             f"remove {state_dir / 'cpod.json'}"
@@ -168,6 +214,35 @@ def run(
     except KubernetesUnavailable as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(EXIT_FAILED) from None
+
+
+T = TypeVar("T")
+
+
+def _flag_values(values: list[str], flag: str, parse: Callable[[str], T]) -> tuple[T, ...]:
+    """Each value parsed; a bad one stops the agent (status 2) with the flag and the fix named."""
+    parsed = []
+    for value in values:
+        try:
+            parsed.append(parse(value))
+        except ValueError as exc:
+            typer.echo(f"error: {flag} {value}: {exc}", err=True)
+            raise typer.Exit(2) from None
+    return tuple(parsed)
+
+
+def _read_ca(path: Path | None) -> bytes | None:
+    if path is None:
+        return None
+    try:
+        pem = path.read_bytes()
+    except OSError as exc:
+        typer.echo(f"error: --upload-ca-file {path}: {exc.strerror or exc}", err=True)
+        raise typer.Exit(2) from None
+    if b"-----BEGIN CERTIFICATE-----" not in pem:
+        typer.echo(f"error: --upload-ca-file {path}: not a PEM certificate bundle", err=True)
+        raise typer.Exit(2)
+    return pem
 
 
 def local_isolation(setting: IsolationSetting, trusted: list[str]) -> Isolation:
@@ -210,20 +285,32 @@ async def kubernetes_api(kubeconfig: Path | None) -> ApiClient:
     return ApiClient(configuration=configuration)
 
 
-def job_runtime(api: ApiClient, config: AgentConfig) -> KubernetesRuntime:
+def job_runtime(api: ApiClient, config: AgentConfig, pods: PodSettings | None = None) -> KubernetesRuntime:
+    from sxwl.agent.runtimes.kube_uploads import UploadConfig
     from sxwl.agent.runtimes.kubernetes import KubernetesRuntime
 
+    pods = pods or PodSettings(upload_url=config.api_url)
+    uploads = None
+    if pods.uploader_image:
+        uploads = UploadConfig(url=pods.upload_url, image=pods.uploader_image, ca_pem=pods.upload_ca)
+    else:
+        logging.getLogger("sxwl.agent").warning(
+            "no --uploader-image: files that jobs write to $SXWL_OUTPUT_DIR do not reach the cloud"
+        )
     # Job records under the state dir: on the chart's emptyDir they outlive a container restart.
     return KubernetesRuntime(
         api,
         namespace_prefix=TENANT_NAMESPACE_PREFIX,
         stop_grace_s=config.stop_grace_s,
         state_dir=config.state_dir,
+        uploads=uploads,
+        node_selector=dict(pods.node_selector),
+        tolerations=list(pods.tolerations),
     )
 
 
 async def _run_kubernetes(
-    config: AgentConfig, kubeconfig: Path | None, namespace: str, leader_elect: bool
+    config: AgentConfig, pods: PodSettings, kubeconfig: Path | None, namespace: str, leader_elect: bool
 ) -> None:
     from kubernetes_asyncio.client.exceptions import ApiException
 
@@ -249,7 +336,7 @@ async def _run_kubernetes(
         agent = Agent(
             config,
             KubernetesInventory(api),
-            runtime=job_runtime(api, config),
+            runtime=job_runtime(api, config, pods),
             state=SecretState(api, namespace),
             leader=LeaseElector(api, namespace) if leader_elect else None,
         )

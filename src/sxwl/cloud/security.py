@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import hmac
 import secrets
 
 from argon2 import PasswordHasher
@@ -53,6 +54,12 @@ class SecretBox:
             self._master
         )
         self._fernet = Fernet(base64.urlsafe_b64encode(derived))
+
+    def mac(self, purpose: bytes, message: bytes) -> bytes:
+        """HMAC-SHA256 of ``message`` under a key derived for ``purpose`` alone: a value only this
+        cloud (and its replicas, which share SXWL_SECRET_KEY) can compute, again whenever it is needed."""
+        key = HKDF(algorithm=hashes.SHA256(), length=32, salt=None, info=purpose).derive(self._master)
+        return hmac.digest(key, message, "sha256")
 
     def encrypt(self, plaintext: str) -> str:
         return self._fernet.encrypt(plaintext.encode()).decode()

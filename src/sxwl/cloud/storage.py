@@ -34,15 +34,30 @@ class TooLarge(Exception):
     pass
 
 
+class DigestMismatch(Exception):
+    """The bytes received are not those the uploader hashed: nothing was stored."""
+
+    def __init__(self, received: str) -> None:
+        super().__init__(received)
+        self.received = received
+
+
 class PathConflict(Exception):
     """The path needs a directory where the job already stored a file, or the reverse."""
 
 
 class ArtifactStore(Protocol):
     async def put(
-        self, job_id: str, path: str, chunks: AsyncIterator[bytes], max_bytes: int
+        self,
+        job_id: str,
+        path: str,
+        chunks: AsyncIterator[bytes],
+        max_bytes: int,
+        expected_sha256: str | None = None,
     ) -> tuple[int, str]:
-        """Stores the bytes; returns (size, sha256 hex). Raises ``TooLarge`` past ``max_bytes``."""
+        """Stores the bytes; returns (size, sha256 hex). Raises ``TooLarge`` past ``max_bytes`` and
+        ``DigestMismatch`` when their sha256 is not ``expected_sha256``, storing nothing (an earlier
+        upload of the path stays as it was)."""
         ...
 
     def local_path(self, job_id: str, path: str) -> Path: ...
@@ -63,7 +78,12 @@ class LocalArtifactStore:
         return self.root / job_id / clean_artifact_path(path)
 
     async def put(
-        self, job_id: str, path: str, chunks: AsyncIterator[bytes], max_bytes: int
+        self,
+        job_id: str,
+        path: str,
+        chunks: AsyncIterator[bytes],
+        max_bytes: int,
+        expected_sha256: str | None = None,
     ) -> tuple[int, str]:
         target = self.local_path(job_id, path)
         await asyncio.to_thread(self._private_root)
@@ -81,6 +101,8 @@ class LocalArtifactStore:
                 digest.update(chunk)
                 await asyncio.to_thread(handle.write, chunk)
             await asyncio.to_thread(handle.close)
+            if expected_sha256 is not None and digest.hexdigest() != expected_sha256:
+                raise DigestMismatch(digest.hexdigest())
             try:
                 await asyncio.to_thread(os.replace, temp, target)  # never a half-written file
             except OSError as exc:

@@ -3,6 +3,7 @@
 from sxwl.protocol.models import (
     PROTOCOL_HEADER,
     PROTOCOL_VERSION,
+    SHA256_HEADER,
     AgentJobState,
     Assignment,
     AssignmentsReply,
@@ -26,6 +27,7 @@ from sxwl.protocol.models import (
 __all__ = [
     "PROTOCOL_HEADER",
     "PROTOCOL_VERSION",
+    "SHA256_HEADER",
     "AgentJobState",
     "Assignment",
     "AssignmentsReply",

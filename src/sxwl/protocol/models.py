@@ -15,6 +15,8 @@ from sxwl.protocol.fields import Int32, Name, NonNegInt32, NonNegInt64, PosInt32
 PROTOCOL_VERSION = 1
 MIN_SUPPORTED_PROTOCOL = 1
 PROTOCOL_HEADER = "X-SXWL-Protocol"
+# The sha256 (hex) of an artifact's bytes, sent with its upload: the cloud refuses bytes that differ.
+SHA256_HEADER = "X-SXWL-Sha256"
 
 Runtime = Literal["local", "kubernetes"]
 
@@ -143,6 +145,8 @@ class HeartbeatReply(Wire):
     status: Literal["online", "unknown", "offline"]
 
 
+REASON_MAX_CHARS = 500
+
 AgentJobState = Literal["starting", "running", "succeeded", "failed", "cancelled", "lost"]
 
 
@@ -162,6 +166,9 @@ class Assignment(Wire):
     nodes: int = Field(ge=1)
     node_names: list[str] = Field(default_factory=list)
     max_runtime_s: int | None = Field(default=None, ge=1)
+    # The attempt's own credential for its pods' artifact uploads (docs/agent.md, "Artifacts from
+    # pods"); a cloud that predates it sends none. Never shown by repr, so never in a log line.
+    upload_token: str | None = Field(default=None, repr=False)
 
 
 class Command(Wire):
@@ -186,7 +193,7 @@ class JobStatus(WireIn):
     attempt: PosInt32
     state: AgentJobState
     exit_code: Int32 | None = None
-    reason: Text | None = Field(default=None, max_length=500)
+    reason: Text | None = Field(default=None, max_length=REASON_MAX_CHARS)
 
 
 class JobStatusReply(Wire):

@@ -19,6 +19,8 @@ COMMAND_ACK = "/commands/{command_id}/ack"
 JOB_STATUS = "/jobs/{job_id}/status"
 JOB_LOGS = "/jobs/{job_id}/logs"
 JOB_ARTIFACT = "/jobs/{job_id}/artifacts/{path:path}"
+# An artifact put by a Kubernetes pod's uploader with its attempt's upload token, not the CPod token.
+UPLOAD_ARTIFACT = "/uploads/{job_id}/{attempt}/{path:path}"
 
 _CONVERTER = re.compile(r"\{(\w+):\w+\}")
 

@@ -6,13 +6,16 @@ Indexed Job (completions = parallelism = nodes) with a headless Service, so that
 the completion index, NPROC_PER_NODE), SXWL_JOB_ID / SXWL_JOB_NAME / SXWL_ATTEMPT, and the user's env.
 Tenant pods get no service-account token, no privilege escalation, no host namespaces or paths, a
 memory-backed ``/dev/shm``, ``nvidia.com/gpu`` limits and a nodeSelector on the GPU product
-(invariant 7, docs/architecture.md)."""
+(invariant 7, docs/architecture.md), plus the provider's node selector and tolerations. The ranks of a
+multi-node job go to different nodes (a required podAntiAffinity on the host name). With an upload
+config the command runs under kube_wrapper.py's wrapper beside the ``uploader`` of kube_uploads.py."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import Any
 
+from sxwl.agent.runtimes import kube_uploads
 from sxwl.agent.runtimes.kube_objects import (
     ATTEMPT,
     COMPLETION_INDEX,
@@ -24,7 +27,11 @@ from sxwl.agent.runtimes.kube_objects import (
     KubeJob,
     labels,
 )
+from sxwl.agent.runtimes.kube_uploads import UploadConfig
+from sxwl.agent.runtimes.kube_wrapper import wrapped
 from sxwl.protocol import Assignment
+
+HOSTNAME = "kubernetes.io/hostname"
 
 
 def service_manifest(job: KubeJob, *, master_port: int) -> dict[str, Any]:
@@ -39,6 +46,12 @@ def service_manifest(job: KubeJob, *, master_port: int) -> dict[str, Any]:
     }
 
 
+def _rank_env(job: KubeJob) -> dict[str, Any]:
+    if job.nodes > 1:
+        return {"valueFrom": {"fieldRef": {"fieldPath": f"metadata.annotations['{COMPLETION_INDEX}']"}}}
+    return {"value": "0"}
+
+
 def _env(job: KubeJob, assignment: Assignment, master_port: int) -> list[dict[str, Any]]:
     multi = job.nodes > 1
     env: dict[str, Any] = {k: {"value": v} for k, v in assignment.env.items()}
@@ -50,17 +63,13 @@ def _env(job: KubeJob, assignment: Assignment, master_port: int) -> list[dict[st
         MASTER_PORT={"value": str(master_port)},
         NNODES={"value": str(job.nodes)},
         NPROC_PER_NODE={"value": str(max(1, job.gpus_per_node))},
-        NODE_RANK=(
-            {"valueFrom": {"fieldRef": {"fieldPath": f"metadata.annotations['{COMPLETION_INDEX}']"}}}
-            if multi
-            else {"value": "0"}
-        ),
+        NODE_RANK=_rank_env(job),
         PYTHONUNBUFFERED={"value": "1"},
     )
     return [{"name": name, **value} for name, value in env.items()]
 
 
-def _container(job: KubeJob, assignment: Assignment, master_port: int) -> dict[str, Any]:
+def _container(job: KubeJob, assignment: Assignment, master_port: int, uploads: bool) -> dict[str, Any]:
     container: dict[str, Any] = {
         "name": CONTAINER,
         "image": assignment.image,
@@ -68,7 +77,11 @@ def _container(job: KubeJob, assignment: Assignment, master_port: int) -> dict[s
         "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}],  # noqa: S108 - the pod's shm,
         "securityContext": {"allowPrivilegeEscalation": False, "privileged": False},
     }
-    if isinstance(assignment.command, str):
+    if uploads:
+        container["command"] = wrapped(assignment.command)
+        container["env"].append(kube_uploads.MAIN_ENV)
+        container["volumeMounts"].append(kube_uploads.MAIN_MOUNT)
+    elif isinstance(assignment.command, str):
         container["command"] = ["/bin/sh", "-c", assignment.command]
     elif assignment.command:
         container["command"] = list(assignment.command)
@@ -87,7 +100,12 @@ def job_manifest(
     stop_grace_s: float,
     run_as_non_root: bool,
     pod_annotations: Mapping[str, str],
+    node_selector: Mapping[str, str] | None = None,
+    tolerations: list[dict[str, str]] | None = None,
+    uploads: UploadConfig | None = None,
 ) -> dict[str, Any]:
+    """The Job; with ``uploads`` (the agent has an upload URL and the assignment a token) its pods
+    also carry the uploader, the shared volume and the token's Secret (kube_uploads.py)."""
     multi = job.nodes > 1
     pod_security: dict[str, Any] = {"seccompProfile": {"type": "RuntimeDefault"}}
     if run_as_non_root:
@@ -101,13 +119,32 @@ def job_manifest(
         "hostIPC": False,
         "terminationGracePeriodSeconds": max(0, int(stop_grace_s)),
         "securityContext": pod_security,
-        "containers": [_container(job, assignment, master_port)],
+        "containers": [_container(job, assignment, master_port, uploads is not None)],
         "volumes": [{"name": "dshm", "emptyDir": {"medium": "Memory"}}],
     }
+    if uploads is not None:
+        pod_spec["containers"].append(kube_uploads.uploader_container(job, uploads, _rank_env(job)))
+        pod_spec["volumes"].extend(kube_uploads.volumes(job))
+    selector = dict(node_selector or {})
     if assignment.gpu_product:
-        pod_spec["nodeSelector"] = {GPU_PRODUCT: assignment.gpu_product}
+        selector[GPU_PRODUCT] = assignment.gpu_product
+    if selector:
+        pod_spec["nodeSelector"] = selector
+    if tolerations:
+        pod_spec["tolerations"] = list(tolerations)
     if multi:
         pod_spec["subdomain"] = job.service
+        # One rank per node: two ranks on one node would share its GPUs' PCIe and network.
+        pod_spec["affinity"] = {
+            "podAntiAffinity": {
+                "requiredDuringSchedulingIgnoredDuringExecution": [
+                    {
+                        "labelSelector": {"matchLabels": {JOB_ID: job.job_id, ATTEMPT: str(job.attempt)}},
+                        "topologyKey": HOSTNAME,
+                    }
+                ]
+            }
+        }
     annotations = {JOB_ID: job.job_id, ATTEMPT: str(job.attempt), JOB_NAME: job.name}
     spec: dict[str, Any] = {
         "completions": job.nodes,

@@ -44,6 +44,7 @@ class KubeJob(AttemptRecord):
     spool_size: int = 0  # bytes of the spool covered by ``log_marks``
     log_marks: dict[str, list[Any]] = field(default_factory=dict)  # pod -> [timestamp, lines at it]
     delete_sent: bool = False
+    secret_made: bool = False  # the upload token's Secret exists (or the pods need none)
 
     @property
     def service(self) -> str:

@@ -5,9 +5,12 @@ kube_logs.py.
 - Names, labels and annotations carry the job id and attempt: the Job's name is a function of them,
   so an attempt is created at most once (a second create is answered 409 and adopted), and a
   restarted agent rebuilds its state from the cluster.
-- Status from Job and Pod conditions; image-pull errors and pods unschedulable past a timeout end the
-  attempt as failed with the reason; stop and cancel delete the Job with foreground propagation.
-- No artifacts: there is no volume shared with the agent (``output_dir`` is None).
+- Status from Job and Pod conditions (kube_status.py); image-pull errors, containers that cannot
+  start and pods unschedulable past a timeout end the attempt as failed with the reason; stop and
+  cancel delete the Job with foreground propagation.
+- Artifacts leave each pod through its own ``uploader`` container (kube_uploads.py), with a token of
+  the attempt's in a Secret the Job owns; the agent never reads pod files (``output_dir`` is None),
+  and an attempt ends only once its pods (uploaders included) have finished.
 
 All I/O happens in ``refresh`` (one list of Jobs and one of Pods per pass, cluster-wide, filtered by
 label); the other methods only change local state."""
@@ -20,7 +23,6 @@ import shutil
 import tempfile
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -42,24 +44,16 @@ from sxwl.agent.runtimes.kube_objects import (
     KubeJob,
     create_ignoring_conflict,
     dns_label,
-    rank,
     short,
 )
+from sxwl.agent.runtimes.kube_status import Seen, exit_code, outcome, settled, start_problem
 from sxwl.agent.runtimes.kube_tenancy import Tenancy
+from sxwl.agent.runtimes.kube_uploads import UploadConfig, secret_manifest
 from sxwl.protocol import Assignment, Node
 
 log = logging.getLogger("sxwl.agent.kubernetes")
-
-IMAGE_PULL_REASONS = {"ImagePullBackOff", "ErrImagePull", "InvalidImageName", "ErrImageNeverPull"}
-
-
-@dataclass
-class _Seen:
-    """What one refresh read about an attempt, for ``poll`` to turn into an outcome."""
-
-    outcome: Outcome
-    exit_code: int | None
-    reason: str | None
+# How long past the grace a stopped or failed attempt's pods may take to finish before it ends anyway.
+SETTLE_MARGIN_S = 60.0
 
 
 class KubernetesRuntime(AttemptDirs[KubeJob]):
@@ -75,6 +69,9 @@ class KubernetesRuntime(AttemptDirs[KubeJob]):
         tenant_quota: Mapping[str, str] | None = None,
         run_as_non_root: bool = False,
         pod_annotations: Callable[[Assignment], Mapping[str, str]] | None = None,
+        uploads: UploadConfig | None = None,
+        node_selector: Mapping[str, str] | None = None,
+        tolerations: list[dict[str, str]] | None = None,
     ) -> None:
         self.api = api_client
         self.batch = client.BatchV1Api(api_client)
@@ -86,10 +83,14 @@ class KubernetesRuntime(AttemptDirs[KubeJob]):
         self.master_port = master_port
         self.run_as_non_root = run_as_non_root
         self.pod_annotations = pod_annotations
+        self.uploads = uploads
+        self.node_selector = dict(node_selector or {})
+        self.tolerations = list(tolerations or [])
         base = state_dir if state_dir is not None else Path(tempfile.mkdtemp(prefix="sxwl-k8s-"))
         super().__init__(base / "k8s-jobs")
         self.jobs: dict[str, KubeJob] = {}
-        self._seen: dict[str, _Seen] = {}
+        self._seen: dict[str, Seen] = {}
+        self._ended_since: dict[str, float] = {}  # attempt -> when its Job was first seen ended
         self._adopted = False
         self._garbage: dict[str, KubeJob] = {}  # reported attempts whose Job is still to delete
         self._unschedulable_since: dict[str, float] = {}  # pod uid -> first seen unschedulable
@@ -100,7 +101,7 @@ class KubernetesRuntime(AttemptDirs[KubeJob]):
         return self.workdir(job.job_id, job.attempt) / "output.log"
 
     def output_dir(self, job: KubeJob) -> Path | None:
-        return None  # no volume shared with the pods: no artifacts on Kubernetes CPods yet
+        return None  # the pods' uploaders put the artifacts themselves (kube_uploads.py)
 
     def adopt(self) -> list[KubeJob]:
         """Takes back the records on disk; the cluster is read on the first ``refresh``, which
@@ -181,7 +182,7 @@ class KubernetesRuntime(AttemptDirs[KubeJob]):
                 continue
             seen = self._seen.pop(job.key, None)
             if seen is None and job.stop_at is not None and not job.created:
-                seen = _Seen("cancelled" if job.stop_cancel else "failed", None, None)
+                seen = Seen("cancelled" if job.stop_cancel else "failed", None, None)
             if seen is None:
                 continue
             job.outcome, job.exit_code = seen.outcome, seen.exit_code
@@ -200,6 +201,7 @@ class KubernetesRuntime(AttemptDirs[KubeJob]):
         job.reported = True
         self.save(job)
         self.jobs.pop(job.key, None)
+        self._ended_since.pop(job.key, None)
         self._garbage[job.key] = job
 
     # ---- I/O -------------------------------------------------------------------------------------
@@ -222,6 +224,8 @@ class KubernetesRuntime(AttemptDirs[KubeJob]):
                 if job.outcome is not None or job.key in self._seen:
                     continue
                 mine = pods.get(job.key, [])
+                if not job.secret_made and job.key in k8s_jobs:
+                    await self._make_secret(job, k8s_jobs[job.key])
                 if await collect_logs(self.core, job, mine, self.log_path(job)):
                     self.save(job)
                 await self._observe(job, k8s_jobs.get(job.key), mine)
@@ -320,12 +324,15 @@ class KubernetesRuntime(AttemptDirs[KubeJob]):
                 stop_grace_s=self.stop_grace_s,
                 run_as_non_root=self.run_as_non_root,
                 pod_annotations=self.pod_annotations(assignment) if self.pod_annotations else {},
+                node_selector=self.node_selector,
+                tolerations=self.tolerations,
+                uploads=self.uploads if self._uploads_for(assignment) else None,
             )
             create = self.batch.create_namespaced_job
             created = await create_ignoring_conflict(create, job.namespace, manifest)
         except ApiException as exc:
             if exc.status in (400, 403, 404, 422):  # the request itself is wrong: will not get better
-                self._seen[job.key] = _Seen(
+                self._seen[job.key] = Seen(
                     "failed", None, f"could not create the Kubernetes Job: {short(exc)}"
                 )
                 return
@@ -340,6 +347,25 @@ class KubernetesRuntime(AttemptDirs[KubeJob]):
             job.job_id,
             job.attempt,
         )
+
+    def _uploads_for(self, assignment: Assignment) -> bool:
+        """Pods upload their artifacts when the agent has an upload URL and the cloud sent a token."""
+        return self.uploads is not None and assignment.upload_token is not None
+
+    async def _make_secret(self, job: KubeJob, item: Any) -> None:
+        """The upload token's Secret, owned by the Job (made first, for its uid), so it goes with it;
+        the pods' volume waits for it. Then the token is dropped from the record on disk."""
+        assignment = Assignment.model_validate(job.spec) if job.spec is not None else None
+        if assignment is not None and self.uploads is not None and assignment.upload_token is not None:
+            manifest = secret_manifest(job, assignment.upload_token, self.uploads, item.metadata.uid)
+            try:
+                await create_ignoring_conflict(self.core.create_namespaced_secret, job.namespace, manifest)
+            except ApiException as exc:
+                if exc.status not in (400, 403, 404, 422):
+                    raise
+                await self._stop_now(job, f"could not create the upload token's Secret: {short(exc)}")
+        job.secret_made, job.spec = True, None
+        self.save(job)
 
     async def _delete(self, job: KubeJob, pods: list[Any] | None = None) -> None:
         grace = max(0, int(job.grace(self.stop_grace_s)))
@@ -383,39 +409,29 @@ class KubernetesRuntime(AttemptDirs[KubeJob]):
                 self.save(job)
             # Ended once the Job is gone (or, should deletion hang, a minute past the grace).
             if item is None or time.time() - job.stop_at > job.grace(self.stop_grace_s) + 60:
-                outcome: Outcome = "cancelled" if job.stop_cancel else "failed"
-                self._seen[job.key] = _Seen(outcome, _exit_code(pods), None)
+                ended: Outcome = "cancelled" if job.stop_cancel else "failed"
+                self._seen[job.key] = Seen(ended, exit_code(pods), None)
             return
         if item is None:
             if job.created:
-                self._seen[job.key] = _Seen(
-                    "failed", None, "its Kubernetes Job was deleted outside the agent"
-                )
+                self._seen[job.key] = Seen("failed", None, "its Kubernetes Job was deleted outside the agent")
             return
-        conditions = {c.type: c for c in (item.status.conditions or []) if c.status == "True"}
-        if "Complete" in conditions:
-            self._seen[job.key] = _Seen("succeeded", 0, None)
+        seen = outcome(job, item, pods)
+        if seen is not None:
+            # Final once every pod has finished, its uploader included, so the artifacts are in the
+            # cloud before the final state; pods the Job controller is stopping get their grace.
+            since = self._ended_since.setdefault(job.key, time.monotonic())
+            overdue = time.monotonic() - since > self.stop_grace_s + SETTLE_MARGIN_S
+            if settled(pods) or overdue:
+                self._ended_since.pop(job.key, None)
+                self._seen[job.key] = seen
             return
-        if "Failed" in conditions:
-            failed = conditions["Failed"]
-            code = _exit_code(pods)
-            if failed.reason == "DeadlineExceeded":
-                reason: str | None = f"max runtime of {job.max_runtime_s} s exceeded"
-            elif code is None:
-                reason = f"{failed.reason}: {failed.message}" if failed.message else failed.reason
-            else:
-                reason = None  # JobSync says "exit code N"
-            self._seen[job.key] = _Seen("failed", code, reason)
+        problem = start_problem(pods)
+        if problem is not None:
+            await self._stop_now(job, problem)
             return
         now = time.monotonic()
         for pod in pods:
-            for status in (pod.status.container_statuses or []) + (pod.status.init_container_statuses or []):
-                waiting = status.state.waiting if status.state else None
-                if waiting is not None and waiting.reason in IMAGE_PULL_REASONS:
-                    detail = f": {waiting.message}" if waiting.message else ""
-                    image = status.image or "the image"
-                    await self._stop_now(job, f"could not pull {image} ({waiting.reason}){detail}")
-                    return
             scheduled = next((c for c in (pod.status.conditions or []) if c.type == "PodScheduled"), None)
             uid = pod.metadata.uid
             if scheduled is not None and scheduled.status == "False" and scheduled.reason == "Unschedulable":
@@ -426,15 +442,3 @@ class KubernetesRuntime(AttemptDirs[KubeJob]):
                     return
             else:
                 self._unschedulable_since.pop(uid, None)
-
-
-def _exit_code(pods: list[Any]) -> int | None:
-    """The first non-zero exit code among the pods, by rank; else 0 if one exited, else None."""
-    codes = []
-    for pod in sorted(pods, key=rank):
-        for status in pod.status.container_statuses or []:
-            terminated = status.state.terminated if status.state else None
-            if terminated is not None and terminated.exit_code is not None:
-                codes.append(int(terminated.exit_code))
-    nonzero = [c for c in codes if c != 0]
-    return nonzero[0] if nonzero else (0 if codes else None)

@@ -5,24 +5,27 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import re
+from collections.abc import Callable
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Header, Query, Request, Response
 from pydantic import BaseModel
+from sqlalchemy.orm import Session
 
 from sxwl.cloud.api.deps import Ctx, PlainRoute, bearer_token, documented_body, json_body
 from sxwl.cloud.api.responses import WITH_BODY, errors
 from sxwl.cloud.api.schemas import AccessKeyCheckOut, CPodBriefOut
 from sxwl.cloud.body_rules import body_rule
 from sxwl.cloud.context import CloudContext
-from sxwl.cloud.db.models import CPod, JobState
+from sxwl.cloud.db.models import CPod, Job, JobState
 from sxwl.cloud.errors import AppError, invalid
-from sxwl.cloud.services import attempts, cpods, dispatch, job_logs
+from sxwl.cloud.services import attempts, cpods, dispatch, job_logs, upload_tokens
 from sxwl.cloud.services.beat import Beat
-from sxwl.cloud.storage import PathConflict, TooLarge, clean_artifact_path
+from sxwl.cloud.storage import DigestMismatch, PathConflict, TooLarge, clean_artifact_path
 from sxwl.protocol import (
     PROTOCOL_HEADER,
     PROTOCOL_VERSION,
+    SHA256_HEADER,
     AssignmentsReply,
     Heartbeat,
     HeartbeatReply,
@@ -186,12 +189,21 @@ async def assignments(
             reply = await asyncio.to_thread(dispatch.pending, ctx, cpod.id)
             remaining = deadline - loop.time()
             if reply.assignments or reply.commands or remaining <= 0 or ctx.notifier.stopping:
-                return reply
+                return _with_upload_tokens(ctx, reply)
             # Re-read at least every second: another replica may have made the assignment.
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(event.wait(), timeout=min(remaining, 1.0))
     finally:
         ctx.notifier.forget(cpod.id, event)
+
+
+def _with_upload_tokens(ctx: CloudContext, reply: AssignmentsReply) -> AssignmentsReply:
+    """Each attempt with its upload token, the same in every copy of the assignment."""
+    reply.assignments = [
+        a.model_copy(update={"upload_token": upload_tokens.token_for(ctx.box, a.job_id, a.attempt)})
+        for a in reply.assignments
+    ]
+    return reply
 
 
 @router.post(paths.COMMAND_ACK, status_code=204)
@@ -230,6 +242,16 @@ async def append_job_log(
     return LogAppendReply(next_offset=await asyncio.to_thread(append))
 
 
+Sha256 = Annotated[
+    str | None,
+    Header(
+        alias=SHA256_HEADER,
+        pattern="^[0-9a-fA-F]{64}$",
+        description="sha256 of the file (hex); bytes that differ are refused and nothing is stored",
+    ),
+]
+
+
 @router.put(paths.JOB_ARTIFACT, status_code=201, responses=ATTEMPT_ERRORS)
 # A checkpoint of up to artifact_max_bytes streams in, so it gets its own deadline.
 @body_rule(lambda s: (s.artifact_max_bytes, s.artifact_upload_timeout_s))
@@ -240,7 +262,60 @@ async def upload_artifact(
     cpod: CurrentCPod,
     ctx: Ctx,
     attempt: Annotated[PosInt32, Query()],
+    sha256: Sha256 = None,
 ) -> dict[str, object]:
+    """One output file of an attempt this CPod runs (the local runtime's uploads, through JobSync)."""
+    return await _put_artifact(
+        request,
+        ctx,
+        job_id,
+        attempt,
+        path,
+        sha256,
+        lambda s: attempts.job_for_agent(s, cpod, job_id, attempt),
+    )
+
+
+@router.put(
+    paths.UPLOAD_ARTIFACT,
+    status_code=201,
+    dependencies=[Depends(protocol_header)],
+    responses=ATTEMPT_ERRORS,
+)
+@body_rule(lambda s: (s.artifact_max_bytes, s.artifact_upload_timeout_s))
+async def upload_pod_artifact(
+    job_id: str,
+    attempt: PosInt32,
+    path: str,
+    request: Request,
+    ctx: Ctx,
+    sha256: Sha256 = None,
+) -> dict[str, object]:
+    """One output file of a Kubernetes pod, put by its uploader with the attempt's upload token: only
+    this attempt's artifacts, while it is current or just ended (docs/agent.md, "Artifacts from pods")."""
+    upload_tokens.check_token(ctx.box, bearer_token(request), job_id, attempt)
+    return await _put_artifact(
+        request,
+        ctx,
+        job_id,
+        attempt,
+        path,
+        sha256,
+        lambda s: upload_tokens.job_for_upload(s, job_id, attempt),
+    )
+
+
+async def _put_artifact(
+    request: Request,
+    ctx: Ctx,
+    job_id: str,
+    attempt: int,
+    path: str,
+    sha256: str | None,
+    job_of: Callable[[Session], Job],
+) -> dict[str, object]:
+    """Streams the body into the store and records it, if ``job_of`` finds the attempt allowed to
+    upload, before the body is read and again when it is recorded."""
     try:
         clean = clean_artifact_path(path)
     except ValueError as exc:
@@ -248,22 +323,31 @@ async def upload_artifact(
 
     def check() -> None:
         with ctx.db.session() as session:
-            attempts.job_for_agent(session, cpod, job_id, attempt)
+            job_of(session)
 
     await asyncio.to_thread(check)
+    limit = ctx.settings.artifact_max_bytes
+    expected = sha256.lower() if sha256 else None
     try:
-        size, digest = await ctx.artifacts.put(
-            job_id, clean, request.stream(), ctx.settings.artifact_max_bytes
-        )
+        size, digest = await ctx.artifacts.put(job_id, clean, request.stream(), limit, expected)
     except TooLarge:
-        raise AppError(413, f"artifact larger than {ctx.settings.artifact_max_bytes} bytes") from None
+        raise AppError(
+            413, f"artifact larger than {limit} bytes", details={"max_bytes": limit, "path": clean}
+        ) from None
     except PathConflict as exc:
         raise AppError(409, str(exc), code="artifact_path_conflict", details={"path": clean}) from None
+    except DigestMismatch as exc:
+        raise AppError(
+            422,
+            f"{SHA256_HEADER}: the bytes received hash to {exc.received}, not to the sha256 sent; "
+            "nothing was stored",
+            code="digest_mismatch",
+            details=[{"field": SHA256_HEADER, "message": "does not match the bytes received"}],
+        ) from None
 
     def save() -> None:
         with ctx.db.session() as session:
-            job = attempts.job_for_agent(session, cpod, job_id, attempt)
-            attempts.record_artifact(session, job, attempt, clean, size, digest)
+            attempts.record_artifact(session, job_of(session), attempt, clean, size, digest)
 
     await asyncio.to_thread(save)
     return {"path": clean, "size": size, "sha256": digest}

@@ -1,0 +1,49 @@
+"""What the ``kubernetes`` runtime adds to every tenant pod, from the agent's flags: where the pods'
+uploaders send artifacts, and the provider's node selector and tolerations (docs/agent.md)."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
+# A label or taint key: an optional DNS prefix and a name (what Kubernetes validates, roughly).
+_KEY = re.compile(r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
+_VALUE = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)?$")
+
+
+@dataclass(frozen=True)
+class PodSettings:
+    upload_url: str
+    uploader_image: str | None = None
+    upload_ca: bytes | None = None
+    node_selector: tuple[tuple[str, str], ...] = field(default_factory=tuple)
+    tolerations: tuple[dict[str, str], ...] = field(default_factory=tuple)
+
+
+def _key_value(text: str, what: str) -> tuple[str, str | None]:
+    key, equals, value = text.partition("=")
+    if not _KEY.match(key) or len(key) > 316:
+        raise ValueError(f"{key!r} is not a {what} key")
+    if equals and (not _VALUE.match(value) or len(value) > 63):
+        raise ValueError(f"{value!r} is not a {what} value")
+    return key, value if equals else None
+
+
+def node_selector(text: str) -> tuple[str, str]:
+    """``KEY=VALUE``: a node label every tenant pod requires."""
+    key, value = _key_value(text, "label")
+    if value is None:
+        raise ValueError("expected KEY=VALUE")
+    return key, value
+
+
+def toleration(text: str) -> dict[str, str]:
+    """``KEY[=VALUE]:EFFECT``: a taint every tenant pod tolerates (any value when none is given)."""
+    spec, colon, effect = text.rpartition(":")
+    if not colon or effect not in EFFECTS:
+        raise ValueError(f"expected KEY[=VALUE]:EFFECT with EFFECT one of {', '.join(EFFECTS)}")
+    key, value = _key_value(spec, "taint")
+    if value is None:
+        return {"key": key, "operator": "Exists", "effect": effect}
+    return {"key": key, "operator": "Equal", "value": value, "effect": effect}

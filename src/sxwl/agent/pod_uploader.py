@@ -1,0 +1,287 @@
+"""The ``uploader`` container of a Kubernetes tenant pod: waits until the main container's command has
+ended, then puts every regular file of its output dir to the cloud as the attempt's artifacts, with
+the attempt's upload token (docs/agent.md, "Artifacts from pods").
+
+It must run on any image with a ``python3``, so it is the standard library only and imports nothing
+of sxwl (``python3 /path/pod_uploader.py`` works as well as ``python3 -m sxwl.agent.pod_uploader``).
+Each file is read twice, never held in memory: once for its sha256, sent in a header, then streamed in
+chunks; the cloud stores it only if the bytes it received hash the same. What happened is written as
+one line to the termination log, which the agent reads from the container's status; the exit status
+is 0 whenever that line says it, so a failed upload of one rank never fails the Indexed Job and stops
+the ranks still at work."""
+
+from __future__ import annotations
+
+import hashlib
+import http.client
+import json
+import os
+import signal
+import ssl
+import stat
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import FrameType
+from typing import BinaryIO
+from urllib.parse import quote, urlsplit
+
+# The same as sxwl.protocol (tests check it), which this program cannot import.
+PROTOCOL_HEADER = "X-SXWL-Protocol"
+SHA256_HEADER = "X-SXWL-Sha256"
+UPLOAD_PATH = "/api/v1/agent/uploads/{job_id}/{attempt}/{path}"
+# Files of the shared volume (the main container's wrapper writes them, kube_wrapper.py).
+EXIT_CODE_FILE = "exit-code"
+ALIVE_FIFO = "alive"
+OUTPUT_DIR = "output"
+
+CHUNK = 1024 * 1024
+TRIES = 5
+TIMEOUT_S = 60.0
+POLL_S = 0.5
+MESSAGE_LIMIT = 3000  # the kubelet keeps 4096 bytes of a termination message
+
+
+class Fatal(Exception):
+    """The cloud refuses this attempt's uploads altogether (token, stale attempt): stop."""
+
+
+class Refused(Exception):
+    """The cloud refused one file; the others may still go."""
+
+
+@dataclass(frozen=True)
+class Config:
+    url: str
+    job_id: str
+    attempt: int
+    rank: int
+    nodes: int
+    token: str
+    ca_file: str | None
+    shared: Path
+    termination_log: Path
+
+    @classmethod
+    def from_env(cls, env: dict[str, str]) -> Config:
+        token_file = Path(env.get("SXWL_UPLOAD_TOKEN_FILE", "/sxwl-upload/token"))
+        ca_file = env.get("SXWL_UPLOAD_CA_FILE") or None
+        return cls(
+            url=env["SXWL_UPLOAD_URL"].rstrip("/"),
+            job_id=env["SXWL_JOB_ID"],
+            attempt=int(env["SXWL_ATTEMPT"]),
+            rank=int(env.get("NODE_RANK", "0") or 0),
+            nodes=int(env.get("NNODES", "1") or 1),
+            token=token_file.read_text().strip(),
+            ca_file=ca_file if ca_file and Path(ca_file).exists() else None,
+            shared=Path(env.get("SXWL_SHARED_DIR", "/sxwl")),
+            termination_log=Path(env.get("SXWL_TERMINATION_LOG", "/dev/termination-log")),
+        )
+
+
+@dataclass
+class Summary:
+    uploaded: int = 0
+    bytes: int = 0
+    errors: list[str] = field(default_factory=list)
+
+    def line(self) -> str:
+        done = f"{self.uploaded} file{'s' if self.uploaded != 1 else ''} ({self.bytes} bytes) uploaded"
+        if not self.errors:
+            return f"ok: {done}"
+        return f"error: {'; '.join(self.errors)} ({done})"
+
+
+# Set by SIGTERM: the pod is being deleted.
+TERMINATING = threading.Event()
+
+
+def wait_for_main(shared: Path) -> int | None:
+    """The main command's exit status once its wrapper wrote it; None when the main container ended
+    without one (killed as a whole, by the OOM killer say): the wrapper holds the write end of a FIFO
+    for its whole life, so an end of file says that no process of it is left. Also None at once when
+    the pod is deleted before the wrapper ever ran (its container could not start)."""
+    fifo: int | None = None
+    code_file = shared / EXIT_CODE_FILE
+    try:
+        while True:
+            if code_file.exists():
+                return _read_code(code_file)
+            if fifo is None and TERMINATING.is_set() and not (shared / ALIVE_FIFO).exists():
+                return None
+            if fifo is None and (shared / ALIVE_FIFO).exists():
+                fifo = os.open(shared / ALIVE_FIFO, os.O_RDONLY | os.O_NONBLOCK)
+            if fifo is not None:
+                try:
+                    if os.read(fifo, 512) == b"":
+                        return _read_code(code_file) if code_file.exists() else None
+                except BlockingIOError:
+                    pass  # a writer holds it: the main container lives
+            time.sleep(POLL_S)
+    finally:
+        if fifo is not None:
+            os.close(fifo)
+
+
+def _read_code(path: Path) -> int | None:
+    text = path.read_text().strip()
+    return int(text) if text.lstrip("-").isdigit() else None
+
+
+def output_files(root: Path) -> Iterator[tuple[str, Path]]:
+    """(relative POSIX path, file) for every regular file under ``root``; links (to files or dirs) and
+    anything else that is not a regular file are skipped, so nothing outside ``root`` is read."""
+    if not root.is_dir() or root.is_symlink():
+        return
+    for directory, dirs, files in os.walk(root, followlinks=False):
+        dirs.sort()
+        for name in sorted(files):
+            path = Path(directory) / name
+            if stat.S_ISREG(path.lstat().st_mode):
+                yield path.relative_to(root).as_posix(), path
+
+
+def sha256_of(path: Path) -> tuple[str, int]:
+    digest, size = hashlib.sha256(), 0
+    with _open_no_follow(path) as handle:
+        while chunk := handle.read(CHUNK):
+            digest.update(chunk)
+            size += len(chunk)
+    return digest.hexdigest(), size
+
+
+def _open_no_follow(path: Path) -> BinaryIO:
+    return os.fdopen(os.open(path, os.O_RDONLY | os.O_NOFOLLOW), "rb")
+
+
+class Uploader:
+    def __init__(self, config: Config) -> None:
+        self.config = config
+        parts = urlsplit(config.url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"SXWL_UPLOAD_URL must be an http(s) URL, not {config.url!r}")
+        self.scheme, self.host, self.port = parts.scheme, parts.hostname, parts.port
+        self.base = parts.path.rstrip("/")
+        self.tls = ssl.create_default_context(cafile=config.ca_file) if parts.scheme == "https" else None
+
+    def _connection(self) -> http.client.HTTPConnection:
+        if self.tls is not None:
+            return http.client.HTTPSConnection(self.host, self.port, timeout=TIMEOUT_S, context=self.tls)
+        return http.client.HTTPConnection(self.host, self.port, timeout=TIMEOUT_S)
+
+    def put(self, name: str, path: Path) -> int:
+        """Uploads one file; returns its size. Retries connection errors and 5xx with backoff."""
+        target = self.base + UPLOAD_PATH.format(
+            job_id=quote(self.config.job_id, safe=""),
+            attempt=self.config.attempt,
+            path=quote(name),
+        )
+        delay = 1.0
+        for attempt in range(1, TRIES + 1):
+            digest, size = sha256_of(path)  # again on every try: a retry after a mismatch rehashes
+            try:
+                status, body = self._send(target, path, digest, size)
+            except (OSError, http.client.HTTPException) as exc:
+                status, body = 0, {"message": f"{type(exc).__name__}: {exc}"}
+            if status == 201:
+                return size
+            if status and status < 500 and status != 429:
+                raise _refusal(name, status, body)
+            if attempt == TRIES:
+                raise Refused(f"artifact {name} not uploaded: {body.get('message', status)}")
+            time.sleep(delay)
+            delay *= 2
+        raise AssertionError("unreachable")
+
+    def _send(self, target: str, path: Path, digest: str, size: int) -> tuple[int, dict[str, object]]:
+        connection = self._connection()
+        try:
+            connection.putrequest("PUT", target, skip_accept_encoding=True)
+            for header, value in (
+                ("Authorization", f"Bearer {self.config.token}"),
+                ("Content-Type", "application/octet-stream"),
+                ("Content-Length", str(size)),
+                (SHA256_HEADER, digest),
+                (PROTOCOL_HEADER, "1"),
+            ):
+                connection.putheader(header, value)
+            connection.endheaders()
+            try:
+                with _open_no_follow(path) as handle:
+                    while chunk := handle.read(CHUNK):
+                        connection.send(chunk)
+            except (BrokenPipeError, ConnectionResetError):
+                pass  # the cloud answered before reading it all (too large, say): read why
+            response = connection.getresponse()
+            raw = response.read(64 * 1024)
+        finally:
+            connection.close()
+        try:
+            error = json.loads(raw).get("error", {})
+        except (ValueError, AttributeError):
+            error = {}
+        return response.status, error if isinstance(error, dict) else {}
+
+
+def _refusal(name: str, status: int, error: dict[str, object]) -> Exception:
+    """A 4xx as words for the job's reason; those that end every upload of the attempt are Fatal."""
+    details = error.get("details")
+    if status == 413 and isinstance(details, dict) and "max_bytes" in details:
+        return Refused(f"artifact {name} refused: larger than {details['max_bytes']} bytes")
+    message = str(error.get("message") or f"HTTP {status}")
+    if status in (401, 403) or error.get("code") in ("stale_attempt", "upload_closed"):
+        return Fatal(f"artifacts refused by the cloud: {message}")
+    return Refused(f"artifact {name} refused: {message}")
+
+
+def upload_all(config: Config) -> Summary:
+    summary = Summary()
+    uploader = Uploader(config)
+    prefix = f"rank-{config.rank}/" if config.nodes > 1 else ""
+    for name, path in output_files(config.shared / OUTPUT_DIR):
+        try:
+            summary.bytes += uploader.put(prefix + name, path)
+            summary.uploaded += 1
+        except Refused as exc:
+            summary.errors.append(str(exc))
+        except Fatal as exc:
+            summary.errors.append(str(exc))
+            break
+        except OSError as exc:  # the file went away or cannot be read
+            summary.errors.append(f"artifact {prefix + name} not uploaded: {exc.strerror or exc}")
+    return summary
+
+
+def _terminating(signum: int, frame: FrameType | None) -> None:
+    """The pod is being deleted: the main container got SIGTERM too and may be saving a checkpoint,
+    so keep waiting for it and upload what it leaves, until the grace ends with SIGKILL."""
+    TERMINATING.set()
+    print("SIGTERM: uploading what the main container leaves, within the grace", file=sys.stderr)
+
+
+def main() -> int:
+    signal.signal(signal.SIGTERM, _terminating)
+    env = dict(os.environ)
+    log_path = Path(env.get("SXWL_TERMINATION_LOG", "/dev/termination-log"))
+    try:
+        config = Config.from_env(env)
+        code = wait_for_main(config.shared)
+        summary = upload_all(config)
+        line = summary.line()
+        if code is None:
+            line += "; the main container ended without an exit status"
+    except (KeyError, ValueError, OSError) as exc:
+        line = f"error: the uploader could not run: {type(exc).__name__}: {exc}"
+    print(line, file=sys.stderr)
+    try:
+        log_path.write_text(line[:MESSAGE_LIMIT])
+    except OSError as exc:
+        print(f"cannot write {log_path}: {exc}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
