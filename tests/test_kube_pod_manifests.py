@@ -14,10 +14,10 @@ from typer.testing import CliRunner
 
 from sxwl.agent import main as agent_main
 from sxwl.agent import pod_uploader
-from sxwl.agent.pod_settings import node_selector, toleration
+from sxwl.agent.pod_settings import memory_quantity, node_selector, toleration
 from sxwl.agent.runtimes.kube_manifests import job_manifest
 from sxwl.agent.runtimes.kube_objects import KubeJob
-from sxwl.agent.runtimes.kube_uploads import UploadConfig, secret_manifest
+from sxwl.agent.runtimes.kube_uploads import UPLOADER_RESOURCES, UploadConfig, secret_manifest
 from sxwl.agent.runtimes.kube_wrapper import WRAPPER
 from sxwl.protocol import Assignment
 
@@ -132,6 +132,16 @@ def test_placement_flags_and_one_rank_per_node() -> None:
     assert "affinity" not in manifest(record(), ["python"])["spec"]["template"]["spec"]
 
 
+def test_a_memory_limit_bounds_the_job_container_only() -> None:
+    assert memory_quantity("1.5Gi") == "1.5Gi"
+    pod = manifest(record(), ["python"], uploads=UPLOADS, memory_limit="64Mi")["spec"]["template"]["spec"]
+    main, uploader = pod["containers"]
+    assert main["resources"]["limits"]["memory"] == "64Mi"
+    assert uploader["resources"] == UPLOADER_RESOURCES  # the uploader keeps its own small bound
+    plain = manifest(record(), ["python"])["spec"]["template"]["spec"]["containers"][0]
+    assert plain["resources"]["limits"] == {"nvidia.com/gpu": "1"}
+
+
 @pytest.mark.parametrize(
     ("flag", "value", "says"),
     [
@@ -140,6 +150,9 @@ def test_placement_flags_and_one_rank_per_node() -> None:
         ("--pod-toleration", "key=v:Sometimes", "EFFECT"),
         ("--pod-toleration", "=v:NoSchedule", "taint key"),
         ("--upload-ca-file", "/nonexistent/ca.pem", "No such file"),
+        ("--pod-memory-limit", "lots", "512Mi"),
+        ("--pod-memory-limit", "0Gi", "positive"),
+        ("--pod-memory-limit", "16GB", "16Gi"),
     ],
 )
 def test_bad_placement_and_upload_flags_stop_the_agent_naming_the_flag(

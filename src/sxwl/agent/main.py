@@ -18,7 +18,7 @@ from sxwl.agent.inventory.local import LocalInventory
 from sxwl.agent.inventory.simulated import SimulatedGpus
 from sxwl.agent.leader import LeadershipLost
 from sxwl.agent.loop import Agent, AgentConfig
-from sxwl.agent.pod_settings import PodSettings, node_selector, toleration
+from sxwl.agent.pod_settings import PodSettings, memory_quantity, node_selector, toleration
 from sxwl.agent.runtimes.base import J
 from sxwl.agent.runtimes.local import LocalRuntime
 from sxwl.agent.runtimes.sandbox import Isolation, IsolationSetting, detect
@@ -147,6 +147,13 @@ def run(
             help="kubernetes runtime: KEY[=VALUE]:EFFECT, a taint every tenant pod tolerates; repeatable."
         ),
     ] = None,
+    pod_memory_limit: Annotated[
+        str | None,
+        typer.Option(
+            help="kubernetes runtime: the memory limit of each tenant pod's job container (e.g. 16Gi); a "
+            "job that goes past it ends as failed, OOMKilled. Default: no limit of the agent's own."
+        ),
+    ] = None,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Debug logging.")] = False,
 ) -> None:
     """Register this machine as a CPod of 算想云, report its CPUs, memory and GPUs, and run the jobs
@@ -172,6 +179,14 @@ def run(
         upload_ca=_read_ca(upload_ca_file),
         node_selector=_flag_values(pod_node_selector or [], "--pod-node-selector", node_selector),
         tolerations=_flag_values(pod_toleration or [], "--pod-toleration", toleration),
+        memory_limit=next(
+            iter(
+                _flag_values(
+                    [pod_memory_limit] if pod_memory_limit else [], "--pod-memory-limit", memory_quantity
+                )
+            ),
+            None,
+        ),
     )
     config = AgentConfig(
         api_url=api_url.rstrip("/"),
@@ -306,6 +321,7 @@ def job_runtime(api: ApiClient, config: AgentConfig, pods: PodSettings | None = 
         uploads=uploads,
         node_selector=dict(pods.node_selector),
         tolerations=list(pods.tolerations),
+        memory_limit=pods.memory_limit,
     )
 
 

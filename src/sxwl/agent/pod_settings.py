@@ -19,6 +19,7 @@ class PodSettings:
     upload_ca: bytes | None = None
     node_selector: tuple[tuple[str, str], ...] = field(default_factory=tuple)
     tolerations: tuple[dict[str, str], ...] = field(default_factory=tuple)
+    memory_limit: str | None = None  # a Kubernetes quantity, e.g. "16Gi"
 
 
 def _key_value(text: str, what: str) -> tuple[str, str | None]:
@@ -47,3 +48,13 @@ def toleration(text: str) -> dict[str, str]:
     if value is None:
         return {"key": key, "operator": "Exists", "effect": effect}
     return {"key": key, "operator": "Equal", "value": value, "effect": effect}
+
+
+_QUANTITY = re.compile(r"[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)?")
+
+
+def memory_quantity(text: str) -> str:
+    """A memory size as Kubernetes writes it (``512Mi``, ``16Gi``, ``2G``, bytes without a suffix)."""
+    if not _QUANTITY.fullmatch(text) or float(re.sub(r"[A-Za-z]+$", "", text)) <= 0:
+        raise ValueError("expected a positive size such as 512Mi or 16Gi")
+    return text

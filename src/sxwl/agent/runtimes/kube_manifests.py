@@ -69,7 +69,9 @@ def _env(job: KubeJob, assignment: Assignment, master_port: int) -> list[dict[st
     return [{"name": name, **value} for name, value in env.items()]
 
 
-def _container(job: KubeJob, assignment: Assignment, master_port: int, uploads: bool) -> dict[str, Any]:
+def _container(
+    job: KubeJob, assignment: Assignment, master_port: int, uploads: bool, memory_limit: str | None
+) -> dict[str, Any]:
     container: dict[str, Any] = {
         "name": CONTAINER,
         "image": assignment.image,
@@ -85,8 +87,13 @@ def _container(job: KubeJob, assignment: Assignment, master_port: int, uploads: 
         container["command"] = ["/bin/sh", "-c", assignment.command]
     elif assignment.command:
         container["command"] = list(assignment.command)
+    limits: dict[str, str] = {}
     if job.gpus_per_node:
-        container["resources"] = {"limits": {GPU: str(job.gpus_per_node)}}
+        limits[GPU] = str(job.gpus_per_node)
+    if memory_limit:
+        limits["memory"] = memory_limit  # requests default to the limit: the scheduler reserves it
+    if limits:
+        container["resources"] = {"limits": limits}
     if job.nodes > 1:
         container["ports"] = [{"name": "master", "containerPort": master_port}]
     return container
@@ -103,6 +110,7 @@ def job_manifest(
     node_selector: Mapping[str, str] | None = None,
     tolerations: list[dict[str, str]] | None = None,
     uploads: UploadConfig | None = None,
+    memory_limit: str | None = None,
 ) -> dict[str, Any]:
     """The Job; with ``uploads`` (the agent has an upload URL and the assignment a token) its pods
     also carry the uploader, the shared volume and the token's Secret (kube_uploads.py)."""
@@ -119,7 +127,7 @@ def job_manifest(
         "hostIPC": False,
         "terminationGracePeriodSeconds": max(0, int(stop_grace_s)),
         "securityContext": pod_security,
-        "containers": [_container(job, assignment, master_port, uploads is not None)],
+        "containers": [_container(job, assignment, master_port, uploads is not None, memory_limit)],
         "volumes": [{"name": "dshm", "emptyDir": {"medium": "Memory"}}],
     }
     if uploads is not None:

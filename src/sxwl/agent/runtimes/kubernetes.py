@@ -72,6 +72,7 @@ class KubernetesRuntime(AttemptDirs[KubeJob]):
         uploads: UploadConfig | None = None,
         node_selector: Mapping[str, str] | None = None,
         tolerations: list[dict[str, str]] | None = None,
+        memory_limit: str | None = None,
     ) -> None:
         self.api = api_client
         self.batch = client.BatchV1Api(api_client)
@@ -86,6 +87,7 @@ class KubernetesRuntime(AttemptDirs[KubeJob]):
         self.uploads = uploads
         self.node_selector = dict(node_selector or {})
         self.tolerations = list(tolerations or [])
+        self.memory_limit = memory_limit
         base = state_dir if state_dir is not None else Path(tempfile.mkdtemp(prefix="sxwl-k8s-"))
         super().__init__(base / "k8s-jobs")
         self.jobs: dict[str, KubeJob] = {}
@@ -326,6 +328,7 @@ class KubernetesRuntime(AttemptDirs[KubeJob]):
                 pod_annotations=self.pod_annotations(assignment) if self.pod_annotations else {},
                 node_selector=self.node_selector,
                 tolerations=self.tolerations,
+                memory_limit=self.memory_limit,
                 uploads=self.uploads if self._uploads_for(assignment) else None,
             )
             create = self.batch.create_namespaced_job
