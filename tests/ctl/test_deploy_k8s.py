@@ -1,17 +1,21 @@
-"""`3kctl deploy all` end to end against the real Kubernetes control plane of tests/support/k8s.py.
+"""`3kctl deploy all` end to end against the real Kubernetes control plane of tests/support/k8s.py,
+then a user's training job on the CPod it built.
 
 Real: the sshd loopback hosts (preflight, the kubeconfig fetched over SSH), helm and kubectl (the
 artifact's bin/helm and bin/kubectl are the test cluster's own binaries), the API server, the
-sxwl-agent chart (deploy/helm/sxwl-agent, packaged here), `sxwl serve` and the agent. Recorded:
-KubeKey (`FakeKubeKey`: it turns bare metal into Kubernetes, which no test machine allows); its
-`create cluster` hands over the test control plane's admin kubeconfig. KWOK runs no containers, so the
-chart's Deployment never really starts: the test runs the agent as a process outside the cluster with
-the Deployment's arguments and the chart's ServiceAccount token, reading the accessKey from the Secret
-3kctl created — as tests/k8s/test_chart.py does."""
+sxwl-agent chart (deploy/helm/sxwl-agent, packaged here), `sxwl serve` and the agent, and the real
+worker nodes (tests/support/k8s_node.py) where the user's tiny-lm job runs in containers while the
+console shows its log, before its checkpoint downloads. Recorded: KubeKey (`FakeKubeKey`: it turns
+bare metal into Kubernetes, which no test machine allows); its `create cluster` hands over the test
+control plane's admin kubeconfig. The chart's own Deployment lands on a KWOK node, where no container
+runs, and no agent image can be pulled here: the test runs the agent as a process outside the
+cluster with the Deployment's arguments and the chart's ServiceAccount token, reading the accessKey
+from the Secret 3kctl created — as tests/k8s/test_chart.py does."""
 
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 import os
 import re
@@ -24,16 +28,21 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import numpy as np
 import pytest
 import yaml
+from playwright.sync_api import Browser, expect
 
 from sxwl.ctl.artifact import write_checksums
 from tests.ctl.conftest import REPO, MakeHosts, make_artifact, run_ctl
 from tests.ctl.hosts import config_text
 from tests.support.agent import AgentProcess, eventually
+from tests.support.browser import PASSWORD, new_context, screenshot, sign_in
 from tests.support.cloud import CloudProcess
 from tests.support.k8s import K8sCluster
+from tests.support.k8s_node import RealNodes, host_ip
 from tests.support.net import free_port
+from tests.support.real_cpod import TINY_LM_DIR, placement_flags, tiny_lm_image
 
 pytestmark = pytest.mark.k8s
 
@@ -43,9 +52,12 @@ PRODUCT = "NVIDIA-H100-80GB-HBM3"
 
 @pytest.fixture
 def cloud(tmp_path: Path) -> Iterator[CloudProcess]:
+    # On the host's address, not loopback: the tenant pods on the real nodes upload to it.
+    host = host_ip()
     process = CloudProcess(
         tmp_path / "cloud",
-        free_port(),
+        free_port(host),
+        host=host,
         env={
             "SXWL_DATABASE_URL": f"sqlite:///{tmp_path / 'sxwl.db'}",
             "SXWL_HEARTBEAT_INTERVAL_MIN_S": "0.1",
@@ -143,9 +155,9 @@ def secret_fields(cluster: K8sCluster, name: str) -> dict[str, str]:
     return {k: base64.b64decode(v).decode() for k, v in secret["data"].items()}
 
 
-def start_agent(cluster: K8sCluster, cloud: CloudProcess, tmp_path: Path) -> AgentProcess:
+def start_agent(cluster: K8sCluster, cloud: CloudProcess, tmp_path: Path, *extra: str) -> AgentProcess:
     """What the chart's Deployment would run, as a process: its args, its ServiceAccount's token,
-    the accessKey from the Secret 3kctl created."""
+    the accessKey from the Secret 3kctl created; ``extra``: what the provider's chart values add."""
     deployment = cluster.get("deployment", "sxwl-agent", NAMESPACE)
     (container,) = deployment["spec"]["template"]["spec"]["containers"]
     args = [a for a in container["args"] if not a.startswith(("--state-dir=", "--heartbeat-interval="))]
@@ -162,6 +174,7 @@ def start_agent(cluster: K8sCluster, cloud: CloudProcess, tmp_path: Path) -> Age
         str(kubeconfig),
         "--namespace",
         NAMESPACE,
+        *extra,
     )
 
 
@@ -178,6 +191,8 @@ def gpu_nodes(k8s_cluster: K8sCluster) -> Iterator[list[str]]:
 
 def test_deploy_all_on_a_real_control_plane(
     k8s_cluster: K8sCluster,
+    real_nodes: RealNodes,
+    browser: Browser,
     gpu_nodes: list[str],
     make_hosts: MakeHosts,
     ssh_key: Path,
@@ -223,7 +238,9 @@ def test_deploy_all_on_a_real_control_plane(
                     assert proc.poll() is None, out_path.read_text() + err_path.read_text()
                     assert time.monotonic() < deadline, out_path.read_text() + err_path.read_text()
                     time.sleep(0.2)
-                agent = start_agent(cluster, cloud, tmp_path)
+                # The provider keeps tenant pods on its worker nodes (chart values jobs.*): the real ones.
+                image = tiny_lm_image(real_nodes)
+                agent = start_agent(cluster, cloud, tmp_path, "--uploader-image", image, *placement_flags())
                 rc = proc.wait(180)
             finally:
                 if proc.poll() is None:
@@ -340,6 +357,10 @@ def test_deploy_all_on_a_real_control_plane(
         # KWOK marks the Deployment's pod Ready; the shared cluster may hold other tests' unready nodes.
         assert "✓ agent: sxwl-agent 1/1 ready" in text, text
         assert status.rc == (0 if all_nodes_ready(cluster) else 1), text
+
+        # A user trains tiny-lm on the new CPod: real containers on the real node, the log live in
+        # the console, the checkpoint downloaded.
+        train_on_the_cpod(cloud, browser, image, tmp_path)
     finally:
         if agent is not None:
             agent.stop()
@@ -351,6 +372,48 @@ def test_deploy_all_on_a_real_control_plane(
         ]:
             cluster.helm("uninstall", release, "-n", namespace, "--wait", check=False)
         cluster.kubectl("delete", "namespace", NAMESPACE, "--wait=false", check=False)
+
+
+def train_on_the_cpod(cloud: CloudProcess, browser: Browser, image: str, tmp_path: Path) -> None:
+    email = f"dev-{secrets.token_hex(3)}@example.com"
+    register = {"email": email, "password": PASSWORD, "role": "user"}
+    httpx.post(f"{cloud.url}/api/v1/auth/register", json=register).raise_for_status()
+    token = httpx.post(f"{cloud.url}/api/v1/auth/login", json={"email": email, "password": PASSWORD})
+    user = {"Authorization": f"Bearer {token.json()['access_token']}"}
+    body = {
+        "name": "tiny-lm",
+        "command": 'exec python3 "$TINY_LM_DIR/train.py"',
+        "image": image,
+        "gpus_per_node": 0,
+        "env": {"TINY_LM_DIR": TINY_LM_DIR, "TINY_LM_STEPS": "400"},
+    }
+    response = httpx.post(f"{cloud.url}/api/v1/jobs", headers=user, json=body)
+    assert response.status_code == 201, response.text
+    job_id = response.json()["id"]
+
+    context = new_context(browser, cloud.url)
+    try:
+        page = context.new_page()
+        sign_in(page, email)
+        page.goto(f"/jobs/{job_id}")
+        log = page.locator("#job-log")
+        expect(log).to_contain_text("[rank 0] step 20 loss", timeout=120_000)
+        live = log.get_attribute("data-complete")
+        screenshot(page, "job-real-node-live-log")
+        expect(log).to_have_attribute("data-complete", "true", timeout=180_000)
+        expect(log).to_contain_text("[rank 0] step 400 loss")
+        assert live == "false", "the log showed steps only once the job had ended"
+    finally:
+        context.close()
+    job = httpx.get(f"{cloud.url}/api/v1/jobs/{job_id}", headers=user).json()
+    assert job["state"] == "succeeded", job
+    artifacts = httpx.get(f"{cloud.url}/api/v1/jobs/{job_id}/artifacts", headers=user).json()
+    checkpoint = next(a for a in artifacts if a["path"].startswith("checkpoint"))
+    data = httpx.get(f"{cloud.url}/api/v1/jobs/{job_id}/artifacts/{checkpoint['path']}", headers=user)
+    assert data.status_code == 200 and hashlib.sha256(data.content).hexdigest() == checkpoint["sha256"]
+    (tmp_path / checkpoint["path"]).write_bytes(data.content)
+    with np.load(tmp_path / checkpoint["path"]) as weights:
+        assert len(weights.files) > 0
 
 
 def all_nodes_ready(cluster: K8sCluster) -> bool:

@@ -35,10 +35,16 @@ class CloudProcess:
     """``sxwl serve`` as a real process on loopback."""
 
     def __init__(
-        self, data_dir: Path, port: int, env: dict[str, str] | None = None, cwd: Path | None = None
+        self,
+        data_dir: Path,
+        port: int,
+        env: dict[str, str] | None = None,
+        cwd: Path | None = None,
+        host: str = "127.0.0.1",
     ) -> None:
-        """``cwd``: the server's working directory, against which a relative ``data_dir`` counts."""
-        self.url = f"http://127.0.0.1:{port}"
+        """``cwd``: the server's working directory, against which a relative ``data_dir`` counts;
+        ``host``: the address it listens on (loopback unless pods must reach it)."""
+        self.url = f"http://{host}:{port}"
         where = cwd / data_dir if cwd is not None else data_dir
         self.log_path = where / "cloud.log"
         where.mkdir(parents=True, exist_ok=True)
@@ -51,7 +57,18 @@ class CloudProcess:
         }
         self._log = self.log_path.open("wb")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "sxwl.cli", "serve", "--port", str(port), "--data-dir", str(data_dir)],
+            [
+                sys.executable,
+                "-m",
+                "sxwl.cli",
+                "serve",
+                "--host",
+                host,
+                "--port",
+                str(port),
+                "--data-dir",
+                str(data_dir),
+            ],
             env=full_env,
             cwd=cwd,
             stdout=self._log,
