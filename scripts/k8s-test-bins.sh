@@ -156,3 +156,7 @@ if [ "$BUILT" -gt 0 ]; then
 else
   log "all binaries present in $BIN"
 fi
+
+# The real nodes' images (pause, Debian with python3) are built from these binaries and the Debian
+# mirror, cached next to them; `make k8s-bins` thereby prepares everything the k8s tests start.
+bash "$ROOT/scripts/k8s-test-images.sh"
