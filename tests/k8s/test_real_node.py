@@ -130,8 +130,12 @@ def test_dns_of_a_headless_service_and_tcp_between_pods(
         "metadata": {"name": "peers", "namespace": ns},
         "spec": {"clusterIP": "None", "selector": {"app": "peer"}, "ports": [{"name": "tcp", "port": 7000}]},
     }
-    server = python_pod("srv", ns, SERVER, hostname="srv-0", subdomain="peers", labels={"app": "peer"})
-    k8s_cluster.apply([service, server, python_pod("client", ns, CLIENT.format(ns=ns))])
+    # Server and client on different nodes: the connection crosses the host between their networks.
+    first, last = real_nodes.names[0], real_nodes.names[-1]
+    server = python_pod(
+        "srv", ns, SERVER, node=first, hostname="srv-0", subdomain="peers", labels={"app": "peer"}
+    )
+    k8s_cluster.apply([service, server, python_pod("client", ns, CLIENT.format(ns=ns), node=last)])
     done = wait_phase(k8s_cluster, "client", ns, DONE)
     log = k8s_cluster.kubectl("logs", "-n", ns, "client")
     assert done["status"]["phase"] == "Succeeded", log
@@ -139,6 +143,9 @@ def test_dns_of_a_headless_service_and_tcp_between_pods(
     server_ip = k8s_cluster.get("pod", "srv", ns)["status"]["podIP"]
     assert result["addresses"] == {"srv-0.peers": server_ip, f"srv-0.peers.{ns}.svc.cluster.local": server_ip}
     client_ip = done["status"]["podIP"]
+    assert done["spec"]["nodeName"] == last
+    assert k8s_cluster.get("pod", "srv", ns)["spec"]["nodeName"] == first
+    assert done["status"]["hostIP"] == real_nodes.node_ips[last]
     assert result["reply"] == f"hello {client_ip} from srv-0"
     assert f"nameserver {real_nodes.dns_ip}" in result["resolv"]
     assert f"search {ns}.svc.cluster.local svc.cluster.local cluster.local" in result["resolv"]

@@ -39,6 +39,9 @@ STATE_PATHS = (
     "/var/log/pods",
 )
 CGROUP_ROOT = Path("/sys/fs/cgroup")
+# Top-level cgroups the nodes make: the kubelet's "kubepods" under the default root, and the cgroup
+# root of each node (tests/support/k8s_node_net.py).
+CGROUP_PREFIXES = ("kubepods", "sxwl-real-")
 _COUNTERS = re.compile(r"\[\d+:\d+\]")
 
 
@@ -59,12 +62,13 @@ def _mounts() -> list[str]:
     return [line.split()[4] for line in Path("/proc/self/mountinfo").read_text().splitlines()]
 
 
-def _cgroups(names: tuple[str, ...]) -> list[str]:
+def _cgroups() -> list[str]:
     found = []
     for hierarchy in sorted(CGROUP_ROOT.iterdir()) if CGROUP_ROOT.is_dir() else []:
-        for name in names:
-            top = hierarchy / name
-            if top.is_dir() and not top.is_symlink():
+        if hierarchy.is_symlink() or not hierarchy.is_dir():
+            continue
+        for top in hierarchy.iterdir():
+            if top.is_dir() and top.name.startswith(CGROUP_PREFIXES):
                 found += [str(p) for p in [top, *top.rglob("*")] if p.is_dir()]
     return sorted(found)
 
@@ -87,7 +91,7 @@ class HostState:
     state_paths: list[str]
 
     @classmethod
-    def capture(cls, cgroup_names: tuple[str, ...] = ("kubepods",)) -> HostState:
+    def capture(cls) -> HostState:
         sysctls = {}
         for name in SYSCTLS:
             path = Path("/proc/sys") / name
@@ -103,7 +107,7 @@ class HostState:
             links=links,
             netns=netns,
             mounts=_mounts(),
-            cgroups=_cgroups(cgroup_names),
+            cgroups=_cgroups(),
             state_paths=[p for path in STATE_PATHS for p in _tree(path)],
         )
 
@@ -126,10 +130,9 @@ class HostState:
 class HostRestorer:
     """Undoes, after the nodes stopped, what changed since `before` was captured."""
 
-    def __init__(self, before: HostState, roots: list[Path], cgroup_names: tuple[str, ...]) -> None:
+    def __init__(self, before: HostState, roots: list[Path]) -> None:
         self.before = before
         self.roots = roots
-        self.cgroup_names = cgroup_names
         self._saved_iptables = {cmd: _run(cmd) for cmd in ("iptables-save", "ip6tables-save")}
         self._saved_nft = {table: _run("nft", "list", "table", *table.split()) for table in _nft_tables()}
 
@@ -151,13 +154,15 @@ class HostRestorer:
         for point in reversed(_mounts()):  # deepest (latest) first
             if point in old:
                 continue
-            if any(point.startswith(p) for p in prefixes) or point.startswith("/run/netns/"):
+            # `ip netns add` also bind-mounts /run/netns onto itself (to share it).
+            netns = point == "/run/netns" or point.startswith("/run/netns/")
+            if netns or any(point.startswith(p) for p in prefixes):
                 result = subprocess.run(["umount", "-l", point], capture_output=True, text=True, check=False)
                 if result.returncode != 0:
                     problems.append(f"umount {point}: {result.stderr.strip()}")
 
     def _netns(self, problems: list[str]) -> None:
-        for name in set(HostState.capture(self.cgroup_names).netns) - set(self.before.netns):
+        for name in set(HostState.capture().netns) - set(self.before.netns):
             result = subprocess.run(
                 ["ip", "netns", "delete", name], capture_output=True, text=True, check=False
             )
@@ -166,7 +171,7 @@ class HostRestorer:
 
     def _links(self, problems: list[str]) -> None:
         old = set(self.before.links)
-        for name in HostState.capture(self.cgroup_names).links:
+        for name in HostState.capture().links:
             if name not in old:
                 # A veth goes with its peer: "Cannot find device" for the second of a pair is fine.
                 result = subprocess.run(
@@ -204,7 +209,7 @@ class HostRestorer:
 
     def _cgroups(self, problems: list[str]) -> None:
         old = set(self.before.cgroups)
-        for path in sorted(_cgroups(self.cgroup_names), key=len, reverse=True):  # deepest first
+        for path in sorted(_cgroups(), key=len, reverse=True):  # deepest first
             if path not in old:
                 try:
                     Path(path).rmdir()

@@ -45,11 +45,22 @@ from tests.support.k8s_node_config import (
     corefile,
     kubelet_config,
 )
+from tests.support.k8s_node_net import NodeNet, create_cgroup_root, create_network
 from tests.support.net import free_port
 
-HOST_TOOLS = ("containerd", "containerd-shim-runc-v2", "runc", "ctr", "umoci", "ip", "iptables", "nft")
+HOST_TOOLS = (
+    "containerd",
+    "containerd-shim-runc-v2",
+    "runc",
+    "ctr",
+    "umoci",
+    "nsenter",
+    "ip",
+    "iptables",
+    "nft",
+)
+MAX_NODES = 4  # pods 10.250.<i>.0/24, links 10.251.<i>.0/30: any small number fits
 LOCK_FILE = Path("/tmp/sxwl-test-real-nodes.lock")
-POD_SUBNET = "10.250.{index}.0/24"
 COREDNS_USER = "sxwl-test:coredns"
 
 
@@ -74,23 +85,22 @@ class _Process:
 @dataclass
 class _Node:
     name: str
-    index: int
+    net: NodeNet
     paths: NodePaths
-    ip: str
     kubelet_port: int = 0
     healthz_port: int = 0
 
     @property
-    def bridge(self) -> str:
-        return f"sxwlbr{self.index}"
+    def ip(self) -> str:
+        return self.net.node_ip
 
 
 class RealNodes:
     """`count` real nodes named `real-0`, `real-1`, … joined to `cluster`; start() and stop()."""
 
-    def __init__(self, cluster: K8sCluster, root: Path, count: int = 1) -> None:
-        if count != 1:
-            raise ValueError("one real node is supported on this machine")
+    def __init__(self, cluster: K8sCluster, root: Path, count: int = 2) -> None:
+        if not 1 <= count <= MAX_NODES:
+            raise ValueError(f"1 to {MAX_NODES} real nodes, not {count}")
         missing = [tool for tool in HOST_TOOLS if shutil.which(tool) is None]
         if missing:
             raise StartError(
@@ -101,8 +111,8 @@ class RealNodes:
                 raise StartError(f"{cluster.bins / binary} is missing: run `make k8s-bins`")
         self.cluster = cluster
         self.root = root
-        self.ip = host_ip()
-        self._nodes = [_Node(f"real-{i}", i, NodePaths(root / f"real-{i}"), self.ip) for i in range(count)]
+        self.host_address = host_ip()
+        self._nodes = [_Node(f"real-{i}", NodeNet(i), NodePaths(root / f"real-{i}")) for i in range(count)]
         self._processes: list[_Process] = []
         self._lock: IO[str] | None = None
         self._restorer: HostRestorer | None = None
@@ -119,8 +129,13 @@ class RealNodes:
 
     @property
     def dns_ip(self) -> str:
-        """Where pods send DNS queries (CoreDNS on port 53), and the address of the host from pods."""
-        return self.ip
+        """Where pods send DNS queries: CoreDNS on port 53 of `host_address`."""
+        return self.host_address
+
+    @property
+    def node_ips(self) -> dict[str, str]:
+        """Each node's InternalIP (its pods' hostIP): the host end of its veth, where its kubelet listens."""
+        return {node.name: node.ip for node in self._nodes}
 
     @property
     def images(self) -> list[str]:
@@ -157,15 +172,16 @@ class RealNodes:
         self._take_lock()
         for ref, layout in base_layouts().items():
             self._layouts.setdefault(ref, layout)
-        cgroups = ("kubepods",)
-        self.host_before = HostState.capture(cgroups)
+        self.host_before = HostState.capture()
         self.host_differences = []
-        self._restorer = HostRestorer(self.host_before, [self.root], cgroups)
+        self._restorer = HostRestorer(self.host_before, [self.root])
         self._start_coredns(deadline)
         for node in self._nodes:
             node.kubelet_port, node.healthz_port = free_port(), free_port()
             # Runtime state only: whatever a previous start left there is stale.
             shutil.rmtree(node.paths.containerd_state, ignore_errors=True)
+            create_network(node.net)
+            create_cgroup_root(node.net)
             self._start_containerd(node, deadline)
             for ref, layout in self._layouts.items():
                 import_layout(layout, ref, node.paths.socket)
@@ -189,7 +205,7 @@ class RealNodes:
         if self._restorer is not None:
             restorer, self._restorer = self._restorer, None
             problems = restorer.restore()
-            after = HostState.capture(restorer.cgroup_names)
+            after = HostState.capture()
             self.host_differences = problems + restorer.before.differences(after)
         if self._registered:
             self.cluster.kubectl("delete", "node", *self.names, "--ignore-not-found", check=False)
@@ -269,14 +285,17 @@ class RealNodes:
         paths = node.paths
         paths.cni_conf_dir.mkdir(parents=True, exist_ok=True)
         (paths.cni_conf_dir / "10-sxwl.conflist").write_text(
-            cni_config(
-                f"sxwl-{node.name}", node.bridge, POD_SUBNET.format(index=node.index), paths.root / "ipam"
-            )
+            cni_config(f"sxwl-{node.name}", "cni0", node.net.pod_subnet, paths.root / "ipam")
         )
         config = paths.root / "containerd.toml"
-        config.write_text(containerd_config(paths, PAUSE_IMAGE))
+        config.write_text(containerd_config(paths, PAUSE_IMAGE, node.net.netns_ip))
+        # In the node's network namespace only (nsenter execs it: the pid is containerd's): the CNI
+        # plugins it runs put the bridge and the pods' veths there. Mounts stay the host's.
+        netns = f"--net=/run/netns/{node.net.netns}"
         proc = self._spawn(
-            f"containerd-{node.name}", ["containerd", f"--config={config}", "--log-level=info"], paths.logs
+            f"containerd-{node.name}",
+            ["nsenter", netns, "containerd", f"--config={config}", "--log-level=info"],
+            paths.logs,
         )
         self._wait(proc, deadline, lambda: self._ctr(node, "version").returncode == 0)
 
@@ -310,6 +329,7 @@ class RealNodes:
             ca_file=self.cluster.ca_file,
             serving_cert=serving_cert,
             serving_key=serving_key,
+            cgroup_root=f"/{node.net.cgroup_root}",
         )
         config = paths.root / "kubelet.yaml"
         config.write_text(kubelet_config(paths, settings))

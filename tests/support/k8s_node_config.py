@@ -48,7 +48,7 @@ class NodePaths:
         return self.root / "logs"
 
 
-def containerd_config(paths: NodePaths, sandbox_image: str) -> str:
+def containerd_config(paths: NodePaths, sandbox_image: str, stream_ip: str) -> str:
     cri = '[plugins."io.containerd.grpc.v1.cri"'
     return f"""\
 version = 2
@@ -78,7 +78,8 @@ disabled_plugins = [
   # runc cannot set a negative oom_score_adj here (no CAP_SYS_RESOURCE): never ask for less than ours.
   restrict_oom_score_adj = true
   disable_apparmor = true
-  stream_server_address = "127.0.0.1"
+  # exec/attach/port-forward: the kubelet (in the host's network namespace) proxies to this address.
+  stream_server_address = "{stream_ip}"
   stream_server_port = "0"
 {cri}.containerd]
   snapshotter = "overlayfs"
@@ -123,6 +124,7 @@ class KubeletSettings:
     ca_file: Path
     serving_cert: Path
     serving_key: Path
+    cgroup_root: str
 
 
 def kubelet_config(paths: NodePaths, s: KubeletSettings) -> str:
@@ -146,6 +148,8 @@ def kubelet_config(paths: NodePaths, s: KubeletSettings) -> str:
         "containerRuntimeEndpoint": f"unix://{paths.socket}",
         # This machine has cgroup v1 (hybrid) and no systemd; the kubelet refuses v1 unless told.
         "cgroupDriver": "cgroupfs",
+        # A root per node: a kubelet removes the pod cgroups under its root that it does not know.
+        "cgroupRoot": s.cgroup_root,
         "failCgroupV1": False,
         "failSwapOn": False,
         "clusterDNS": [s.dns_ip],
