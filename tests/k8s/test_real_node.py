@@ -149,6 +149,11 @@ def test_dns_of_a_headless_service_and_tcp_between_pods(
     assert result["reply"] == f"hello {client_ip} from srv-0"
     assert f"nameserver {real_nodes.dns_ip}" in result["resolv"]
     assert f"search {ns}.svc.cluster.local svc.cluster.local cluster.local" in result["resolv"]
+    # exec goes API server -> kubelet (host) -> containerd's stream server in the node's namespace.
+    hostname = k8s_cluster.kubectl(
+        "exec", "-n", ns, "srv", "--", "python3", "-c", "import os; print(os.uname()[1])"
+    )
+    assert hostname == "srv-0\n"
     k8s_cluster.kubectl("delete", "namespace", ns, "--wait=false")
 
 
