@@ -8,10 +8,12 @@ nothing meant for the KWOK nodes lands on them; a pod that wants one tolerates t
 the label (`RealNodes.pod_placement()`). Images come from scripts/k8s-test-images.sh and are imported,
 never pulled (`imagePullPolicy: IfNotPresent` or `Never`).
 
-Every process runs in its own process group and is stopped by its pid; `stop()` then puts back what
-the kubelet, containerd and the CNI plugins changed on the host (tests/support/k8s_host.py). One
-session per machine at a time (a lock file says so): the nodes share the host's kubepods cgroups,
-firewall and port 53 of the node address.
+Each node's containerd, CNI bridge and pods live in a network namespace of their own; the kubelets
+and CoreDNS run in the host's (tests/support/k8s_node_net.py). Every process runs in its own process
+group and is stopped by its pid; `stop()` then puts back what the kubelet, containerd and the CNI
+plugins changed on the host (tests/support/k8s_host.py). One session per machine at a time (a lock
+file says so): the nodes use the host's firewall, sysctls, port 53 of the host address and the
+kubelet's fixed device-plugin folder.
 """
 
 from __future__ import annotations
