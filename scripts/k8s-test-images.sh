@@ -76,18 +76,18 @@ build() {
     log "$key: already built"
     return
   fi
-  local start=$SECONDS work
+  local start=$SECONDS
   mkdir -p "$IMAGES"
-  work=$(mktemp -d "$IMAGES/.$key.XXXXXX")
-  trap 'rm -rf "$work"' EXIT
+  WORK=$(mktemp -d "$IMAGES/.$key.XXXXXX")
+  trap 'rm -rf "$WORK"' EXIT
   log "$key: building ..."
-  umoci init --layout "$work/layout"
-  umoci new --image "$work/layout:1"
-  "$make" "$work" "$work/layout:1"
-  umoci gc --layout "$work/layout"
+  umoci init --layout "$WORK/layout"
+  umoci new --image "$WORK/layout:1"
+  "$make" "$WORK" "$WORK/layout:1"
+  umoci gc --layout "$WORK/layout"
   rm -rf "${IMAGES:?}/$key"
-  mv "$work/layout" "$IMAGES/$key"
-  rm -rf "$work"
+  mv "$WORK/layout" "$IMAGES/$key"
+  rm -rf "$WORK"
   trap - EXIT
   log "$key: built in $((SECONDS - start))s, $(du -sh "$IMAGES/$key" | cut -f1)"
 }
