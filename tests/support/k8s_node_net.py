@@ -15,6 +15,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
+from tests.support.k8s import StartError
 from tests.support.k8s_host import CGROUP_ROOT
 
 
@@ -51,7 +52,13 @@ def _ip(*args: str, netns: str | None = None) -> None:
     command = ["ip", *(["-n", netns] if netns else []), *args]
     result = subprocess.run(command, capture_output=True, text=True, check=False, timeout=30)
     if result.returncode != 0:
-        raise RuntimeError(f"{' '.join(command)} failed: {result.stderr.strip()}")
+        hint = ""
+        if "File exists" in result.stderr:
+            hint = (
+                " (left by a test session that was killed before its teardown? stop its kubelets and "
+                "containerds, then `ip netns delete sxwl-real-<i>`)"
+            )
+        raise StartError(f"{' '.join(command)} failed: {result.stderr.strip()}{hint}")
 
 
 def create_network(net: NodeNet) -> None:
