@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Builds the binaries of the test control plane (docs/k8s-testing.md) from the upstream Go modules,
-# at the versions pinned below, into .cache/k8s/<versions-key>/bin/. Binaries already there are kept.
+# Builds the binaries of the test control plane and of its real nodes (docs/k8s-testing.md) from the
+# upstream Go modules, at the versions pinned below, into .cache/k8s/<versions-key>/bin/. Binaries
+# already there are kept.
 #
 #   scripts/k8s-test-bins.sh                 build what is missing
 #   scripts/k8s-test-bins.sh --print-bin-dir print the bin folder for the pinned versions; builds nothing
@@ -12,15 +13,16 @@
 set -euo pipefail
 
 # --- the pinned versions: change them here only, then run with --sync ---------------------------
-K8S_VERSION=v1.37.2   # k8s.io/kubernetes: kube-apiserver, -controller-manager, -scheduler, kubectl
+K8S_VERSION=v1.37.2   # k8s.io/kubernetes: kube-apiserver, -controller-manager, -scheduler, kubectl, kubelet
 ETCD_VERSION=v3.7.0   # go.etcd.io/etcd/server/v3 (what Kubernetes 1.37 ships; it refuses etcd < 3.5.24)
 KWOK_VERSION=v0.8.0   # sigs.k8s.io/kwok/cmd/kwok
 HELM_VERSION=v3.22.0  # helm.sh/helm/v3/cmd/helm
+COREDNS_VERSION=v1.15.0 # github.com/coredns/coredns (the first release on Go 1.26 and k8s.io/* v0.37)
 # --------------------------------------------------------------------------------------------------
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 MODS=$ROOT/deploy/k8s-test
-KEY="k8s-${K8S_VERSION}_etcd-${ETCD_VERSION}_kwok-${KWOK_VERSION}_helm-${HELM_VERSION}"
+KEY="k8s-${K8S_VERSION}_etcd-${ETCD_VERSION}_kwok-${KWOK_VERSION}_helm-${HELM_VERSION}_coredns-${COREDNS_VERSION}"
 CACHE=${SXWL_K8S_CACHE:-$ROOT/.cache/k8s}
 BIN=$CACHE/$KEY/bin
 
@@ -99,11 +101,13 @@ if [ "$SYNC" = 1 ]; then
     "k8s.io/kubernetes@$K8S_VERSION" "go.etcd.io/etcd/server/v3@$ETCD_VERSION"
   sync_module kwok sxwl.ai/k8s-test/kwok "sigs.k8s.io/kwok@$KWOK_VERSION"
   sync_module helm sxwl.ai/k8s-test/helm "helm.sh/helm/v3@$HELM_VERSION"
+  sync_module coredns sxwl.ai/k8s-test/coredns "github.com/coredns/coredns@$COREDNS_VERSION"
 fi
 check_pin kubernetes k8s.io/kubernetes "$K8S_VERSION"
 check_pin kubernetes go.etcd.io/etcd/server/v3 "$ETCD_VERSION"
 check_pin kwok sigs.k8s.io/kwok "$KWOK_VERSION"
 check_pin helm helm.sh/helm/v3 "$HELM_VERSION"
+check_pin coredns github.com/coredns/coredns "$COREDNS_VERSION"
 
 mkdir -p "$BIN"
 TOTAL_START=$SECONDS
@@ -135,6 +139,7 @@ build kube-apiserver kubernetes k8s.io/kubernetes/cmd/kube-apiserver "${K8S_LDFL
 build kube-controller-manager kubernetes k8s.io/kubernetes/cmd/kube-controller-manager "${K8S_LDFLAGS[@]}"
 build kube-scheduler kubernetes k8s.io/kubernetes/cmd/kube-scheduler "${K8S_LDFLAGS[@]}"
 build kubectl kubernetes k8s.io/kubernetes/cmd/kubectl "${K8S_LDFLAGS[@]}"
+build kubelet kubernetes k8s.io/kubernetes/cmd/kubelet "${K8S_LDFLAGS[@]}"
 build etcd kubernetes go.etcd.io/etcd/server/v3
 build kwok kwok sigs.k8s.io/kwok/cmd/kwok "-X sigs.k8s.io/kwok/pkg/consts.Version=$KWOK_VERSION"
 build helm helm helm.sh/helm/v3/cmd/helm \
@@ -143,9 +148,15 @@ build helm helm helm.sh/helm/v3/cmd/helm \
   "-X helm.sh/helm/v3/pkg/lint/rules.k8sVersionMinor=$K8S_MINOR" \
   "-X helm.sh/helm/v3/pkg/chartutil.k8sVersionMajor=$K8S_MAJOR" \
   "-X helm.sh/helm/v3/pkg/chartutil.k8sVersionMinor=$K8S_MINOR"
+build coredns coredns . # CoreDNS with the few plugins the tests use (deploy/k8s-test/coredns/main.go)
+build pause pause .     # the pods' sandbox program (deploy/k8s-test/pause/main.go); no dependencies
 
 if [ "$BUILT" -gt 0 ]; then
   log "done: $BUILT built in $((SECONDS - TOTAL_START))s; $(du -sh "$CACHE/$KEY" | cut -f1) in $BIN"
 else
   log "all binaries present in $BIN"
 fi
+
+# The real nodes' images (pause, Debian with python3) are built from these binaries and the Debian
+# mirror, cached next to them; `make k8s-bins` thereby prepares everything the k8s tests start.
+bash "$ROOT/scripts/k8s-test-images.sh"

@@ -14,6 +14,8 @@ from tests.support.browser import launch
 from tests.support.clock import TestClock
 from tests.support.cloud import test_settings
 from tests.support.k8s import K8sCluster, MissingBinariesError, StartError, bin_dir
+from tests.support.k8s_images import MissingImagesError
+from tests.support.k8s_node import RealNodes
 from tests.support.postgres import TempPostgres
 
 
@@ -22,6 +24,27 @@ def postgres() -> Iterator[TempPostgres]:
     cluster = TempPostgres().start()
     yield cluster
     cluster.stop()
+
+
+@pytest.fixture(scope="session")
+def real_nodes(k8s_cluster: K8sCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealNodes]:
+    """Real worker nodes (kubelet + containerd + runc + CNI, CoreDNS) joined to `k8s_cluster`, with the
+    test images imported (tests/support/k8s_node.py). Fails (never skips) when a binary, an image or a
+    host tool is missing; at the end fails if the host is not as it was before they started."""
+    nodes: RealNodes | None = None
+    failure = ""
+    try:
+        nodes = RealNodes(k8s_cluster, tmp_path_factory.mktemp("real-nodes")).start()
+    except (StartError, MissingImagesError) as error:
+        failure = str(error)
+    if nodes is None:
+        pytest.fail(failure, pytrace=False)
+    yield nodes
+    nodes.stop()
+    if nodes.host_differences:
+        pytest.fail(
+            "the real nodes left the host changed:\n" + "\n".join(nodes.host_differences), pytrace=False
+        )
 
 
 @pytest.fixture(scope="session")

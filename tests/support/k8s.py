@@ -732,7 +732,7 @@ class K8sCluster:
     def stop(self) -> None:
         """Stops every component through its process group, the last started first."""
         for component in reversed(self._components):
-            _stop_group(component.process)
+            stop_group(component.process)
         self._components.clear()
 
     def __enter__(self) -> K8sCluster:
@@ -821,6 +821,31 @@ class K8sCluster:
     def write_token_kubeconfig(self, path: Path, token: str, namespace: str = "default") -> Path:
         """A kubeconfig that authenticates with a bearer token (e.g. a ServiceAccount's)."""
         self._write_kubeconfig(path, "token-user", {"token": token}, namespace)
+        return path
+
+    def issue_certificate(
+        self,
+        name: str,
+        common_name: str,
+        organizations: Sequence[str] = (),
+        *,
+        server: bool = False,
+        client: bool = False,
+        ips: Sequence[str] = (),
+    ) -> tuple[Path, Path]:
+        """A certificate signed by the cluster's CA, as `<pki>/<name>.crt` and `.key` (returned), for
+        components started outside this class (the real nodes of tests/support/k8s_node.py)."""
+        if self._ca is None:
+            raise RuntimeError("the cluster's CA exists once the cluster has started")
+        self._write_pair(
+            name, _issue(self._ca, common_name, organizations, server=server, client=client, ips=ips)
+        )
+        return self.pki / f"{name}.crt", self.pki / f"{name}.key"
+
+    def write_cert_kubeconfig(self, path: Path, cert: Path, key: Path) -> Path:
+        """A kubeconfig that authenticates with a client certificate from `issue_certificate`."""
+        user = {"client-certificate-data": _b64(cert.read_bytes()), "client-key-data": _b64(key.read_bytes())}
+        self._write_kubeconfig(path, cert.stem, user)
         return path
 
     def ssl_context(self, client: bool = True) -> ssl.SSLContext:
@@ -994,7 +1019,7 @@ class K8sCluster:
             return False
 
 
-def _stop_group(process: subprocess.Popen[bytes], grace: float = 10.0) -> None:
+def stop_group(process: subprocess.Popen[bytes], grace: float = 10.0) -> None:
     if process.poll() is not None:
         return
     try:

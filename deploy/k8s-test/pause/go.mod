@@ -1,0 +1,3 @@
+module sxwl.ai/k8s-test/pause
+
+go 1.26.0
