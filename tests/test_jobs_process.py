@@ -140,6 +140,24 @@ def test_success_with_logs_and_artifacts(world: World) -> None:
     assert got.text == "weights\n"
 
 
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+def test_an_artifact_over_the_limit_fails_the_job_with_that_reason_and_the_rest_is_kept(
+    tmp_path: Path, db_url: str
+) -> None:
+    world = World(tmp_path, db_url, SXWL_ARTIFACT_MAX_BYTES="1000")
+    try:
+        world.agent()
+        world.online()
+        script = "head -c 2000 /dev/zero > $SXWL_OUTPUT_DIR/model.bin; echo ok > $SXWL_OUTPUT_DIR/small.txt"
+        job = world.wait_state(world.submit(script), "failed")
+        assert job["exit_code"] == 0
+        assert job["reason"] == "artifact model.bin refused: request body larger than 1000 bytes (HTTP 413)"
+        artifacts = httpx.get(f"{world.url}/api/v1/jobs/{job['id']}/artifacts", headers=world.user).json()
+        assert [a["path"] for a in artifacts] == ["small.txt"]
+    finally:
+        world.close()
+
+
 def test_failure_reports_the_exit_code(world: World) -> None:
     world.agent()
     world.online()

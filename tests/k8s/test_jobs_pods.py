@@ -203,7 +203,7 @@ def test_kubernetes_reasons_are_said_in_words(
 ) -> None:
     cases = {
         "oom": ("137", "OOMKilled", "", "out of memory (OOMKilled, exit code 137)"),
-        "not-found": ("127", "Error", "", "command not found (exit code 127)"),
+        "not-found": ("127", "Error", "", "command not found: python (exit code 127)"),
         "no-shell": (
             "128",
             "StartError",

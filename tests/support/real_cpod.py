@@ -19,7 +19,8 @@ from tests.support.agent import AgentProcess, eventually
 from tests.support.cloud import CloudProcess
 from tests.support.k8s import REPO, K8sCluster
 from tests.support.k8s_images import PYTHON_IMAGE
-from tests.support.k8s_node import REAL_LABEL, REAL_TAINT, RealNodes
+from tests.support.k8s_node import RealNodes
+from tests.support.k8s_node_config import REAL_LABEL, REAL_TAINT
 from tests.support.net import free_port
 
 # The tiny-lm example at /opt/tiny-lm of the Debian + python3 + numpy test image.

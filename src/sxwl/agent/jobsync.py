@@ -145,7 +145,10 @@ class JobSync(Generic[J]):
             relative = file.relative_to(output).as_posix()
             if relative in job.artifacts_uploaded:
                 continue
-            await self.client.upload_artifact(self.token, job.job_id, job.attempt, relative, file)
+            try:
+                await self.client.upload_artifact(self.token, job.job_id, job.attempt, relative, file)
+            except Rejected as exc:  # too large, say: retrying cannot help, and the job must still end
+                job.artifact_problems.append(f"artifact {relative} refused: {exc}")
             job.artifacts_uploaded.append(relative)
             self.runtime.save(job)
         await self._ship_log(job)
@@ -153,5 +156,10 @@ class JobSync(Generic[J]):
         reason = job.stop_reason or (f"exit code {job.exit_code}" if job.exit_code else None)
         if job.exit_code is None and job.stop_reason is None:
             reason = "the job's process ended without an exit status"
-        await self._report(job, job.outcome, job.exit_code, reason)
+        outcome = job.outcome
+        if job.artifact_problems:
+            # Its outputs did not all come back: the user's result is incomplete (as on Kubernetes).
+            outcome = "failed" if outcome == "succeeded" else outcome
+            reason = "; ".join(r for r in (reason, *job.artifact_problems) if r)
+        await self._report(job, outcome, job.exit_code, reason)
         self.runtime.done(job)

@@ -41,7 +41,8 @@ class AttemptRecord:
     reported_state: str | None = None  # the last non-final state the cloud acknowledged
     fenced: bool = False  # the cloud called this attempt stale: stop it, report nothing more
     lost_reason: str | None = None  # why it was found gone when the agent came back
-    artifacts_uploaded: list[str] = field(default_factory=list)
+    artifacts_uploaded: list[str] = field(default_factory=list)  # refused ones too: never sent twice
+    artifact_problems: list[str] = field(default_factory=list)  # why the cloud refused an artifact
 
     @property
     def key(self) -> str:

@@ -11,6 +11,7 @@ from typing import Any
 from sxwl.agent.runtimes.base import Outcome
 from sxwl.agent.runtimes.kube_objects import CONTAINER, KubeJob, rank
 from sxwl.agent.runtimes.kube_uploads import upload_problem
+from sxwl.agent.runtimes.kube_wrapper import WRAPPER_NAME
 
 IMAGE_PULL_REASONS = {"ImagePullBackOff", "ErrImagePull", "InvalidImageName", "ErrImageNeverPull"}
 # The container runtime could not start the command (no /bin/sh in the image, a bad mount ...).
@@ -34,6 +35,18 @@ def _main(pod: Any) -> Any:
 def _terminated(pod: Any) -> Any:
     status = _main(pod)
     return status.state.terminated if status is not None and status.state else None
+
+
+def _program(pod: Any) -> str | None:
+    """The program the main container was asked to run, when the command names one (a list command,
+    under the wrapper or not); None for a shell string, whose shell says what it missed in the log."""
+    spec = next((c for c in pod.spec.containers or [] if c.name == CONTAINER), None)
+    argv = list(spec.command or []) if spec is not None else []
+    if WRAPPER_NAME in argv:
+        argv = argv[argv.index(WRAPPER_NAME) + 1 :]
+    if not argv or argv[:2] == ["/bin/sh", "-c"]:
+        return None
+    return str(argv[0])
 
 
 def exit_code(pods: list[Any]) -> int | None:
@@ -76,7 +89,12 @@ def _rank_failure(job: KubeJob, pods: list[Any]) -> tuple[int | None, str | None
         if ended.reason == "OOMKilled":
             what = f"out of memory (OOMKilled, exit code {code})"
         elif code == 127:
-            what = "command not found (exit code 127)"
+            program = _program(pod)
+            what = (
+                f"command not found: {program} (exit code 127)"
+                if program
+                else "command not found (exit code 127)"
+            )
         elif ended.reason in START_REASONS:
             what = f"the container could not start ({ended.reason}): {ended.message or 'no message'}"
         else:
@@ -92,7 +110,8 @@ def outcome(job: KubeJob, item: Any, pods: list[Any]) -> Seen | None:
     conditions = {c.type: c for c in (item.status.conditions or []) if c.status == "True"}
     problem = upload_problem(pods)
     if "Complete" in conditions:
-        return Seen("succeeded", 0, problem)
+        # Outputs that did not all come back leave the user without the result: the attempt failed.
+        return Seen("failed", 0, problem) if problem else Seen("succeeded", 0, None)
     if "Failed" not in conditions:
         return None
     failed = conditions["Failed"]

@@ -16,6 +16,7 @@ uploader learns it from the FIFO's end of file."""
 from __future__ import annotations
 
 SHARED_DIR = "/sxwl"
+WRAPPER_NAME = "sxwl-wrapper"  # the wrapper's $0: the user's command follows it
 OUTPUT_DIR = SHARED_DIR + "/output"
 
 WRAPPER = r"""
@@ -44,4 +45,4 @@ def wrapped(command: list[str] | str) -> list[str]:
     """The container command that runs ``command`` under the wrapper: a string as ``/bin/sh -c``, a
     list exactly as given."""
     argv = ["/bin/sh", "-c", command] if isinstance(command, str) else list(command)
-    return ["/bin/sh", "-c", WRAPPER, "sxwl-wrapper", *argv]
+    return ["/bin/sh", "-c", WRAPPER, WRAPPER_NAME, *argv]
