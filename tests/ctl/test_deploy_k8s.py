@@ -37,7 +37,7 @@ from sxwl.ctl.artifact import write_checksums
 from tests.ctl.conftest import REPO, MakeHosts, make_artifact, run_ctl
 from tests.ctl.hosts import config_text
 from tests.support.agent import AgentProcess, eventually
-from tests.support.browser import PASSWORD, new_context, screenshot, sign_in
+from tests.support.browser import PASSWORD, screenshot, sign_in
 from tests.support.cloud import CloudProcess
 from tests.support.k8s import K8sCluster
 from tests.support.k8s_node import RealNodes, host_ip
@@ -391,7 +391,9 @@ def train_on_the_cpod(cloud: CloudProcess, browser: Browser, image: str, tmp_pat
     assert response.status_code == 201, response.text
     job_id = response.json()["id"]
 
-    context = new_context(browser, cloud.url)
+    # Not new_context(): clipboard permissions need a secure origin, and this one is the host's address.
+    context = browser.new_context(locale="zh-CN", base_url=cloud.url)
+    context.set_default_timeout(10_000)
     try:
         page = context.new_page()
         sign_in(page, email)
@@ -402,7 +404,7 @@ def train_on_the_cpod(cloud: CloudProcess, browser: Browser, image: str, tmp_pat
         screenshot(page, "job-real-node-live-log")
         expect(log).to_have_attribute("data-complete", "true", timeout=180_000)
         expect(log).to_contain_text("[rank 0] step 400 loss")
-        assert live == "false", "the log showed steps only once the job had ended"
+        assert live != "true", "the log showed steps only once the job had ended"
     finally:
         context.close()
     job = httpx.get(f"{cloud.url}/api/v1/jobs/{job_id}", headers=user).json()
