@@ -12,8 +12,9 @@ times the cloud's own ``services.metering.meter_once`` in-process:
 
 For each: wall time, the process's CPU time, SQL statements sent (an executemany counts once; its
 rows are counted apart), rows written (the driver's row counts of INSERT and UPDATE, plus the marks
-and usage lines that the batch's one WITH statement writes) and time per attempt; afterwards the ledger check and the exact totals (every second charged once). Prints a
-table and appends a dated section to bench/RESULTS.md. Run:
+and usage lines that the batch's one WITH statement writes) and time per attempt; afterwards the
+ledger check and the exact totals (every second charged once). Prints a table and appends a dated
+section to bench/RESULTS.md. Run:
 ``.venv/bin/python bench/metering.py [--cpods 1000] [--attempts 10000]``.
 """
 

@@ -109,14 +109,14 @@ def test_a_pass_rates_every_batch_once(make_settings: MakeSettings) -> None:
         assert ledger.balance(session, ledger.account_key(ledger.USER_CASH, "u" * 32)) == -charged
         assert ledger.check(session).ok
         # Batches of 3, 3 and 1 attempts: a transaction each, and a line per attempt in it.
-        usage = session.scalars(select(LedgerTransaction).where(LedgerTransaction.kind == "usage")).all()
+        batches = session.scalars(select(LedgerTransaction).where(LedgerTransaction.kind == "usage")).all()
         lines = session.scalars(select(UsageLine)).all()
         per_tx = Counter(line.transaction_id for line in lines)
-        assert sorted(per_tx.values()) == [1, 3, 3] and set(per_tx) == {t.id for t in usage}
+        assert sorted(per_tx.values()) == [1, 3, 3] and set(per_tx) == {t.id for t in batches}
         assert {(line.job_id, line.from_us, line.to_us) for line in lines} == {
             (p.job_id, 0, p.rated_us) for p in attempts
         }
-        for tx in usage:
+        for tx in batches:
             mine = [line for line in lines if line.transaction_id == tx.id]
             assert (tx.gross, tx.net) == (sum(x.gross for x in mine), sum(x.net for x in mine))
             assert (tx.payer_id, tx.provider_id, tx.fee) == ("u" * 32, "p" * 32, tx.gross - tx.net)
@@ -127,7 +127,7 @@ def test_a_pass_rates_every_batch_once(make_settings: MakeSettings) -> None:
         )
         report = ledger.check(session)
         assert not report.ok
-        assert report.unlined == [t.idempotency_key for t in usage if t.id == tampered.transaction_id]
+        assert report.unlined == [t.idempotency_key for t in batches if t.id == tampered.transaction_id]
         session.rollback()
     ctx.db.dispose()
 
