@@ -413,9 +413,8 @@ class LedgerEntry(Base):
 
 
 class UsageLine(Base):
-    """One attempt's slice of usage, rated from mark ``from_us`` to ``to_us`` (microseconds since it
-    started) by the usage transaction ``transaction_id``: what statements list per attempt. The
-    primary key is the slice's idempotency key: an attempt is rated from one mark once."""
+    """One attempt's slice of usage (microseconds since it started, from mark to mark) rated by a
+    usage transaction; the primary key is the slice's idempotency key (docs/billing.md)."""
 
     __tablename__ = "usage_lines"
     __table_args__ = (
@@ -426,17 +425,17 @@ class UsageLine(Base):
             name="fk_usage_lines_attempt",
             ondelete="RESTRICT",
         ),
-        Index("ix_usage_lines_transaction", "transaction_id"),
     )
 
     job_id: Mapped[str] = mapped_column(String(32))
     attempt: Mapped[int] = mapped_column(Integer)
     from_us: Mapped[int] = mapped_column(BigInteger)
     to_us: Mapped[int] = mapped_column(BigInteger)
-    gross: Mapped[int] = mapped_column(BigInteger)  # what the payer paid for the slice
-    net: Mapped[int] = mapped_column(BigInteger)  # what the provider earned; the fee is the rest
+    gross: Mapped[int] = mapped_column(BigInteger)  # the payer paid; the provider earned net
+    net: Mapped[int] = mapped_column(BigInteger)  # of it, and the platform the rest
     transaction_id: Mapped[str] = mapped_column(
-        ForeignKey("ledger_transactions.id", ondelete="RESTRICT", name="fk_usage_lines_transaction")
+        ForeignKey("ledger_transactions.id", ondelete="RESTRICT", name="fk_usage_lines_transaction"),
+        index=True,
     )
 
 

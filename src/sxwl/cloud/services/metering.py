@@ -11,6 +11,7 @@ the marks, so a crash or two replicas rating at once can neither lose nor double
 from __future__ import annotations
 
 import hashlib
+from collections import defaultdict
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Protocol, cast
@@ -129,9 +130,8 @@ def _pass(
         )
     }
     slices = Slices()
-    # One ledger transaction per (payer, provider): its index (from 1), and the slices it posts.
-    groups: dict[tuple[str | None, str | None], int] = {}
-    posted: list[list[int]] = []
+    # One ledger transaction per (payer, provider): the slices it posts.
+    groups: dict[tuple[str | None, str | None], list[int]] = defaultdict(list)
     for row in rows:
         beat, listed_jobs = heartbeats.get(row.cpod_id or "", (None, frozenset()))
         listed = f"{row.job_id}:{row.attempt}" in listed_jobs
@@ -147,14 +147,10 @@ def _pass(
             continue
         earned = provider_share(charged, row.fee_bp)
         gross = charged - row.charged
-        group: int | None = None
         # A closed attempt's last slice is posted even when it is too short to cost a micro-yuan, so
         # the statement still shows its seconds; work that is free (price 0) posts nothing.
         if gross or (target > row.rated_us and row.price_per_hour):
-            group = groups.setdefault((row.payer_id, row.provider_id), len(groups) + 1)
-            if group > len(posted):
-                posted.append([])
-            posted[group - 1].append(len(slices))
+            groups[(row.payer_id, row.provider_id)].append(len(slices))
         slices.jobs.append(row.job_id)
         slices.attempts.append(row.attempt)
         slices.froms.append(row.rated_us)
@@ -165,12 +161,15 @@ def _pass(
         slices.gross.append(gross)
         # A provider whose account is gone earns nothing: the platform keeps it.
         slices.net.append(earned - row.earned if row.provider_id else 0)
-        slices.groups.append(group)
+        slices.groups.append(None)
     if slices:
+        for group, posted in enumerate(groups.values(), start=1):
+            for i in posted:
+                slices.groups[i] = group
         # The transactions first: the lines reference them.
         postings = [
-            _usage_posting(payer, provider, slices, posted[g - 1], now)
-            for (payer, provider), g in groups.items()
+            _usage_posting(payer, provider, slices, posted, now)
+            for (payer, provider), posted in groups.items()
         ]
         moved = metering_writes.write(session, slices, ledger.post_many(session, postings))
         if moved != len(slices):

@@ -6,7 +6,8 @@ the single line of its transaction, its mark read back from its idempotency key
 (``usage:<job>:<attempt>:<from>``), and the transaction loses the attempt's columns, which the line
 and the attempt now hold. On PostgreSQL ``job_attempts`` gets a fill factor of 50, so a pass that
 moves every running attempt's mark rewrites each row in its own page (a HOT update, no index
-touched) instead of appending a new version to every index.
+touched) instead of appending a new version to every index; rows already there move to such
+half-full pages the next time they are updated.
 
 Downgrading gives a transaction with one line its attempt's columns back; a batch's transaction
 (several lines) keeps its totals and entries, so balances and the ledger check are unchanged, but
@@ -86,7 +87,7 @@ def upgrade() -> None:
             ondelete="RESTRICT",
         ),
     )
-    op.create_index("ix_usage_lines_transaction", "usage_lines", ["transaction_id"])
+    op.create_index("ix_usage_lines_transaction_id", "usage_lines", ["transaction_id"])
     op.execute(_LINES_OF_OLD_TRANSACTIONS)
     # Plain ALTER TABLE … DROP COLUMN on both engines (SQLite ≥ 3.35): a batch would rebuild the
     # table, which the entries' foreign keys forbid. No index names these columns.
@@ -130,5 +131,5 @@ def downgrade() -> None:
         )
         .where(transactions.c.id.in_(one_line))
     )
-    op.drop_index("ix_usage_lines_transaction", table_name="usage_lines")
+    op.drop_index("ix_usage_lines_transaction_id", table_name="usage_lines")
     op.drop_table("usage_lines")
