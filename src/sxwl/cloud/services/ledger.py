@@ -138,7 +138,7 @@ def post_many(session: Session, postings: Sequence[Posting]) -> list[str]:
 def insert_rows(session: Session, table: Table, rows: list[dict[str, Any]]) -> None:
     """Inserts ``rows`` (all naming the same columns). On PostgreSQL they travel as one array per
     column, unnested into rows by the server: one statement, where an executemany costs the server a
-    statement per row (a metering pass writes tens of thousands, bench/metering.py)."""
+    statement per row."""
     if session.get_bind().dialect.name != "postgresql":
         session.execute(insert(table), rows)
         return
@@ -206,8 +206,7 @@ class CheckReport:
     entries: int
     unbalanced: list[str]  # idempotency keys of transactions whose entries do not sum to zero
     mismatched: list[tuple[str, int, int]]  # (account key, cached balance, sum of its entries)
-    # Idempotency keys of usage transactions whose usage lines do not add up to their gross and net
-    unlined: list[str] = field(default_factory=list)
+    unlined: list[str]  # idempotency keys of usage transactions whose lines differ in gross or net
 
     @property
     def ok(self) -> bool:
