@@ -170,8 +170,9 @@ def seed(
 
 
 def problems(session: Session, seeded: Seeded, *, complete: bool) -> list[str]:
-    """Everything that is not exactly once: empty when the ledger checks, every attempt's
-    transactions add up to its rated mark and charge, and the balances to the charges. ``complete``:
+    """Everything that is not exactly once: empty when the ledger checks, every attempt's usage
+    lines follow one another from its start and add up to its rated mark and charge, and the
+    balances to the charges. ``complete``:
     also every proven second rated (after a pass at ``seeded.end`` or later); otherwise the marks
     may be anywhere, as a crash left them."""
     found: list[str] = []
