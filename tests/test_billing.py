@@ -13,7 +13,7 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import select
 
-from sxwl.cloud.db.models import JobAttempt, LedgerTransaction
+from sxwl.cloud.db.models import JobAttempt, LedgerTransaction, UsageLine
 from sxwl.cloud.services import cpods, ledger
 from sxwl.protocol.money import provider_share
 from tests.support.billing_api import BILLING, PRODUCT, Money
@@ -66,12 +66,18 @@ def test_90_5_seconds_on_2_gpus_cost_exactly_0_362_and_queue_time_is_free(money:
     assert money.account(ledger.PLATFORM_FEES) == gross - net
     with money.ctx.db.session() as session:
         usage = session.scalars(select(LedgerTransaction).where(LedgerTransaction.kind == "usage")).all()
+        lines = session.scalars(select(UsageLine).order_by(UsageLine.from_us)).all()
         placed = session.get(JobAttempt, (job["id"], attempt))
         assert placed is not None and placed.rated_done
         assert (placed.rated_us, placed.charged, placed.earned) == (90_500_000, gross, net)
     assert len(usage) == 2  # the pass while it ran, the pass after it ended
     assert sum(t.gross for t in usage) == gross and sum(t.net for t in usage) == net
-    assert sum(t.usage_us or 0 for t in usage) == 90_500_000
+    # One line per slice, each in its pass's transaction, one following the other.
+    assert [(line.from_us, line.to_us) for line in lines] == [(0, 30_000_000), (30_000_000, 90_500_000)]
+    assert [line.transaction_id for line in lines] == [
+        t.id for t in sorted(usage, key=lambda t: t.created_at)
+    ]
+    assert [line.gross for line in lines] == [t.gross for t in sorted(usage, key=lambda t: t.created_at)]
 
     statement = money.client.get("/api/v1/billing/statement", headers=money.user).json()
     assert statement["month"] == "2026-03" and statement["total"] == gross

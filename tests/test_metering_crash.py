@@ -156,7 +156,7 @@ def test_one_pass_reaches_more_attempts_than_its_batch(db_url: str, tmp_path: Pa
 
 def test_seconds_too_few_to_cost_a_micro_yuan_wait_for_the_next_pass(db_url: str, tmp_path: Path) -> None:
     """At 0.50 CNY per GPU-hour a millisecond costs 0.14 micro-yuan: a pass a millisecond after the
-    last one leaves the mark where it is, so every rated second is in a transaction (the statement's
+    last one leaves the mark where it is, so every rated second is in a usage line (the statement's
     GPU-seconds add up to what was charged for)."""
     data_dir = tmp_path / "data"
     seeded = seeded_database(data_dir, db_url)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import random
 import time
-from collections import Counter
+from collections import Counter, defaultdict
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -20,7 +20,7 @@ from sqlalchemy.orm import Session
 
 from sxwl.cloud.context import CloudContext
 from sxwl.cloud.db.migrate import upgrade
-from sxwl.cloud.db.models import CPod, CPodStatus, Job, JobAttempt, JobState, LedgerTransaction, Role, User
+from sxwl.cloud.db.models import CPod, CPodStatus, Job, JobAttempt, JobState, Role, UsageLine, User
 from sxwl.cloud.services import billing, earnings, ledger, metering
 from sxwl.protocol.money import cost, provider_share
 from tests.support.cloud import test_settings
@@ -170,8 +170,9 @@ def seed(
 
 
 def problems(session: Session, seeded: Seeded, *, complete: bool) -> list[str]:
-    """Everything that is not exactly once: empty when the ledger checks, every attempt's
-    transactions add up to its rated mark and charge, and the balances to the charges. ``complete``:
+    """Everything that is not exactly once: empty when the ledger checks, every attempt's usage
+    lines follow one another from its start and add up to its rated mark and charge, and the
+    balances to the charges. ``complete``:
     also every proven second rated (after a pass at ``seeded.end`` or later); otherwise the marks
     may be anywhere, as a crash left them."""
     found: list[str] = []
@@ -184,34 +185,35 @@ def problems(session: Session, seeded: Seeded, *, complete: bool) -> list[str]:
             select(JobAttempt.job_id, JobAttempt.rated_us, JobAttempt.charged, JobAttempt.earned)
         )
     }
-    posted = {
-        row.job_id: row
-        for row in session.execute(
-            select(
-                LedgerTransaction.job_id,
-                func.sum(LedgerTransaction.usage_us).label("usage_us"),
-                func.sum(LedgerTransaction.gross).label("gross"),
-                func.sum(LedgerTransaction.net).label("net"),
-            )
-            .where(LedgerTransaction.kind == "usage")
-            .group_by(LedgerTransaction.job_id)
+    lines: dict[str, list[Any]] = defaultdict(list)
+    for line in session.execute(
+        select(UsageLine.job_id, UsageLine.from_us, UsageLine.to_us, UsageLine.gross, UsageLine.net).order_by(
+            UsageLine.job_id, UsageLine.from_us
         )
-    }
+    ):
+        lines[line.job_id].append(line)
     spent: Counter[str] = Counter()
     earned = 0
     for attempt in seeded.attempts:
-        mark, tx = marks[attempt.job_id], posted.get(attempt.job_id)
+        mark, slices = marks[attempt.job_id], lines.get(attempt.job_id, [])
         got_mark = (mark.rated_us, mark.charged, mark.earned)
-        got_tx = (int(tx.usage_us), int(tx.gross), int(tx.net)) if tx else (0, 0, 0)
+        posted = (
+            sum(s.to_us - s.from_us for s in slices),
+            sum(s.gross for s in slices),
+            sum(s.net for s in slices),
+        )
+        # The slices follow one another from the start: none overlaps another, none leaves a gap.
+        chained = [s.from_us for s in slices] == [0, *(s.to_us for s in slices)][: len(slices)]
         charged = cost(attempt.units, attempt.price, mark.rated_us)
         want = (attempt.usage_us, attempt.charged, attempt.earned) if complete else got_mark
         if (
             got_mark != want
-            or got_tx != got_mark
+            or posted != got_mark
+            or not chained
             or mark.charged != charged
             or mark.rated_us > attempt.usage_us
         ):
-            found.append(f"{attempt.job_id}: proven {attempt.usage_us} us, rated {got_mark}, posted {got_tx}")
+            found.append(f"{attempt.job_id}: proven {attempt.usage_us} us, rated {got_mark}, posted {posted}")
         spent[attempt.payer_id] += mark.charged
         earned += mark.earned
     cash = ledger.balances(session, ledger.USER_CASH, spent)
@@ -226,13 +228,9 @@ def problems(session: Session, seeded: Seeded, *, complete: bool) -> list[str]:
 
 
 def usage_slices(session: Session) -> dict[str, int]:
-    """How many usage transactions each attempt got (more than one: it was rated in slices)."""
-    per_job = (
-        select(LedgerTransaction.job_id, func.count())
-        .where(LedgerTransaction.kind == "usage")
-        .group_by(LedgerTransaction.job_id)
-    )
-    return {job_id or "": int(count) for job_id, count in session.execute(per_job)}
+    """How many usage lines each attempt got (more than one: it was rated in slices)."""
+    per_job = select(UsageLine.job_id, func.count()).group_by(UsageLine.job_id)
+    return {job_id: int(count) for job_id, count in session.execute(per_job)}
 
 
 def meter_loop(

@@ -244,10 +244,12 @@ def check_ledger(data_dir: DataDir = Path(".sxwl")) -> None:
         out.print(
             f"[red]cached balance differs[/] {account}: cached {cached}, entries sum to {summed} (micro-yuan)"
         )
+    for key in report.unlined:
+        out.print(f"[red]usage lines differ from their transaction[/] {key}")
     if not report.ok:
         raise CliError(
             f"the ledger does not balance: {len(report.unbalanced)} transaction(s), "
-            f"{len(report.mismatched)} account(s)"
+            f"{len(report.mismatched)} account(s), {len(report.unlined)} usage transaction(s)"
         )
     out.print("[green]ok[/]: every transaction balances and every cached balance matches its entries")
 

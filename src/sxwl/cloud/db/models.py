@@ -13,9 +13,11 @@ from sqlalchemy import (
     Enum,
     Float,
     ForeignKey,
+    ForeignKeyConstraint,
     Index,
     Integer,
     LargeBinary,
+    PrimaryKeyConstraint,
     String,
     UniqueConstraint,
     text,
@@ -373,8 +375,8 @@ class LedgerAccount(Base):
 
 
 class LedgerTransaction(Base):
-    """One movement of money; its entries sum to zero. Usage transactions carry what a statement
-    shows (job, attempt, CPod, product, seconds, price, gross, fee, net)."""
+    """One movement of money; its entries sum to zero. A usage transaction is one batch of a
+    metering pass for one payer and one provider; its usage lines say which attempts it charged."""
 
     __tablename__ = "ledger_transactions"
     __table_args__ = (
@@ -391,14 +393,6 @@ class LedgerTransaction(Base):
     note: Mapped[str | None] = mapped_column(String(500))
     payer_id: Mapped[str | None] = mapped_column(String(32))
     provider_id: Mapped[str | None] = mapped_column(String(32))
-    job_id: Mapped[str | None] = mapped_column(String(32))
-    attempt: Mapped[int | None] = mapped_column(Integer)
-    cpod_id: Mapped[str | None] = mapped_column(String(32))
-    resource: Mapped[str | None] = mapped_column(String(8))
-    gpu_product: Mapped[str | None] = mapped_column(String(128))
-    units: Mapped[int | None] = mapped_column(Integer)
-    usage_us: Mapped[int | None] = mapped_column(BigInteger)  # of the attempt, not times units
-    unit_price: Mapped[int | None] = mapped_column(BigInteger)  # micro-yuan per unit-hour
     gross: Mapped[int] = mapped_column(BigInteger, default=0)
     fee: Mapped[int] = mapped_column(BigInteger, default=0)
     net: Mapped[int] = mapped_column(BigInteger, default=0)
@@ -416,6 +410,33 @@ class LedgerEntry(Base):
     )
     account_id: Mapped[int] = mapped_column(ForeignKey("ledger_accounts.id", ondelete="RESTRICT"), index=True)
     amount: Mapped[int] = mapped_column(BigInteger)
+
+
+class UsageLine(Base):
+    """One attempt's slice of usage (microseconds since it started, from mark to mark) rated by a
+    usage transaction; the primary key is the slice's idempotency key (docs/billing.md)."""
+
+    __tablename__ = "usage_lines"
+    __table_args__ = (
+        PrimaryKeyConstraint("job_id", "attempt", "from_us", name="pk_usage_lines"),
+        ForeignKeyConstraint(
+            ["job_id", "attempt"],
+            ["job_attempts.job_id", "job_attempts.attempt"],
+            name="fk_usage_lines_attempt",
+            ondelete="RESTRICT",
+        ),
+    )
+
+    job_id: Mapped[str] = mapped_column(String(32))
+    attempt: Mapped[int] = mapped_column(Integer)
+    from_us: Mapped[int] = mapped_column(BigInteger)
+    to_us: Mapped[int] = mapped_column(BigInteger)
+    gross: Mapped[int] = mapped_column(BigInteger)  # the payer paid; the provider earned net
+    net: Mapped[int] = mapped_column(BigInteger)  # of it, and the platform the rest
+    transaction_id: Mapped[str] = mapped_column(
+        ForeignKey("ledger_transactions.id", ondelete="RESTRICT", name="fk_usage_lines_transaction"),
+        index=True,
+    )
 
 
 class GpuOffer(Base):

@@ -13,7 +13,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from sxwl.cloud.context import CloudContext
-from sxwl.cloud.db.models import CPod, Job, JobAttempt, LedgerTransaction, Role, User, new_id
+from sxwl.cloud.db.models import CPod, Job, JobAttempt, LedgerTransaction, Role, UsageLine, User, new_id
 from sxwl.cloud.db.types import utcnow
 from sxwl.cloud.errors import AppError, invalid
 from sxwl.cloud.services import ledger
@@ -209,29 +209,40 @@ def usage_rows(
     payer_id: str | None = None,
     provider_id: str | None = None,
 ) -> list[StatementRow]:
-    """Usage between ``start`` and ``end`` of one payer or one provider, one row per attempt."""
-    tx = LedgerTransaction
+    """Usage between ``start`` and ``end`` of one payer or one provider, one row per attempt: the
+    usage lines of the period's usage transactions, with what the attempt fixed when it was placed."""
+    tx, line, placed = LedgerTransaction, UsageLine, JobAttempt
     stmt = (
         select(
-            tx.job_id,
+            line.job_id,
             func.coalesce(Job.name, ""),
-            tx.attempt,
-            tx.cpod_id,
-            tx.resource,
-            tx.gpu_product,
-            tx.units,
-            func.sum(tx.usage_us),
-            tx.unit_price,
-            func.sum(tx.gross),
-            func.sum(tx.fee),
-            func.sum(tx.net),
+            line.attempt,
+            placed.cpod_id,
+            placed.resource,
+            placed.gpu_product,
+            placed.units,
+            func.sum(line.to_us - line.from_us),
+            placed.price_per_hour,
+            func.sum(line.gross),
+            func.sum(line.gross - line.net),
+            func.sum(line.net),
         )
-        .outerjoin(Job, Job.id == tx.job_id)
+        .select_from(line)
+        .join(tx, tx.id == line.transaction_id)
+        .join(placed, (placed.job_id == line.job_id) & (placed.attempt == line.attempt))
+        .outerjoin(Job, Job.id == line.job_id)
         .where(tx.kind == "usage", tx.created_at >= start, tx.created_at < end)
         .group_by(
-            tx.job_id, Job.name, tx.attempt, tx.cpod_id, tx.resource, tx.gpu_product, tx.units, tx.unit_price
+            line.job_id,
+            Job.name,
+            line.attempt,
+            placed.cpod_id,
+            placed.resource,
+            placed.gpu_product,
+            placed.units,
+            placed.price_per_hour,
         )
-        .order_by(func.min(tx.created_at))
+        .order_by(func.min(tx.created_at), line.job_id, line.attempt)
     )
     if payer_id is not None:
         stmt = stmt.where(tx.payer_id == payer_id)
@@ -239,18 +250,7 @@ def usage_rows(
         stmt = stmt.where(tx.provider_id == provider_id)
     return [
         StatementRow(
-            r[0] or "",
-            r[1],
-            r[2] or 0,
-            r[3],
-            r[4] or "gpu",
-            r[5],
-            r[6] or 0,
-            int(r[7] or 0),
-            r[8] or 0,
-            int(r[9]),
-            int(r[10]),
-            int(r[11]),
+            r[0], r[1], r[2], r[3], r[4], r[5], r[6], int(r[7]), r[8], int(r[9]), int(r[10]), int(r[11])
         )
         for r in session.execute(stmt)
     ]

@@ -18,7 +18,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from sxwl.cloud.db.models import LedgerAccount, LedgerEntry, LedgerTransaction, new_id
+from sxwl.cloud.db.models import LedgerAccount, LedgerEntry, LedgerTransaction, UsageLine, new_id
 from sxwl.cloud.db.types import utcnow
 from sxwl.cloud.errors import AppError
 
@@ -93,13 +93,13 @@ _ADD_TO_BALANCE = (
 )
 
 
-def post_many(session: Session, postings: Sequence[Posting]) -> None:
+def post_many(session: Session, postings: Sequence[Posting]) -> list[str]:
     """Writes ``postings`` in a few statements: transactions, entries, one balance update per
-    account (in id order, so concurrent posters never wait on each other in a cycle). A repeated
-    idempotency key fails the whole unit of work (IntegrityError): the caller decides what that
-    means; ``post`` turns it into "already posted"."""
+    account (in id order, so concurrent posters never wait on each other in a cycle); returns the
+    transactions' ids, in order. A repeated idempotency key fails the whole unit of work
+    (IntegrityError): the caller decides what that means; ``post`` turns it into "already posted"."""
     if not postings:
-        return
+        return []
     for posting in postings:
         if sum(posting.entries.values()) != 0:
             raise Unbalanced(f"transaction {posting.idempotency_key} does not sum to zero")
@@ -132,12 +132,13 @@ def post_many(session: Session, postings: Sequence[Posting]) -> None:
     changed = [{"b_id": account, "b_delta": delta} for account, delta in sorted(deltas.items()) if delta]
     if changed:
         session.execute(_ADD_TO_BALANCE, changed)
+    return [row["id"] for row in tx_rows]
 
 
 def insert_rows(session: Session, table: Table, rows: list[dict[str, Any]]) -> None:
     """Inserts ``rows`` (all naming the same columns). On PostgreSQL they travel as one array per
     column, unnested into rows by the server: one statement, where an executemany costs the server a
-    statement per row (a metering pass writes tens of thousands, bench/metering.py)."""
+    statement per row."""
     if session.get_bind().dialect.name != "postgresql":
         session.execute(insert(table), rows)
         return
@@ -205,15 +206,17 @@ class CheckReport:
     entries: int
     unbalanced: list[str]  # idempotency keys of transactions whose entries do not sum to zero
     mismatched: list[tuple[str, int, int]]  # (account key, cached balance, sum of its entries)
+    unlined: list[str]  # idempotency keys of usage transactions whose lines differ in gross or net
 
     @property
     def ok(self) -> bool:
-        return not self.unbalanced and not self.mismatched
+        return not self.unbalanced and not self.mismatched and not self.unlined
 
 
 def check(session: Session) -> CheckReport:
-    """Proves the ledger: every transaction sums to zero and every cached balance equals its entries.
-    Aggregates in the database; reads no row it does not report."""
+    """Proves the ledger: every transaction sums to zero, every cached balance equals its entries,
+    and every usage transaction's lines (what statements list) add up to what it charged and
+    credited. Aggregates in the database; reads no row it does not report."""
     transactions = session.scalar(select(func.count()).select_from(LedgerTransaction)) or 0
     entries = session.scalar(select(func.count()).select_from(LedgerEntry)) or 0
     per_tx = (
@@ -242,4 +245,24 @@ def check(session: Session) -> CheckReport:
             .where(LedgerAccount.balance != total)
         )
     ]
-    return CheckReport(transactions, entries, unbalanced, mismatched)
+    per_usage = (
+        select(
+            UsageLine.transaction_id,
+            func.sum(UsageLine.gross).label("gross"),
+            func.sum(UsageLine.net).label("net"),
+        )
+        .group_by(UsageLine.transaction_id)
+        .subquery()
+    )
+    unlined = list(
+        session.scalars(
+            select(LedgerTransaction.idempotency_key)
+            .outerjoin(per_usage, per_usage.c.transaction_id == LedgerTransaction.id)
+            .where(
+                LedgerTransaction.kind == "usage",
+                (func.coalesce(per_usage.c.gross, -1) != LedgerTransaction.gross)
+                | (func.coalesce(per_usage.c.net, -1) != LedgerTransaction.net),
+            )
+        )
+    )
+    return CheckReport(transactions, entries, unbalanced, mismatched, unlined)

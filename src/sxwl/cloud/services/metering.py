@@ -3,87 +3,32 @@
 Usage runs from the agent's ``running`` report to the end of the attempt, capped at the last moment
 something proves it alive (invariant 9, docs/architecture.md): while its CPod's heartbeats list it,
 the last heartbeat; once they stop listing it, the last one that did; once it closes, what was
-proven then. Each rating is one ledger transaction whose idempotency key names the attempt and the
-mark it starts from, written in the same database transaction as the conditional update that moves
-the mark, so a crash or two replicas rating at once can neither lose nor double a second."""
+proven then. A batch's rating is one ledger transaction per payer and provider, with an idempotency
+key derived from the slices it rates, and one usage line per attempt (keyed by the attempt and the
+mark it starts from), written in the same database transaction as the conditional update that moves
+the marks, so a crash or two replicas rating at once can neither lose nor double a second."""
 
 from __future__ import annotations
 
+import hashlib
+from collections import defaultdict
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any, Protocol, cast
+from typing import Protocol, cast
 
-from sqlalchemy import (
-    BigInteger,
-    Boolean,
-    Integer,
-    String,
-    Table,
-    bindparam,
-    column,
-    func,
-    select,
-    tuple_,
-    update,
-)
-from sqlalchemy.dialects.postgresql import ARRAY
+from sqlalchemy import Table, select, tuple_
 from sqlalchemy.orm import Session
 
 from sxwl.cloud.context import CloudContext
 from sxwl.cloud.db.models import CPod, JobAttempt
 from sxwl.cloud.db.types import utcnow
-from sxwl.cloud.services import ledger
+from sxwl.cloud.services import ledger, metering_writes
 from sxwl.cloud.services.ledger import Posting
+from sxwl.cloud.services.metering_writes import Slices
 from sxwl.protocol.money import cost, provider_share
 
 _US = timedelta(microseconds=1)
 _ATTEMPTS = cast(Table, JobAttempt.__table__)
-_ADVANCE = (
-    update(_ATTEMPTS)
-    .where(
-        _ATTEMPTS.c.job_id == bindparam("b_job"),
-        _ATTEMPTS.c.attempt == bindparam("b_attempt"),
-        _ATTEMPTS.c.rated_us == bindparam("b_from"),
-        ~_ATTEMPTS.c.rated_done,
-    )
-    .values(
-        rated_us=bindparam("b_to"),
-        charged=bindparam("b_charged"),
-        earned=bindparam("b_earned"),
-        rated_done=bindparam("b_done"),
-    )
-)
-_MARK_COLUMNS = (
-    ("b_job", String),
-    ("b_attempt", Integer),
-    ("b_from", BigInteger),
-    ("b_to", BigInteger),
-    ("b_charged", BigInteger),
-    ("b_earned", BigInteger),
-    ("b_done", Boolean),
-)
-# On PostgreSQL the marks travel as one array per column, unnested into rows by the server: one
-# statement for the whole batch, where an executemany costs the server a statement per attempt.
-_MARKS = (
-    func.unnest(*(bindparam(name, type_=ARRAY(kind)) for name, kind in _MARK_COLUMNS))
-    .table_valued(*(column(name, kind) for name, kind in _MARK_COLUMNS))
-    .render_derived(name="marks")
-)
-_ADVANCE_ALL = (
-    update(_ATTEMPTS)
-    .where(
-        _ATTEMPTS.c.job_id == _MARKS.c.b_job,
-        _ATTEMPTS.c.attempt == _MARKS.c.b_attempt,
-        _ATTEMPTS.c.rated_us == _MARKS.c.b_from,
-        ~_ATTEMPTS.c.rated_done,
-    )
-    .values(
-        rated_us=_MARKS.c.b_to,
-        charged=_MARKS.c.b_charged,
-        earned=_MARKS.c.b_earned,
-        rated_done=_MARKS.c.b_done,
-    )
-)
 _CPODS = cast(Table, CPod.__table__)
 _COLUMNS = tuple(
     _ATTEMPTS.c[name]
@@ -97,9 +42,7 @@ _COLUMNS = tuple(
         "rated_us",
         "charged",
         "earned",
-        "resource",
         "units",
-        "gpu_product",
         "price_per_hour",
         "fee_bp",
         "payer_id",
@@ -186,9 +129,9 @@ def _pass(
             )
         )
     }
-    advances: list[dict[str, Any]] = []
-    postings: list[Posting] = []
-    charged_total = 0
+    slices = Slices()
+    # One ledger transaction per (payer, provider): the slices it posts.
+    groups: dict[tuple[str | None, str | None], list[int]] = defaultdict(list)
     for row in rows:
         beat, listed_jobs = heartbeats.get(row.cpod_id or "", (None, frozenset()))
         listed = f"{row.job_id}:{row.attempt}" in listed_jobs
@@ -199,78 +142,71 @@ def _pass(
         target = max(row.rated_us, (end - row.started_at) // _US)
         charged = cost(row.units, row.price_per_hour, target)
         # A running attempt's mark waits until its usage costs something: otherwise its seconds
-        # would be in no transaction, and statements would count fewer GPU-seconds than were rated.
+        # would be in no usage line, and statements would count fewer GPU-seconds than were rated.
         if not closed and (target == row.rated_us or charged == row.charged):
             continue
         earned = provider_share(charged, row.fee_bp)
-        gross, net = charged - row.charged, earned - row.earned
-        advances.append(
-            {
-                "b_job": row.job_id,
-                "b_attempt": row.attempt,
-                "b_from": row.rated_us,
-                "b_to": target,
-                "b_charged": charged,
-                "b_earned": earned,
-                "b_done": closed,
-            }
-        )
+        gross = charged - row.charged
         # A closed attempt's last slice is posted even when it is too short to cost a micro-yuan, so
         # the statement still shows its seconds; work that is free (price 0) posts nothing.
         if gross or (target > row.rated_us and row.price_per_hour):
-            charged_total += gross
-            postings.append(_usage_posting(row, target, gross, net, now))
-    if advances:
-        moved = _advance(session, advances)
-        if moved != len(advances):
-            raise MarkMoved(f"{len(advances) - moved} of {len(advances)} marks moved during the pass")
-        ledger.post_many(session, postings)
+            groups[(row.payer_id, row.provider_id)].append(len(slices))
+        slices.jobs.append(row.job_id)
+        slices.attempts.append(row.attempt)
+        slices.froms.append(row.rated_us)
+        slices.tos.append(target)
+        slices.charged.append(charged)
+        slices.earned.append(earned)
+        slices.done.append(closed)
+        slices.gross.append(gross)
+        # A provider whose account is gone earns nothing: the platform keeps it.
+        slices.net.append(earned - row.earned if row.provider_id else 0)
+        slices.groups.append(None)
+    if slices:
+        for group, posted in enumerate(groups.values(), start=1):
+            for i in posted:
+                slices.groups[i] = group
+        # The transactions first: the lines reference them.
+        postings = [
+            _usage_posting(payer, provider, slices, posted, now)
+            for (payer, provider), posted in groups.items()
+        ]
+        moved = metering_writes.write(session, slices, ledger.post_many(session, postings))
+        if moved != len(slices):
+            raise MarkMoved(f"{len(slices) - moved} of {len(slices)} marks moved during the pass")
     last = (rows[-1].started_at, rows[-1].job_id, rows[-1].attempt) if len(rows) == limit else None
-    return PassResult(len(rows), len(advances), charged_total), last
+    return PassResult(len(rows), len(slices), sum(slices.gross)), last
 
 
-def _advance(session: Session, advances: list[dict[str, Any]]) -> int:
-    """Moves the marks ``advances`` from where they were read; returns how many moved."""
-    if session.get_bind().dialect.name == "postgresql":
-        arrays = {name: [advance[name] for advance in advances] for name, _ in _MARK_COLUMNS}
-        return cast(int, session.execute(_ADVANCE_ALL, arrays).rowcount)  # type: ignore[attr-defined]
-    return cast(int, session.execute(_ADVANCE, advances).rowcount)  # type: ignore[attr-defined]
-
-
-def _usage_posting(row: Any, target: int, gross: int, net: int, now: datetime) -> Posting:
-    fee = gross - net
-    payer = ledger.account_key(ledger.USER_CASH, row.payer_id) if row.payer_id else None
-    # A provider whose account is gone earns nothing: the platform keeps it.
-    if row.provider_id:
-        provider, provider_amount = ledger.account_key(ledger.PROVIDER_PENDING, row.provider_id), net
-    else:
-        provider, provider_amount, fee = None, 0, gross
-    entries: dict[str, int] = {ledger.account_key(ledger.PLATFORM_FEES): fee}
-    if provider:
-        entries[provider] = provider_amount
+def _usage_posting(
+    payer_id: str | None, provider_id: str | None, slices: Slices, posted: list[int], now: datetime
+) -> Posting:
+    """The usage of one payer's attempts on one provider's CPods in a batch (``slices`` at the
+    indices ``posted``): user −gross, provider +net, the platform the rest. Its idempotency key is
+    derived from the slices it rates (each attempt and the mark it starts from), so the same rating
+    always has the same key."""
+    gross = sum(slices.gross[i] for i in posted)
+    net = sum(slices.net[i] for i in posted)
+    fees = ledger.account_key(ledger.PLATFORM_FEES)
+    entries: dict[str, int] = {fees: gross - net}
+    if provider_id:
+        entries[ledger.account_key(ledger.PROVIDER_PENDING, provider_id)] = net
     # A payer whose account is gone is charged to the platform's own fee account (never lost).
-    if payer:
-        entries[payer] = -gross
+    if payer_id:
+        entries[ledger.account_key(ledger.USER_CASH, payer_id)] = -gross
     else:
-        entries[ledger.account_key(ledger.PLATFORM_FEES)] -= gross
+        entries[fees] -= gross
+    keys = sorted(f"{slices.jobs[i]}:{slices.attempts[i]}:{slices.froms[i]}" for i in posted)
     return Posting(
-        idempotency_key=f"usage:{row.job_id}:{row.attempt}:{row.rated_us}",
+        idempotency_key="usage:" + hashlib.sha256("\n".join(keys).encode()).hexdigest(),
         kind="usage",
         entries=entries,
         fields={
             "created_at": now,
-            "payer_id": row.payer_id,
-            "provider_id": row.provider_id,
-            "job_id": row.job_id,
-            "attempt": row.attempt,
-            "cpod_id": row.cpod_id,
-            "resource": row.resource,
-            "gpu_product": row.gpu_product,
-            "units": row.units,
-            "usage_us": target - row.rated_us,
-            "unit_price": row.price_per_hour,
+            "payer_id": payer_id,
+            "provider_id": provider_id,
             "gross": gross,
-            "fee": gross - net if row.provider_id else gross,
-            "net": net if row.provider_id else 0,
+            "fee": gross - net,
+            "net": net,
         },
     )
