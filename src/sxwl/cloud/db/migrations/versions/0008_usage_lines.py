@@ -13,7 +13,7 @@ Downgrading gives a transaction with one line its attempt's columns back; a batc
 (several lines) keeps its totals and entries, so balances and the ledger check are unchanged, but
 the older statement lists it as one line without a job.
 
-Revision ID: 0009
+Revision ID: 0008
 Revises: 0007
 """
 
@@ -22,7 +22,7 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0009"
+revision = "0008"
 down_revision = "0007"
 branch_labels = None
 depends_on = None
