@@ -178,7 +178,7 @@ def main() -> None:
     print("\n".join(lines))
     stamp = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
     machine = f"{platform.node()}, {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f}"
-    header = f"## k8s_jobs: {stamp}\n\n- {machine}\n"
+    header = f"## k8s_jobs: {stamp}\n\n- {machine}\n\n"
     append_results(header + "\n".join(lines) + "\n")
 
 

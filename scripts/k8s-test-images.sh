@@ -17,7 +17,7 @@ set -euo pipefail
 
 # --- what the images hold: change it here; the cache key follows --------------------------------
 DEBIAN_SUITE=bookworm
-DEBIAN_PACKAGES=python3,python3-numpy
+DEBIAN_PACKAGES=python3,python3-numpy,libopenblas0-pthread  # OpenBLAS, as the numpy wheels bundle: not the reference BLAS
 PATH_ENV=PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
 # --------------------------------------------------------------------------------------------------
 
