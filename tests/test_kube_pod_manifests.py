@@ -77,7 +77,7 @@ def test_the_uploader_alone_mounts_the_token_and_no_token_is_in_the_pod_spec() -
         "sxwl-upload": ("/sxwl-upload", True),
     }
     secret_volume = next(v for v in pod["volumes"] if v["name"] == "sxwl-upload")
-    assert secret_volume["secret"] == {"secretName": "sxwl-j1-2-upload", "defaultMode": 0o400}
+    assert secret_volume["secret"] == {"secretName": "sxwl-j1-2-upload", "defaultMode": 0o444}
     assert uploader["image"] == UPLOADS.image
     assert uploader["command"] == ["python3", "-I", "/sxwl-upload/pod_uploader.py"]
     assert uploader["securityContext"]["capabilities"] == {"drop": ["ALL"]}

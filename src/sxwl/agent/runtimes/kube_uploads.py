@@ -27,12 +27,15 @@ TOKEN_KEY, CA_KEY, PROGRAM_KEY = "token", "ca.crt", "pod_uploader.py"
 # The agent's own copy of the program travels in the Secret, so the uploader's code always matches
 # the agent's and any image with a python3 can run it (the job's own image, say).
 PROGRAM = Path(pod_uploader.__file__).read_bytes()
-# The uploader reads the 0400 token as its owner and the output as anyone may (the wrapper makes it
-# readable): root without a single capability, on a read-only root file system.
+# The uploader runs as nobody, so a pod of a CPod that enforces non-root (Pod Security "restricted")
+# still starts: no capability, a read-only root file system. It reads the Secret's files because only
+# its container mounts them (0444 inside that mount namespace alone), and the output because the
+# wrapper makes it readable.
+NOBODY = 65534
 UPLOADER_SECURITY: dict[str, Any] = {
-    "runAsUser": 0,
-    "runAsGroup": 0,
-    "runAsNonRoot": False,
+    "runAsUser": NOBODY,
+    "runAsGroup": NOBODY,
+    "runAsNonRoot": True,
     "allowPrivilegeEscalation": False,
     "privileged": False,
     "readOnlyRootFilesystem": True,
@@ -75,7 +78,7 @@ def secret_manifest(job: KubeJob, token: str, config: UploadConfig, owner_uid: s
 def volumes(job: KubeJob) -> list[dict[str, Any]]:
     return [
         {"name": SHARED_VOLUME, "emptyDir": {}},
-        {"name": TOKEN_VOLUME, "secret": {"secretName": secret_name(job), "defaultMode": 0o400}},
+        {"name": TOKEN_VOLUME, "secret": {"secretName": secret_name(job), "defaultMode": 0o444}},
     ]
 
 
