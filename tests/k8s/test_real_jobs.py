@@ -100,7 +100,9 @@ def test_a_tenant_job_has_no_cluster_access_and_no_upload_credential(cpod: RealC
 def test_each_way_a_job_fails_ends_with_a_reason_and_leaves_nothing_running(cpod: RealCPod) -> None:
     big = ARTIFACT_LIMIT + 1024
     jobs = {
-        "exit": cpod.submit("echo about to fail; exit 3", name="exit-3"),
+        "exit": cpod.submit(
+            'echo about to fail; echo partial > "$SXWL_OUTPUT_DIR/partial.txt"; exit 3', name="exit-3"
+        ),
         "not-found": cpod.submit(["no-such-program", "--train"], name="not-found"),
         "image": cpod.submit(["python3", "-V"], image="sxwl.test/no-such-image:1", name="no-image"),
         "oom": cpod.submit(["python3", "-c", "b = bytearray(1024 ** 3); print(len(b))"], name="oom"),
@@ -118,6 +120,8 @@ def test_each_way_a_job_fails_ends_with_a_reason_and_leaves_nothing_running(cpod
     assert {kind: job["state"] for kind, job in ended.items()} == dict.fromkeys(jobs, "failed"), ended
     assert ended["exit"]["exit_code"] == 3 and "exit code 3" in reasons["exit"]
     assert "about to fail" in cpod.log(jobs["exit"])
+    # A failed job's outputs still come back (what it saved before failing is the user's to keep).
+    assert cpod.download(jobs["exit"], "partial.txt") == b"partial\n"
     assert "not found" in reasons["not-found"] and "no-such-program" in reasons["not-found"], reasons
     assert "sxwl.test/no-such-image:1" in reasons["image"], reasons
     assert "OOMKilled" in reasons["oom"], reasons
