@@ -22,22 +22,23 @@ import re
 import secrets
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
 import numpy as np
 import pytest
 import yaml
-from playwright.sync_api import Browser, expect
+from playwright.sync_api import Browser, expect, sync_playwright
 
 from sxwl.ctl.artifact import write_checksums
 from tests.ctl.conftest import REPO, MakeHosts, make_artifact, run_ctl
 from tests.ctl.hosts import config_text
 from tests.support.agent import AgentProcess, eventually
-from tests.support.browser import PASSWORD, screenshot, sign_in
+from tests.support.browser import PASSWORD, launch, screenshot, sign_in
 from tests.support.cloud import CloudProcess
 from tests.support.k8s import K8sCluster
 from tests.support.k8s_node import RealNodes, host_ip
@@ -48,6 +49,7 @@ pytestmark = pytest.mark.k8s
 
 NAMESPACE = "sxwl-system"
 PRODUCT = "NVIDIA-H100-80GB-HBM3"
+T = TypeVar("T")
 
 
 @pytest.fixture
@@ -192,7 +194,6 @@ def gpu_nodes(k8s_cluster: K8sCluster) -> Iterator[list[str]]:
 def test_deploy_all_on_a_real_control_plane(
     k8s_cluster: K8sCluster,
     real_nodes: RealNodes,
-    browser: Browser,
     gpu_nodes: list[str],
     make_hosts: MakeHosts,
     ssh_key: Path,
@@ -360,7 +361,7 @@ def test_deploy_all_on_a_real_control_plane(
 
         # A user trains tiny-lm on the new CPod: real containers on the real node, the log live in
         # the console, the checkpoint downloaded.
-        train_on_the_cpod(cloud, browser, image, tmp_path)
+        train_on_the_cpod(cloud, image, tmp_path)
     finally:
         if agent is not None:
             agent.stop()
@@ -374,7 +375,7 @@ def test_deploy_all_on_a_real_control_plane(
         cluster.kubectl("delete", "namespace", NAMESPACE, "--wait=false", check=False)
 
 
-def train_on_the_cpod(cloud: CloudProcess, browser: Browser, image: str, tmp_path: Path) -> None:
+def train_on_the_cpod(cloud: CloudProcess, image: str, tmp_path: Path) -> None:
     email = f"dev-{secrets.token_hex(3)}@example.com"
     register = {"email": email, "password": PASSWORD, "role": "user"}
     httpx.post(f"{cloud.url}/api/v1/auth/register", json=register).raise_for_status()
@@ -391,8 +392,23 @@ def train_on_the_cpod(cloud: CloudProcess, browser: Browser, image: str, tmp_pat
     assert response.status_code == 201, response.text
     job_id = response.json()["id"]
 
+    seen = in_a_browser(lambda browser: watch_the_log(browser, cloud.url, email, job_id))
+    assert seen != "true", "the log showed steps only once the job had ended"
+    job = httpx.get(f"{cloud.url}/api/v1/jobs/{job_id}", headers=user).json()
+    assert job["state"] == "succeeded", job
+    artifacts = httpx.get(f"{cloud.url}/api/v1/jobs/{job_id}/artifacts", headers=user).json()
+    checkpoint = next(a for a in artifacts if a["path"].startswith("checkpoint"))
+    data = httpx.get(f"{cloud.url}/api/v1/jobs/{job_id}/artifacts/{checkpoint['path']}", headers=user)
+    assert data.status_code == 200 and hashlib.sha256(data.content).hexdigest() == checkpoint["sha256"]
+    (tmp_path / checkpoint["path"]).write_bytes(data.content)
+    with np.load(tmp_path / checkpoint["path"]) as weights:
+        assert len(weights.files) > 0
+
+
+def watch_the_log(browser: Browser, url: str, email: str, job_id: str) -> str | None:
+    """The job page follows the log: returns its completeness flag when step 20 showed."""
     # Not new_context(): clipboard permissions need a secure origin, and this one is the host's address.
-    context = browser.new_context(locale="zh-CN", base_url=cloud.url)
+    context = browser.new_context(locale="zh-CN", base_url=url)
     context.set_default_timeout(10_000)
     try:
         page = context.new_page()
@@ -404,18 +420,36 @@ def train_on_the_cpod(cloud: CloudProcess, browser: Browser, image: str, tmp_pat
         screenshot(page, "job-real-node-live-log")
         expect(log).to_have_attribute("data-complete", "true", timeout=180_000)
         expect(log).to_contain_text("[rank 0] step 400 loss")
-        assert live != "true", "the log showed steps only once the job had ended"
+        return live
     finally:
         context.close()
-    job = httpx.get(f"{cloud.url}/api/v1/jobs/{job_id}", headers=user).json()
-    assert job["state"] == "succeeded", job
-    artifacts = httpx.get(f"{cloud.url}/api/v1/jobs/{job_id}/artifacts", headers=user).json()
-    checkpoint = next(a for a in artifacts if a["path"].startswith("checkpoint"))
-    data = httpx.get(f"{cloud.url}/api/v1/jobs/{job_id}/artifacts/{checkpoint['path']}", headers=user)
-    assert data.status_code == 200 and hashlib.sha256(data.content).hexdigest() == checkpoint["sha256"]
-    (tmp_path / checkpoint["path"]).write_bytes(data.content)
-    with np.load(tmp_path / checkpoint["path"]) as weights:
-        assert len(weights.files) > 0
+
+
+def in_a_browser(work: Callable[[Browser], T]) -> T:
+    """``work`` with a Chromium of its own, on a thread of its own: Playwright's sync API keeps an event
+    loop running on its thread, and the session's browser fixture would make every later test's
+    ``asyncio.run`` (tests/k8s) fail there."""
+    result: list[T] = []
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            with sync_playwright() as playwright:
+                browser = launch(playwright)
+                try:
+                    result.append(work(browser))
+                finally:
+                    browser.close()
+        except BaseException as exc:  # re-raised on the test's thread
+            errors.append(exc)
+
+    thread = threading.Thread(target=run, name="console-browser")
+    thread.start()
+    thread.join(600)
+    if errors:
+        raise errors[0]
+    assert result, "the browser did not finish in 600 s"
+    return result[0]
 
 
 def all_nodes_ready(cluster: K8sCluster) -> bool:
