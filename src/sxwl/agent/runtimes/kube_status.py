@@ -79,9 +79,21 @@ def start_problem(pods: list[Any]) -> str | None:
     return None
 
 
+def _failure_order(pod: Any) -> tuple[bool, float, int]:
+    """Ranks that failed on their own first (the Job controller deletes the others once one fails,
+    so theirs is a SIGTERM exit, not the cause), then the earliest to end, then the lowest rank."""
+    ended = _terminated(pod)
+    finished = ended.finished_at if ended is not None else None
+    return (
+        pod.metadata.deletion_timestamp is not None,
+        finished.timestamp() if finished is not None else float("inf"),
+        rank(pod),
+    )
+
+
 def _rank_failure(job: KubeJob, pods: list[Any]) -> tuple[int | None, str | None]:
-    """The exit code and reason of the first rank whose main container failed."""
-    for pod in sorted(pods, key=rank):
+    """The exit code and reason of the rank whose failure ended the attempt."""
+    for pod in sorted(pods, key=_failure_order):
         ended = _terminated(pod)
         if ended is None or not ended.exit_code:
             continue

@@ -82,6 +82,15 @@ def _sqlite_engine(url: str) -> Engine:
         if conn.get_execution_options().get(_IMMEDIATE):
             conn.exec_driver_sql("BEGIN IMMEDIATE")
 
+    @event.listens_for(engine, "savepoint")
+    def _savepoint_takes_the_write_lock(conn: Connection, _name: str | None) -> None:
+        # A SAVEPOINT outside a transaction opens a deferred one: its reads fix a snapshot, and its
+        # first write then fails at once ("database is locked", no busy wait) if another connection
+        # committed in between. Savepoints here only ever guard writes, so take the lock up front.
+        dbapi = conn.connection.dbapi_connection
+        if dbapi is not None and not dbapi.in_transaction:
+            conn.exec_driver_sql("BEGIN IMMEDIATE")
+
     return engine
 
 
