@@ -24,7 +24,7 @@ from sxwl.cloud.config import Settings
 from sxwl.cloud.context import CloudContext
 from sxwl.cloud.db import migrate
 from sxwl.cloud.middleware import BodyLimit, HttpMetrics, RequestContext
-from sxwl.cloud.services import heartbeats
+from sxwl.cloud.services import heartbeats, readiness
 from sxwl.protocol import paths
 
 log = logging.getLogger("sxwl.cloud")
@@ -91,6 +91,17 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     @app.get("/healthz", include_in_schema=False)
     def healthz() -> JSONResponse:
         return JSONResponse({"status": "ok"})
+
+    ready = readiness.Readiness(ctx.db.engine)
+
+    @app.get("/readyz", include_in_schema=False)
+    def readyz() -> JSONResponse:
+        verdict = ready.check()
+        details = {"database": verdict.database, "schema": verdict.schema}
+        if verdict.ready:
+            return JSONResponse({"status": "ready", **details})
+        body = errors.error_body(503, "this replica is not ready", "not_ready", details)
+        return JSONResponse(body, status_code=503)
 
     @app.get("/metrics", include_in_schema=False)
     def prometheus() -> Response:
