@@ -141,6 +141,11 @@ class RealNodes:
         return {node.name: node.ip for node in self._nodes}
 
     @property
+    def pod_subnets(self) -> list[str]:
+        """The nodes' pod networks (routed from the host, not masqueraded): where pods' packets come from."""
+        return [node.net.pod_subnet for node in self._nodes]
+
+    @property
     def images(self) -> list[str]:
         return list(self._layouts)
 

@@ -7,6 +7,7 @@ import os
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 
 import psycopg
@@ -22,14 +23,18 @@ def _bin_dir() -> Path:
 
 
 class TempPostgres:
-    def __init__(self, *, durable: bool = False) -> None:
+    def __init__(
+        self, *, durable: bool = False, host: str = "127.0.0.1", clients: Sequence[str] = ()
+    ) -> None:
         """``durable``: commits wait for the WAL to reach the disk, as in production (benchmarks);
-        otherwise fsync is off, which tests do not need."""
+        otherwise fsync is off, which tests do not need. ``host``: an address it listens on besides
+        loopback, where the networks ``clients`` (CIDRs, e.g. test pods') log in with a password."""
         self.durable = durable
+        self.host, self.clients = host, tuple(clients)
         self.bin = _bin_dir()
         self.root = Path(tempfile.mkdtemp(prefix="sxwl-pg-"))
         self.data = self.root / "data"
-        self.port = free_port()
+        self.port = free_port(host)
         # initdb refuses to run as root: run the server as the postgres user the package created.
         self.run_as = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
         self._counter = 0
@@ -43,7 +48,10 @@ class TempPostgres:
         self._run(
             str(self.bin / "initdb"), "-D", str(self.data), "-U", "postgres", "--auth=trust", "-E", "UTF8"
         )
-        options = f"-p {self.port} -k {self.root} -c listen_addresses=127.0.0.1 -c max_connections=200"
+        with (self.data / "pg_hba.conf").open("a") as hba:
+            hba.writelines(f"host all all {network} scram-sha-256\n" for network in self.clients)
+        listen = ",".join(dict.fromkeys(["127.0.0.1", self.host]))
+        options = f"-p {self.port} -k {self.root} -c listen_addresses={listen} -c max_connections=200"
         if not self.durable:
             options += " -c fsync=off"
         self._run(
