@@ -9,7 +9,8 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -132,15 +133,23 @@ def test_values_that_would_break_the_cloud_are_refused(k8s_cluster: K8sCluster) 
 # ---- installed on the real nodes ----------------------------------------------------------------
 
 
+@dataclass
+class Database:
+    server: TempPostgres
+    url: str  # as pods reach it
+
+
 @pytest.fixture
-def database(real_nodes: RealNodes) -> Iterator[str]:
-    """A PostgreSQL that pods reach on the host's address, with a password login: the cloud's URL."""
+def database(real_nodes: RealNodes) -> Iterator[Database]:
+    """A PostgreSQL that pods reach on the host's address, with a password login."""
     server = TempPostgres(host=real_nodes.host_address, clients=real_nodes.pod_subnets).start()
     try:
         with psycopg.connect(server.url(), autocommit=True) as conn:
             conn.execute(sql.SQL("CREATE ROLE sxwl LOGIN PASSWORD {}").format(sql.Literal(DB_PASSWORD)))
             conn.execute("CREATE DATABASE sxwl OWNER sxwl")
-        yield f"postgresql://sxwl:{DB_PASSWORD}@{real_nodes.host_address}:{server.port}/sxwl"
+        yield Database(
+            server, f"postgresql://sxwl:{DB_PASSWORD}@{real_nodes.host_address}:{server.port}/sxwl"
+        )
     finally:
         server.stop()
 
@@ -157,16 +166,26 @@ def ready(pod: dict[str, Any]) -> bool:
     return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
 
 
-def wait_ready(cluster: K8sCluster, ns: str, count: int, timeout: float) -> list[dict[str, Any]]:
+def restarts(found: list[dict[str, Any]]) -> int:
+    return sum(c["restartCount"] for p in found for c in p["status"].get("containerStatuses", []))
+
+
+def wait_pods(
+    cluster: K8sCluster, ns: str, check: Callable[[list[dict[str, Any]]], bool], timeout: float, what: str
+) -> list[dict[str, Any]]:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         found = pods(cluster, ns)
-        if len(found) == count and all(ready(p) for p in found):
+        if check(found):
             return found
-        time.sleep(1)
+        time.sleep(0.5)
     described = cluster.kubectl("describe", "pods", "-n", ns, "-l", SELECTOR, check=False)
     logs = cluster.kubectl("logs", "-n", ns, "-l", SELECTOR, "--tail=40", "--prefix", check=False)
-    raise AssertionError(f"{count} Ready replicas after {timeout} s:\n{described[-6000:]}\n{logs[-4000:]}")
+    raise AssertionError(f"{what} within {timeout} s:\n{described[-6000:]}\n{logs[-4000:]}")
+
+
+def both_ready(found: list[dict[str, Any]]) -> bool:
+    return len(found) == 2 and all(ready(p) for p in found)
 
 
 def account(role: str) -> dict[str, str]:
@@ -174,10 +193,11 @@ def account(role: str) -> dict[str, str]:
 
 
 def test_replicas_run_on_the_real_nodes_and_share_one_database(
-    k8s_cluster: K8sCluster, real_nodes: RealNodes, database: str, tmp_path: Path
+    k8s_cluster: K8sCluster, real_nodes: RealNodes, database: Database, tmp_path: Path
 ) -> None:
     started = time.monotonic()
     image = cloud_image(real_nodes, tmp_path)
+    built = time.monotonic()
     repository, tag = image.rsplit(":", 1)
     ns = f"sxwl-cloud-{uuid.uuid4().hex[:6]}"
     k8s_cluster.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}})
@@ -186,7 +206,7 @@ def test_replicas_run_on_the_real_nodes_and_share_one_database(
             "apiVersion": "v1",
             "kind": "Secret",
             "metadata": {"name": "cloud", "namespace": ns},
-            "stringData": {"SXWL_DATABASE_URL": database, "SXWL_SECRET_KEY": SECRET_KEY},
+            "stringData": {"SXWL_DATABASE_URL": database.url, "SXWL_SECRET_KEY": SECRET_KEY},
         }
     )
     try:
@@ -198,6 +218,7 @@ def test_replicas_run_on_the_real_nodes_and_share_one_database(
                     "existingSecret": "cloud",
                     "image": {"repository": repository, "tag": tag, "pullPolicy": "Never"},
                     "topologySpread": {"whenUnsatisfiable": "DoNotSchedule"},
+                    "probes": {"readiness": {"periodSeconds": 1, "failureThreshold": 1}},
                     "resources": {
                         "requests": {"cpu": "50m", "memory": "64Mi"},
                         "limits": {"memory": "512Mi"},
@@ -207,7 +228,8 @@ def test_replicas_run_on_the_real_nodes_and_share_one_database(
         )
         k8s_cluster.helm("install", RELEASE, str(CHART), "-n", ns, "-f", str(values))
         # Ready is /readyz answering 200: each replica's database answers at the schema's head.
-        running = wait_ready(k8s_cluster, ns, 2, timeout=180)
+        running = wait_pods(k8s_cluster, ns, both_ready, 180, "2 Ready replicas")
+        came_up = time.monotonic()
         assert {p["spec"]["nodeName"] for p in running} == set(real_nodes.names), "one replica per node"
         for pod in running:
             assert "serviceAccountToken" not in json.dumps(pod["spec"]["volumes"])
@@ -230,8 +252,21 @@ def test_replicas_run_on_the_real_nodes_and_share_one_database(
             for base in (first, second)
         ]
         assert keys[0] == keys[1] and keys[0]
-        with psycopg.connect(database.replace(real_nodes.host_address, "127.0.0.1")) as conn:
+        with psycopg.connect(database.server.url("sxwl")) as conn:
             assert conn.execute("SELECT count(*) FROM users").fetchone() == (1,)
+
+        # The database gone, both replicas leave the Service (readiness) and none is restarted
+        # (liveness does not touch the database); back, both are Ready again by themselves.
+        before = restarts(running)
+        database.server.halt()
+        wait_pods(k8s_cluster, ns, lambda found: not any(ready(p) for p in found), 60, "both NotReady")
+        answer = httpx.get(f"{first}/readyz", timeout=10)
+        assert answer.status_code == 503
+        assert answer.json()["error"]["details"] == {"database": "unreachable", "schema": "unknown"}
+        database.server.resume()
+        running = wait_pods(k8s_cluster, ns, both_ready, 60, "both Ready again")
+        assert restarts(running) == before
+        assert httpx.post(f"{second}/api/v1/auth/login", json=credentials, timeout=30).status_code == 200
         deployed = k8s_cluster.kubectl("get", "deployment", RELEASE, "-n", ns, "-o", "json")
         assert DB_PASSWORD not in deployed and SECRET_KEY not in deployed
     finally:
@@ -241,4 +276,7 @@ def test_replicas_run_on_the_real_nodes_and_share_one_database(
         time.sleep(1)
     assert not pods(k8s_cluster, ns), "the replicas are gone after the uninstall"
     k8s_cluster.kubectl("delete", "namespace", ns, "--wait=false")
-    print(f"cloud chart on the real nodes: {time.monotonic() - started:.0f} s")
+    print(
+        f"cloud chart on the real nodes: image {built - started:.0f} s, Ready {came_up - built:.0f} s "
+        f"(restarts {before}), all {time.monotonic() - started:.0f} s"
+    )

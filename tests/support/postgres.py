@@ -50,6 +50,10 @@ class TempPostgres:
         )
         with (self.data / "pg_hba.conf").open("a") as hba:
             hba.writelines(f"host all all {network} scram-sha-256\n" for network in self.clients)
+        return self.resume()
+
+    def resume(self) -> TempPostgres:
+        """Starts the server (again, after `halt()`) on the same data and port."""
         listen = ",".join(dict.fromkeys(["127.0.0.1", self.host]))
         options = f"-p {self.port} -k {self.root} -c listen_addresses={listen} -c max_connections=200"
         if not self.durable:
@@ -78,11 +82,15 @@ class TempPostgres:
             conn.execute(f'CREATE DATABASE "{name}"')
         return self.url(name)
 
-    def stop(self) -> None:
+    def halt(self) -> None:
+        """Stops the server and keeps its data: clients see their database go away."""
         subprocess.run(
             [*self.run_as, str(self.bin / "pg_ctl"), "-D", str(self.data), "-m", "fast", "-w", "stop"],
             capture_output=True,
             timeout=60,
             check=False,
         )
+
+    def stop(self) -> None:
+        self.halt()
         shutil.rmtree(self.root, ignore_errors=True)
