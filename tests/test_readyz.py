@@ -3,13 +3,16 @@ answers and its schema is at this code's Alembic head; `/healthz` stays the live
 
 from __future__ import annotations
 
+import socket
+import threading
+
 import pytest
 from alembic.script import ScriptDirectory
 from fastapi.testclient import TestClient
 from sqlalchemy import Engine, create_engine, text
 
 from sxwl.cloud.db import migrate
-from sxwl.cloud.services.readiness import Readiness
+from sxwl.cloud.services.readiness import Readiness, Verdict
 from tests.support.net import free_port
 
 
@@ -62,3 +65,22 @@ def test_a_database_that_does_not_answer_is_not_ready(caplog: pytest.LogCaptureF
         engine.dispose()
     assert (verdict.ready, verdict.database, verdict.schema) == (False, "unreachable", "unknown")
     assert "does not answer" in caplog.text and "hunter2" not in caplog.text
+
+
+def test_checks_wait_for_a_silent_database_one_at_a_time() -> None:
+    """A database host that accepts and never answers: a second probe gets its answer at once
+    instead of a second thread waiting behind the first."""
+    with socket.create_server(("127.0.0.1", 0)) as silent:
+        port = silent.getsockname()[1]
+        engine = create_engine(f"postgresql+psycopg://sxwl@127.0.0.1:{port}/sxwl", pool_pre_ping=False)
+        readiness = Readiness(engine)
+        verdicts: list[Verdict] = []
+        first = threading.Thread(target=lambda: verdicts.append(readiness.check()))
+        first.start()
+        peer, _ = silent.accept()  # the first check's connect, left without an answer
+        second = readiness.check()
+        assert (second.ready, second.database) == (False, "no answer yet to the previous check")
+        peer.close()
+    first.join(timeout=30)
+    engine.dispose()
+    assert [v.database for v in verdicts] == ["unreachable"]

@@ -4,6 +4,7 @@ schema is at the Alembic head this code was written for (docs/helm-cloud.md, "Pr
 from __future__ import annotations
 
 import logging
+import threading
 from dataclasses import dataclass, field
 
 from alembic.runtime.migration import MigrationContext
@@ -31,12 +32,23 @@ class Readiness:
     # Once at head, only the database's answer is checked: during a rolling upgrade the new replicas
     # migrate past this code's head, and the old ones must keep serving until they are replaced.
     at_head: bool = field(default=False, init=False)
+    # One check at a time: a database that does not answer holds a connect for as long as the OS lets
+    # it, and probes every few seconds must not pile up threads of the server's pool behind it.
+    _checking: threading.Lock = field(default_factory=threading.Lock, init=False)
 
     def __post_init__(self) -> None:
         script = ScriptDirectory.from_config(migrate.alembic_config(""))
         self.heads = frozenset(script.get_heads())
 
     def check(self) -> Verdict:
+        if not self._checking.acquire(blocking=False):
+            return Verdict(False, "no answer yet to the previous check", "unknown")
+        try:
+            return self._check()
+        finally:
+            self._checking.release()
+
+    def _check(self) -> Verdict:
         try:
             with self.engine.connect() as connection:
                 connection.execute(text("SELECT 1"))
