@@ -19,7 +19,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing.context import SpawnProcess
 from multiprocessing.synchronize import Event
-from pathlib import Path
 from types import FrameType
 
 from prometheus_client import multiprocess
@@ -118,7 +117,7 @@ class Supervisor:
         if not worker.ready.is_set():
             # It failed before serving (a bad setting, an unreachable database): every replacement
             # would fail the same way.
-            raise CliError(f"worker {index} exited with {process.exitcode} before it served; see its log above")
+            raise CliError(f"worker {index} exited with {process.exitcode} before serving; see its log above")
         log.warning(
             "worker %d (pid %s) exited with %s; starting another",
             index,
@@ -144,4 +143,4 @@ class Supervisor:
 def _forget(process: SpawnProcess) -> None:
     """Drops a dead worker's live gauges from the shared metric files (its counters stay counted)."""
     if process.pid is not None:
-        multiprocess.mark_process_dead(process.pid)
+        multiprocess.mark_process_dead(process.pid)  # type: ignore[no-untyped-call]  # untyped upstream
