@@ -45,7 +45,7 @@ class FleetCollector(Collector):
             snapshots = session.scalars(
                 select(CPod.nodes).where(CPod.status == CPodStatus.ONLINE, CPod.revoked_at.is_(None))
             ).all()
-            jobs = dict(session.execute(select(Job.state, func.count()).group_by(Job.state)).tuples().all())
+            jobs = dict(session.execute(select(Job.state, func.count()).group_by(Job.state)).all())
             oldest = session.scalar(select(func.min(Job.created_at)).where(Job.state == JobState.QUEUED))
         by_status = GaugeMetricFamily("sxwl_cpods", "CPods by status, not revoked", labels=["status"])
         for status in CPodStatus:
