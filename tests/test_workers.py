@@ -1,0 +1,185 @@
+"""`sxwl serve --workers N` on PostgreSQL, migrations run once under a lock, and SQLite refusing
+more than one server process."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from alembic.script import ScriptDirectory
+from sqlalchemy import create_engine, text
+
+from sxwl.cloud.config import Settings
+from sxwl.cloud.db import migrate
+from tests.support.agent import eventually
+from tests.support.cloud import CloudProcess
+from tests.support.net import free_port
+from tests.support.postgres import TempPostgres
+
+CLOUD_ENV = {
+    "SXWL_ARGON2_TIME_COST": "1",
+    "SXWL_ARGON2_MEMORY_KIB": "1024",
+    "SXWL_BILLING_ENABLED": "false",
+}
+
+
+def worker_pids(supervisor: int) -> set[int]:
+    """The supervisor's worker processes (its other child is multiprocessing's resource tracker)."""
+    children = Path(f"/proc/{supervisor}/task/{supervisor}/children").read_text().split()
+    pids = set()
+    for child in map(int, children):
+        try:
+            command = Path(f"/proc/{child}/cmdline").read_bytes()
+        except FileNotFoundError:
+            continue  # exited since
+        if b"spawn_main" in command:
+            pids.add(child)
+    return pids
+
+
+def workers_answering(url: str, tries: int = 60) -> set[str]:
+    seen = set()
+    for _ in range(tries):
+        # A new connection each time: the kernel hands each to whichever worker accepts first.
+        seen.add(httpx.get(f"{url}/healthz", headers={"Connection": "close"}).headers["x-sxwl-worker"])
+        if len(seen) == 2:
+            break
+    return seen
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return Path(f"/proc/{pid}/status").read_text().find("State:\tZ") < 0
+
+
+def test_two_workers_serve_restart_and_stop(postgres: TempPostgres, tmp_path: Path) -> None:
+    env = {"SXWL_DATABASE_URL": postgres.create_database(), "SXWL_WORKERS": "2"}
+    cloud = CloudProcess(tmp_path / "data", free_port(), env=env)
+    try:
+        assert workers_answering(cloud.url) == {"0", "1"}
+        pids = eventually(lambda: len(worker_pids(cloud.proc.pid)) == 2 and worker_pids(cloud.proc.pid))
+
+        killed = min(pids)
+        os.kill(killed, signal.SIGKILL)
+        replaced = eventually(
+            lambda: (now := worker_pids(cloud.proc.pid)) and len(now) == 2 and killed not in now and now,
+            what="a new worker in place of the killed one",
+        )
+        assert len(replaced & pids) == 1
+        eventually(lambda: workers_answering(cloud.url) == {"0", "1"}, what="both workers again")
+        assert cloud.proc.poll() is None
+
+        started = time.monotonic()
+        os.kill(cloud.proc.pid, signal.SIGTERM)
+        assert cloud.proc.wait(20) == 0
+        assert time.monotonic() - started < 10
+        assert not any(alive(pid) for pid in replaced)
+        assert "starting another" in cloud.log_path.read_text()
+    finally:
+        cloud.stop()
+
+
+def serve(data_dir: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    command = [sys.executable, "-m", "sxwl.cli", "serve", "--port", str(free_port())]
+    command += ["--data-dir", str(data_dir)]
+    return subprocess.run(
+        [*command, *args],
+        env={**os.environ, **CLOUD_ENV, **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def test_workers_on_sqlite_are_refused_with_the_reason(tmp_path: Path) -> None:
+    for refused in (serve(tmp_path, "--workers", "2"), serve(tmp_path, env={"SXWL_WORKERS": "3"})):
+        assert refused.returncode == 2, refused.stderr
+        message = " ".join(refused.stderr.split())
+        assert "needs PostgreSQL" in message and "docs/operations.md" in message
+    assert not (tmp_path / "sxwl.db").exists()  # refused before it touched anything
+
+
+def test_a_second_server_on_one_sqlite_file_is_refused(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    cloud = CloudProcess(data, free_port())
+    try:
+        second = serve(data)
+        assert second.returncode == 2, second.stderr
+        message = " ".join(second.stderr.split())
+        assert "another sxwl server is running" in message and "PostgreSQL" in message
+        # The admin commands still work beside the running server.
+        admin = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "sxwl.cli",
+                "admin",
+                "create-user",
+                "--email",
+                "ops@example.com",
+                "--data-dir",
+                str(data),
+                "--password-stdin",
+            ],
+            input="correct horse\n",
+            env={**os.environ, **CLOUD_ENV},
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert admin.returncode == 0, admin.stderr
+        login = httpx.post(
+            f"{cloud.url}/api/v1/auth/login", json={"email": "ops@example.com", "password": "correct horse"}
+        )
+        assert login.status_code == 200, login.text
+    finally:
+        cloud.stop()
+    # Once it stopped, the lock is free again.
+    again = CloudProcess(data, free_port())
+    again.stop()
+
+
+UPGRADE = """
+import sys
+from sqlalchemy import create_engine
+from sxwl.cloud.db import migrate
+print(migrate.upgrade(create_engine(sys.argv[1])))
+"""
+
+
+def test_replicas_starting_at_once_migrate_once(db_url: str, tmp_path: Path) -> None:
+    url = Settings(database_url=db_url, data_dir=tmp_path).resolved_database_url()
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", UPGRADE, url], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+        for _ in range(4)
+    ]
+    results = [proc.communicate(timeout=120) for proc in procs]
+    assert [proc.returncode for proc in procs] == [0] * 4, [err for _, err in results]
+    # Exactly one applied the migrations; the others waited for the lock and found them applied.
+    assert sorted(out.strip() for out, _ in results) == ["False", "False", "False", "True"]
+    engine = create_engine(url)
+    with engine.connect() as connection:
+        versions = connection.execute(text("SELECT version_num FROM alembic_version")).scalars().all()
+    head = ScriptDirectory.from_config(migrate.alembic_config(url)).get_current_head()
+    assert versions == [head]
+    assert migrate.upgrade(engine) is False
+    engine.dispose()
+
+
+@pytest.mark.parametrize("workers", ["0", "x"])
+def test_a_bad_worker_count_is_refused_naming_it(tmp_path: Path, workers: str) -> None:
+    refused = serve(tmp_path, "--workers", workers)
+    assert refused.returncode == 2 and "--workers" in refused.stderr
+    env_refused = serve(tmp_path, env={"SXWL_WORKERS": workers})
+    assert env_refused.returncode != 0 and "workers" in env_refused.stderr
