@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -18,7 +19,7 @@ from sqlalchemy import create_engine, text
 from sxwl.cloud.config import Settings
 from sxwl.cloud.db import migrate
 from tests.support.agent import eventually
-from tests.support.cloud import CloudProcess
+from tests.support.cloud import CloudProcess, Provider
 from tests.support.net import free_port
 from tests.support.postgres import TempPostgres
 
@@ -43,6 +44,11 @@ def worker_pids(supervisor: int) -> set[int]:
     return pids
 
 
+def two_workers(supervisor: int, without: int | None = None) -> set[int] | None:
+    pids = worker_pids(supervisor)
+    return pids if len(pids) == 2 and without not in pids else None
+
+
 def workers_answering(url: str, tries: int = 60) -> set[str]:
     seen = set()
     for _ in range(tries):
@@ -61,25 +67,53 @@ def alive(pid: int) -> bool:
     return Path(f"/proc/{pid}/status").read_text().find("State:\tZ") < 0
 
 
+def register_cpod(cloud: CloudProcess) -> str:
+    key = Provider(cloud).key
+    reply = httpx.post(
+        f"{cloud.url}/api/v1/agent/register",
+        headers={"Authorization": f"Bearer {key}"},
+        json={"cluster_uid": "cluster-0001", "runtime": "local", "agent_version": "test"},
+    )
+    assert reply.status_code == 200, reply.text
+    token: str = reply.json()["cpod_token"]
+    return token
+
+
+def long_poll(url: str, token: str) -> int:
+    reply = httpx.get(
+        f"{url}/api/v1/agent/assignments?wait=30",
+        headers={"Authorization": f"Bearer {token}", "Connection": "close"},
+        timeout=40,
+    )
+    return reply.status_code
+
+
 def test_two_workers_serve_restart_and_stop(postgres: TempPostgres, tmp_path: Path) -> None:
     env = {"SXWL_DATABASE_URL": postgres.create_database(), "SXWL_WORKERS": "2"}
     cloud = CloudProcess(tmp_path / "data", free_port(), env=env)
     try:
         assert workers_answering(cloud.url) == {"0", "1"}
-        pids = eventually(lambda: len(worker_pids(cloud.proc.pid)) == 2 and worker_pids(cloud.proc.pid))
+        pids = eventually(lambda: two_workers(cloud.proc.pid), what="two workers")
 
         killed = min(pids)
         os.kill(killed, signal.SIGKILL)
         replaced = eventually(
-            lambda: (now := worker_pids(cloud.proc.pid)) and len(now) == 2 and killed not in now and now,
-            what="a new worker in place of the killed one",
+            lambda: two_workers(cloud.proc.pid, without=killed), what="a worker in place of the killed one"
         )
         assert len(replaced & pids) == 1
         eventually(lambda: workers_answering(cloud.url) == {"0", "1"}, what="both workers again")
         assert cloud.proc.poll() is None
 
-        started = time.monotonic()
-        os.kill(cloud.proc.pid, signal.SIGTERM)
+        # Long-polls held by the workers answer at once when the server is told to stop.
+        token = register_cpod(cloud)
+        with ThreadPoolExecutor(4) as pool:
+            polls = [pool.submit(long_poll, cloud.url, token) for _ in range(4)]
+            time.sleep(1.5)  # all four are being held
+            assert not any(poll.done() for poll in polls)
+            started = time.monotonic()
+            os.kill(cloud.proc.pid, signal.SIGTERM)
+            assert [poll.result(timeout=10) for poll in polls] == [200] * 4
+            assert time.monotonic() - started < 4
         assert cloud.proc.wait(20) == 0
         assert time.monotonic() - started < 10
         assert not any(alive(pid) for pid in replaced)
