@@ -60,11 +60,11 @@ def workers_answering(url: str, tries: int = 60) -> set[str]:
 
 
 def alive(pid: int) -> bool:
+    """Running: neither gone nor a zombie waiting to be reaped."""
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+        return "State:\tZ" not in Path(f"/proc/{pid}/status").read_text()
+    except FileNotFoundError:
         return False
-    return Path(f"/proc/{pid}/status").read_text().find("State:\tZ") < 0
 
 
 def register_cpod(cloud: CloudProcess) -> str:
@@ -118,6 +118,18 @@ def test_two_workers_serve_restart_and_stop(postgres: TempPostgres, tmp_path: Pa
         assert time.monotonic() - started < 10
         assert not any(alive(pid) for pid in replaced)
         assert "starting another" in cloud.log_path.read_text()
+    finally:
+        cloud.stop()
+
+
+def test_workers_stop_when_the_supervisor_is_killed(postgres: TempPostgres, tmp_path: Path) -> None:
+    env = {"SXWL_DATABASE_URL": postgres.create_database(), "SXWL_WORKERS": "2"}
+    cloud = CloudProcess(tmp_path / "data", free_port(), env=env)
+    try:
+        pids = eventually(lambda: two_workers(cloud.proc.pid), what="two workers")
+        cloud.proc.kill()  # SIGKILL: the supervisor cannot pass anything on
+        cloud.proc.wait()
+        eventually(lambda: not any(alive(pid) for pid in pids), what="the workers to stop")
     finally:
         cloud.stop()
 

@@ -100,6 +100,7 @@ def serve(settings: Settings, host: str, port: int, workers: int = 1) -> None:
 def run_worker(settings: Settings, host: str, port: int, worker: Worker | None = None) -> None:
     """The cloud in this process; ``worker``: as one of a supervisor's worker processes."""
     if worker is not None:
+        worker.follow_supervisor()
         logs.configure(settings.log_level, settings.log_format)  # a spawned process starts bare
     app = create_app(settings)
     tune_gc()

@@ -7,6 +7,7 @@ set, so its counters and histograms go to the shared files that any worker's /me
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import multiprocessing
 import os
@@ -31,6 +32,7 @@ log = logging.getLogger("sxwl.supervisor")
 # How long stopping workers may finish their requests (uvicorn's own grace is 5 s) before SIGKILL.
 STOP_GRACE_S = 15.0
 _CHECK_S = 0.5
+_PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
 @dataclass(frozen=True)
@@ -41,6 +43,14 @@ class Worker:
     index: int
     sockets: list[socket.socket]
     ready: Event
+    supervisor: int  # pid
+
+    def follow_supervisor(self) -> None:
+        """Has the kernel send this worker SIGTERM when the supervisor dies, even by SIGKILL: a worker
+        left behind would go on serving the port, unwatched and never restarted."""
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+        if os.getppid() != self.supervisor:  # it died before the call above
+            os.kill(os.getpid(), signal.SIGTERM)
 
 
 WorkerMain = Callable[[Settings, str, int, Worker], None]
@@ -104,7 +114,7 @@ class Supervisor:
         ready = self.context.Event()
         process = self.context.Process(
             target=self.main,
-            args=(self.settings, self.host, self.port, Worker(index, [sock], ready)),
+            args=(self.settings, self.host, self.port, Worker(index, [sock], ready, os.getpid())),
             name=f"sxwl-worker-{index}",
         )
         process.start()
