@@ -32,9 +32,7 @@ class FleetCollector(Collector):
             cpods = dict(
                 session.execute(
                     select(CPod.status, func.count()).where(CPod.revoked_at.is_(None)).group_by(CPod.status)
-                )
-                .tuples()
-                .all()
+                ).all()
             )
             heard = (CPod.last_heartbeat_at >= now - timedelta(seconds=s) for s in HEARTBEAT_AGE_BUCKETS)
             ages = session.execute(
