@@ -11,11 +11,10 @@ import httpx
 from fastapi.testclient import TestClient
 
 from tests.support.agent import eventually
-from tests.support.cloud import CloudProcess
-from tests.support.net import free_port
 from tests.support.postgres import TempPostgres
 from tests.support.scrape import Samples, samples, value
 from tests.test_jobs_api import PRODUCT, Setup
+from tests.test_workers import Workers
 
 DASHBOARD = Path(__file__).resolve().parents[1] / "deploy" / "grafana" / "sxwl-cloud.json"
 
@@ -101,8 +100,7 @@ def test_the_dashboard_queries_only_metrics_that_exist(client: TestClient) -> No
 
 
 def test_counters_add_up_across_workers_and_gauges_do_not(postgres: TempPostgres, tmp_path: Path) -> None:
-    env = {"SXWL_DATABASE_URL": postgres.create_database(), "SXWL_WORKERS": "2"}
-    cloud = CloudProcess(tmp_path / "data", free_port(), env=env)
+    cloud = Workers(postgres.create_database(), tmp_path / "data")
     try:
         url = cloud.url
         httpx.post(
