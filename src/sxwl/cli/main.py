@@ -66,9 +66,20 @@ def serve(
     port: Port = 8000,
     data_dir: DataDir = Path(".sxwl"),
     log_format: LogFormatOption = None,
+    workers: Annotated[
+        int | None,
+        typer.Option(
+            "--workers",
+            min=1,
+            help="Worker processes on this machine, each a full replica on the one port (PostgreSQL "
+            "only; docs/operations.md). Default: SXWL_WORKERS, else 1.",
+            show_default=False,
+        ),
+    ] = None,
 ) -> None:
     """Run the cloud server (applies database migrations first)."""
-    server.serve(server.settings_for(data_dir, port, host, log_format), host, port)
+    settings = server.settings_for(data_dir, port, host, log_format)
+    server.serve(settings, host, port, workers or settings.workers)
 
 
 @app.command()

@@ -6,8 +6,10 @@ import gc
 import os
 import secrets
 import signal
+import socket
 import subprocess
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
@@ -19,7 +21,8 @@ from rich.table import Table
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from sxwl.cli import demo_money
+from sxwl.cli import demo_money, single_server
+from sxwl.cli.supervisor import Supervisor, Worker
 from sxwl.cloud import logs
 from sxwl.cloud.app import create_app
 from sxwl.cloud.config import Settings
@@ -56,9 +59,17 @@ class Server(uvicorn.Server):
     """Tells the cloud it is stopping as soon as the signal arrives, before uvicorn waits for open
     connections: long-polls end at once and liveness stops blaming CPods for the cloud's own exit."""
 
-    def __init__(self, config: uvicorn.Config, ctx: CloudContext) -> None:
+    def __init__(
+        self, config: uvicorn.Config, ctx: CloudContext, on_started: Callable[[], None] | None = None
+    ) -> None:
         super().__init__(config)
         self.ctx = ctx
+        self.on_started = on_started
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets)
+        if self.started and self.on_started is not None:
+            self.on_started()
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         self.ctx.notifier.shutdown()
@@ -76,11 +87,29 @@ def tune_gc() -> None:
     gc.set_threshold(20_000, 20, 20)
 
 
-def serve(settings: Settings, host: str, port: int) -> None:
+def serve(settings: Settings, host: str, port: int, workers: int = 1) -> None:
+    """One server process, or ``workers`` of them under a supervisor (cli/supervisor.py)."""
     logs.configure(settings.log_level, settings.log_format)
+    with single_server.guard(settings, workers):
+        if workers == 1:
+            run_worker(settings, host, port)
+        else:
+            Supervisor(settings, host, port, workers, run_worker).run()
+
+
+def run_worker(settings: Settings, host: str, port: int, worker: Worker | None = None) -> None:
+    """The cloud in this process; ``worker``: as one of a supervisor's worker processes."""
+    if worker is not None:
+        worker.follow_supervisor()
+        logs.configure(settings.log_level, settings.log_format)  # a spawned process starts bare
     app = create_app(settings)
     tune_gc()
-    Server(uvicorn_config(app, settings, host, port), app.state.ctx).run()
+    config = uvicorn_config(app, settings, host, port)
+    if worker is None:
+        Server(config, app.state.ctx).run()
+        return
+    config.headers = [("x-sxwl-worker", str(worker.index))]
+    Server(config, app.state.ctx, on_started=worker.ready.set).run(sockets=worker.sockets)
 
 
 def uvicorn_config(app: FastAPI, settings: Settings, host: str, port: int) -> uvicorn.Config:

@@ -9,13 +9,13 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 from fastapi import APIRouter, Depends, FastAPI
-from fastapi.responses import JSONResponse, Response
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from fastapi.responses import JSONResponse
+from prometheus_client import CollectorRegistry
 from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
 import sxwl
-from sxwl.cloud import errors, logs, web
+from sxwl.cloud import errors, logs, metrics_route, web
 from sxwl.cloud.api import admin, agent, auth, billing, cpods, jobs, me
 from sxwl.cloud.api.deps import plain_parameters
 from sxwl.cloud.background import liveness, metering, scheduling
@@ -57,6 +57,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             asyncio.create_task(liveness.run(ctx), name="liveness"),
             asyncio.create_task(scheduling.run(ctx), name="scheduling"),
             asyncio.create_task(metering.run(ctx), name="metering"),
+            asyncio.create_task(notifier_counts.run(), name="notifier-metrics"),
         ]
         yield
         # Long-polls answer at once and the loops stop judging CPods, under any ASGI server (`sxwl
@@ -103,9 +104,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         body = errors.error_body(503, "this replica is not ready", "not_ready", details)
         return JSONResponse(body, status_code=503)
 
-    @app.get("/metrics", include_in_schema=False)
-    def prometheus() -> Response:
-        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+    notifier_counts = metrics_route.install(app, ctx, registry)
 
     web.install(app)
     rules = BodyRules([(API_PREFIX, router) for router in API_ROUTERS], settings)

@@ -100,6 +100,8 @@ class Settings(BaseSettings):
     earnings_hold_s: float = Field(default=7 * 24 * 3600.0, ge=0)
     # An empty balance: running jobs get SIGTERM, then this long to save a checkpoint.
     balance_stop_grace_s: float = Field(default=60.0, ge=0, le=3600)
+    # Worker processes of `sxwl serve` on one machine (docs/operations.md); `sxwl up` runs one.
+    workers: int = Field(default=1, ge=1, le=256)
 
     @field_validator("data_dir")
     @classmethod

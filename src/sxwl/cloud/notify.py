@@ -50,6 +50,9 @@ class Notifier:
         # Set when the process starts shutting down: long-polls answer at once and background loops
         # stop judging CPods, which cannot reach a server that no longer accepts requests.
         self.stopping = False
+        # Wake-ups sent to and received from other replicas (for /metrics: cloud/metrics.py).
+        self.notifications_sent = 0
+        self.notifications_received = 0
 
     def shutdown(self) -> None:
         """Called on the event loop's thread when the server is asked to exit."""

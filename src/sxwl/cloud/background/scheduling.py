@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import logging
 
+from sxwl.cloud import metrics
 from sxwl.cloud.context import CloudContext
 from sxwl.cloud.services import scheduler
 
@@ -23,7 +24,8 @@ async def run(ctx: CloudContext) -> None:
         wake.clear()
         started = loop.time()
         try:
-            assigned = await asyncio.to_thread(scheduler.schedule_once, ctx)
+            with metrics.SCHEDULING_PASS.time():
+                assigned = await asyncio.to_thread(scheduler.schedule_once, ctx)
             for item in assigned:
                 log.info(
                     "job %s attempt %d assigned to CPod %s",

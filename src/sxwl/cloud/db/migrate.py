@@ -1,14 +1,23 @@
-"""Applies Alembic migrations; run on every start of the cloud."""
+"""Applies Alembic migrations; run on every start of the cloud, by every replica and worker."""
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
+from collections.abc import Iterator
 from pathlib import Path
 
 from alembic import command
 from alembic.config import Config
-from sqlalchemy import Engine
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from sqlalchemy import Engine, text
+
+from sxwl.cloud.db.engine import sqlite_path
 
 MIGRATIONS = Path(__file__).parent / "migrations"
+# The advisory lock's key on PostgreSQL: any fixed number that nothing else in the database takes.
+_LOCK_KEY = 0x5358574C  # "SXWL"
 
 
 def alembic_config(url: str) -> Config:
@@ -18,8 +27,41 @@ def alembic_config(url: str) -> Config:
     return config
 
 
-def upgrade(engine: Engine) -> None:
+def upgrade(engine: Engine) -> bool:
+    """Brings the schema to head; True when this call applied migrations, False when it found them
+    applied. Replicas starting at the same moment take turns (docs/operations.md, "Several worker
+    processes and metrics"): without the lock two of them would both create the first tables."""
     config = alembic_config(engine.url.render_as_string(hide_password=False))
-    with engine.begin() as connection:
+    head = ScriptDirectory.from_config(config).get_current_head()
+    with _one_upgrade_at_a_time(engine), engine.begin() as connection:
+        if MigrationContext.configure(connection).get_current_revision() == head:
+            return False
         config.attributes["connection"] = connection
         command.upgrade(config, "head")
+    return True
+
+
+@contextlib.contextmanager
+def _one_upgrade_at_a_time(engine: Engine) -> Iterator[None]:
+    """On PostgreSQL a session-level advisory lock on a connection of its own, held across the
+    whole upgrade whatever transactions Alembic opens; on SQLite a file lock beside the database."""
+    if engine.dialect.name == "postgresql":
+        with engine.connect() as lock:
+            lock.execute(text("SELECT pg_advisory_lock(:key)"), {"key": _LOCK_KEY})
+            try:
+                yield
+            finally:
+                lock.execute(text("SELECT pg_advisory_unlock(:key)"), {"key": _LOCK_KEY})
+                lock.commit()
+        return
+    path = sqlite_path(engine.url.render_as_string(hide_password=False))
+    if path is None:
+        yield
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(f"{path}.migrate-lock", "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)

@@ -8,6 +8,7 @@ from sqlalchemy import select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
+from sxwl.cloud import metrics
 from sxwl.cloud.db.models import (
     ACTIVE_STATES,
     TERMINAL_STATES,
@@ -174,6 +175,8 @@ def report_status(
         finish(job, state, exit_code, reason)
         on_commit(session).wake_scheduler()
     else:
+        if job.state == JobState.ASSIGNED:  # the agent's first word on this attempt
+            metrics.observe_dispatch(job.assigned_at)
         job.state = state
         job.reason = None
         if state == JobState.RUNNING:

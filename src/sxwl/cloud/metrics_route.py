@@ -1,0 +1,40 @@
+"""``/metrics``: what this process measured, plus the fleet's gauges from the database.
+
+One process: its own registry. Several workers (PROMETHEUS_MULTIPROC_DIR set by the supervisor,
+cli/supervisor.py): the answering worker adds up every worker's counters and histograms from the
+shared files, and reads the fleet's gauges once (docs/operations.md)."""
+
+from __future__ import annotations
+
+import os
+
+from fastapi import FastAPI
+from fastapi.responses import Response
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest, multiprocess
+
+from sxwl.cloud import metrics
+from sxwl.cloud.context import CloudContext
+from sxwl.cloud.metrics_fleet import FleetCollector
+
+_MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
+
+
+def install(app: FastAPI, ctx: CloudContext, http_registry: CollectorRegistry) -> metrics.NotifierCounts:
+    """Adds the route; returns the notifier's publisher for the app's lifespan to run."""
+    metrics.count_queries(ctx.db.engine)
+    counts = metrics.NotifierCounts(ctx.notifier)
+    if os.environ.get(_MULTIPROC_ENV):
+        registry = CollectorRegistry()
+        multiprocess.MultiProcessCollector(registry)  # type: ignore[no-untyped-call]  # untyped upstream
+    else:
+        registry = http_registry
+        for instrument in metrics.INSTRUMENTS:
+            registry.register(instrument)
+    registry.register(FleetCollector(ctx))
+
+    @app.get("/metrics", include_in_schema=False)
+    def prometheus() -> Response:
+        counts.publish()
+        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+
+    return counts
