@@ -12,6 +12,9 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from sxwl.cloud.logs import LogFormat
 
+# A rate's window becomes a timedelta: NaN, infinity and the far future must fail here, at start-up.
+_MAX_WINDOW_S = 366 * 86400
+
 
 def parse_rate(text: str) -> tuple[int, float]:
     """``"N/S"`` means at most N events per S seconds."""
@@ -20,8 +23,8 @@ def parse_rate(text: str) -> tuple[int, float]:
         limit = int(count), float(seconds)
     except ValueError:
         raise ValueError(f"expected 'COUNT/SECONDS', got {text!r}") from None
-    if limit[0] < 1 or limit[1] <= 0:
-        raise ValueError(f"count and seconds must be positive, got {text!r}")
+    if limit[0] < 1 or not 0 < limit[1] <= _MAX_WINDOW_S:
+        raise ValueError(f"count and seconds must be positive, seconds at most a year, got {text!r}")
     return limit
 
 
