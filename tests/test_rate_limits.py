@@ -1,21 +1,24 @@
-"""Rate limits shared by replicas (docs/replica-state.md): two apps on one database count the same
-sign-in failures and registrations, on both engines."""
+"""State shared by replicas (docs/replica-state.md): two apps on one database count the same sign-in
+failures and registrations, and refuse to run with different secret keys, on both engines."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
+import pytest
 from alembic import command
 from fastapi.testclient import TestClient
 from sqlalchemy import func, inspect, select
 
 from sxwl.cloud import ratelimit
+from sxwl.cloud.app import create_app
 from sxwl.cloud.db import migrate
 from sxwl.cloud.db.engine import Database
-from sxwl.cloud.db.rate_events import RateEvent
+from sxwl.cloud.db.shared_state import RateEvent
 from sxwl.cloud.errors import AppError
 from sxwl.cloud.security import SecretBox
+from sxwl.cloud.services import key_check
 from tests.conftest import MakeSettings, login, register
 from tests.support.clock import TestClock
 from tests.test_cpods_api import ctx_of
@@ -152,9 +155,17 @@ def test_migration_0009_comes_and_goes(db_url: str) -> None:
         with db.engine.begin() as connection:
             config.attributes["connection"] = connection
             command.downgrade(config, "0008")
-        assert "rate_events" not in inspect(db.engine).get_table_names()
+        assert {"rate_events", "key_checks"}.isdisjoint(inspect(db.engine).get_table_names())
         migrate.upgrade(db.engine)
         with db.session() as session:
             assert session.scalar(select(func.count()).select_from(RateEvent)) == 0
     finally:
         db.dispose()
+
+
+def test_a_replica_with_another_secret_key_refuses_to_start(make_settings: MakeSettings) -> None:
+    create_app(make_settings()).state.ctx.db.dispose()
+    again = create_app(make_settings())  # the same key: starts
+    again.state.ctx.db.dispose()
+    with pytest.raises(key_check.SecretKeyMismatchError, match="SXWL_SECRET_KEY differs"):
+        create_app(make_settings(secret_key="another-secret-key-0123456789abcdef"))

@@ -24,7 +24,7 @@ from sxwl.cloud.config import Settings
 from sxwl.cloud.context import CloudContext
 from sxwl.cloud.db import migrate
 from sxwl.cloud.middleware import BodyLimit, HttpMetrics, RequestContext
-from sxwl.cloud.services import heartbeats
+from sxwl.cloud.services import heartbeats, key_check
 from sxwl.protocol import paths
 
 log = logging.getLogger("sxwl.cloud")
@@ -48,6 +48,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     ctx = CloudContext.from_settings(settings)
     ctx.heartbeats = heartbeats.writer(ctx)
     migrate.upgrade(ctx.db.engine)
+    key_check.verify(ctx.db, ctx.box)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:

@@ -146,7 +146,17 @@ class Settings(BaseSettings):
             return path.read_text().strip()
         self.data_dir.mkdir(parents=True, exist_ok=True)
         key = secrets.token_urlsafe(48)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "w") as handle:
-            handle.write(key + "\n")
+        # Written whole under a temporary name, then linked into place: processes starting together
+        # on one data dir (workers, a server and `sxwl admin`) all end up with the one key that won,
+        # and none reads a file still being written.
+        draft = path.with_name(f".secret.key.{os.getpid()}.{secrets.token_hex(4)}")
+        fd = os.open(draft, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            with os.fdopen(fd, "w") as handle:
+                handle.write(key + "\n")
+            os.link(draft, path)
+        except FileExistsError:
+            return path.read_text().strip()
+        finally:
+            draft.unlink()
         return key

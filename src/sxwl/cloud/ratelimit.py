@@ -10,7 +10,7 @@ from sqlalchemy.orm import Session
 
 from sxwl.cloud.config import parse_rate
 from sxwl.cloud.db.engine import Database
-from sxwl.cloud.db.rate_events import RateEvent
+from sxwl.cloud.db.shared_state import RateEvent
 from sxwl.cloud.db.types import UTCDateTime, utcnow
 from sxwl.cloud.errors import AppError
 from sxwl.cloud.security import SecretBox

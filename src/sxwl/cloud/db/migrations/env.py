@@ -3,7 +3,7 @@ from __future__ import annotations
 from alembic import context
 from sqlalchemy import create_engine
 
-from sxwl.cloud.db import rate_events  # noqa: F401  (its table joins Base.metadata)
+from sxwl.cloud.db import shared_state  # noqa: F401  (its tables join Base.metadata)
 from sxwl.cloud.db.models import Base
 
 config = context.config

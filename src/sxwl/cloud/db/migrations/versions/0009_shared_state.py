@@ -1,5 +1,6 @@
-"""Rate events: the login and registration limits count in the database, so that replicas share
-them (docs/replica-state.md). Limits kept in memory before this revision start empty.
+"""Shared state (docs/replica-state.md): the login and registration limits count their events in
+``rate_events``, so that replicas share them (limits kept in memory before this revision start
+empty), and ``key_checks`` lets a replica started with another SXWL_SECRET_KEY see it and refuse.
 
 Revision ID: 0009
 Revises: 0008
@@ -28,9 +29,15 @@ def upgrade() -> None:
     )
     op.create_index("ix_rate_events_key_expires_at", "rate_events", ["key", "expires_at"])
     op.create_index("ix_rate_events_expires_at", "rate_events", ["expires_at"])
+    op.create_table(
+        "key_checks",
+        sa.Column("purpose", sa.String(64), primary_key=True),
+        sa.Column("digest", sa.LargeBinary(32), nullable=False),
+    )
 
 
 def downgrade() -> None:
+    op.drop_table("key_checks")
     op.drop_index("ix_rate_events_expires_at", table_name="rate_events")
     op.drop_index("ix_rate_events_key_expires_at", table_name="rate_events")
     op.drop_table("rate_events")

@@ -1,11 +1,11 @@
-"""The events that rate limits count (src/sxwl/cloud/ratelimit.py), kept in the database so that
-every replica, and `sxwl admin`, count the same ones (docs/replica-state.md)."""
+"""State that replicas share and that once lived in each process (docs/replica-state.md): the events
+that rate limits count, and the check that every replica holds the same SXWL_SECRET_KEY."""
 
 from __future__ import annotations
 
 from datetime import datetime
 
-from sqlalchemy import BigInteger, Index, Integer, LargeBinary
+from sqlalchemy import BigInteger, Index, Integer, LargeBinary, String
 from sqlalchemy.orm import Mapped, mapped_column
 
 from sxwl.cloud.db.models import Base
@@ -28,3 +28,13 @@ class RateEvent(Base):
         Index("ix_rate_events_key_expires_at", "key", "expires_at"),
         Index("ix_rate_events_expires_at", "expires_at"),
     )
+
+
+class KeyCheck(Base):
+    """A keyed hash of nothing under a key derived from SXWL_SECRET_KEY, written by the first replica
+    that starts: one started with another key would fail every upload token, accessKey and rate-limit
+    key the others made, so it refuses to start (services/key_check.py)."""
+
+    __tablename__ = "key_checks"
+    purpose: Mapped[str] = mapped_column(String(64), primary_key=True)
+    digest: Mapped[bytes] = mapped_column(LargeBinary(32))
