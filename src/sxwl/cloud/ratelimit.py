@@ -17,7 +17,7 @@ from sxwl.cloud.security import SecretBox
 
 _KEY_PURPOSE = b"sxwl rate limit key v1"
 # The first half of the two-key PostgreSQL advisory lock a limited key's events are counted under;
-# one-key advisory locks (the scheduler's, the migrations') are a separate key space.
+# one-key advisory locks (the scheduler's) are a separate key space.
 _LOCK_CLASS = 0x52415445  # "RATE"
 
 
@@ -60,12 +60,6 @@ class RateLimiter:
                 return taken
             # The key's lock is still held: the window is as full as the insert found it.
             return self._too_many(self._oldest(session, digest, now)[1], now)
-
-    def check(self, key: str) -> None:
-        """Raises 429 when ``key``'s window is full; records nothing."""
-        refusal = self.refusal(key)
-        if refusal is not None:
-            raise refusal
 
     def refusal(self, key: str) -> AppError | None:
         """The 429 to answer while ``key``'s window is full, else None."""
