@@ -18,13 +18,13 @@ import sxwl
 from sxwl.cloud import errors, logs, metrics_route, web
 from sxwl.cloud.api import admin, agent, auth, billing, cpods, jobs, me
 from sxwl.cloud.api.deps import plain_parameters
-from sxwl.cloud.background import liveness, metering, scheduling
+from sxwl.cloud.background import liveness, metering, rate_events, scheduling
 from sxwl.cloud.body_rules import BodyRules
 from sxwl.cloud.config import Settings
 from sxwl.cloud.context import CloudContext
 from sxwl.cloud.db import migrate
 from sxwl.cloud.middleware import BodyLimit, HttpMetrics, RequestContext
-from sxwl.cloud.services import heartbeats, readiness
+from sxwl.cloud.services import heartbeats, key_check, readiness
 from sxwl.protocol import paths
 
 log = logging.getLogger("sxwl.cloud")
@@ -48,6 +48,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     ctx = CloudContext.from_settings(settings)
     ctx.heartbeats = heartbeats.writer(ctx)
     migrate.upgrade(ctx.db.engine)
+    key_check.verify(ctx.db, ctx.box)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -58,6 +59,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             asyncio.create_task(scheduling.run(ctx), name="scheduling"),
             asyncio.create_task(metering.run(ctx), name="metering"),
             asyncio.create_task(notifier_counts.run(), name="notifier-metrics"),
+            asyncio.create_task(rate_events.run(ctx), name="rate-events"),
         ]
         yield
         # Long-polls answer at once and the loops stop judging CPods, under any ASGI server (`sxwl

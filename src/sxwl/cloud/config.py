@@ -12,6 +12,9 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from sxwl.cloud.logs import LogFormat
 
+# A rate's window becomes a timedelta: NaN, infinity and the far future must fail here, at start-up.
+_MAX_WINDOW_S = 366 * 86400
+
 
 def parse_rate(text: str) -> tuple[int, float]:
     """``"N/S"`` means at most N events per S seconds."""
@@ -20,8 +23,8 @@ def parse_rate(text: str) -> tuple[int, float]:
         limit = int(count), float(seconds)
     except ValueError:
         raise ValueError(f"expected 'COUNT/SECONDS', got {text!r}") from None
-    if limit[0] < 1 or limit[1] <= 0:
-        raise ValueError(f"count and seconds must be positive, got {text!r}")
+    if limit[0] < 1 or not 0 < limit[1] <= _MAX_WINDOW_S:
+        raise ValueError(f"count and seconds must be positive, seconds at most a year, got {text!r}")
     return limit
 
 
@@ -145,7 +148,17 @@ class Settings(BaseSettings):
             return path.read_text().strip()
         self.data_dir.mkdir(parents=True, exist_ok=True)
         key = secrets.token_urlsafe(48)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "w") as handle:
-            handle.write(key + "\n")
+        # Written whole under a temporary name, then linked into place: processes starting together
+        # on one data dir (workers, a server and `sxwl admin`) all end up with the one key that won,
+        # and none reads a file still being written.
+        draft = path.with_name(f".secret.key.{os.getpid()}.{secrets.token_hex(4)}")
+        fd = os.open(draft, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            with os.fdopen(fd, "w") as handle:
+                handle.write(key + "\n")
+            os.link(draft, path)
+        except FileExistsError:
+            return path.read_text().strip()
+        finally:
+            draft.unlink()
         return key

@@ -45,11 +45,18 @@ class CloudContext:
         self.artifacts = LocalArtifactStore(s.data_dir / "artifacts")
         self.notifier.watch(self.db.sessions, self.db.immediate_sessions)
         self.limiters = Limiters(
-            login_ip=RateLimiter(s.rate_login_ip, "login attempts from this address"),
-            login_account=RateLimiter(s.rate_login_account, "login attempts for this account"),
-            register_ip=RateLimiter(s.rate_register_ip, "registrations from this address"),
-            register_account=RateLimiter(s.rate_register_account, "registration attempts for this email"),
+            login_ip=self._limiter("login_ip", s.rate_login_ip, "login attempts from this address"),
+            login_account=self._limiter(
+                "login_account", s.rate_login_account, "login attempts for this account"
+            ),
+            register_ip=self._limiter("register_ip", s.rate_register_ip, "registrations from this address"),
+            register_account=self._limiter(
+                "register_account", s.rate_register_account, "registration attempts for this email"
+            ),
         )
+
+    def _limiter(self, name: str, rate: str, what: str) -> RateLimiter:
+        return RateLimiter(name, rate, what, self.db, self.box)
 
     @classmethod
     def from_settings(cls, settings: Settings) -> CloudContext:

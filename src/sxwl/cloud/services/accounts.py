@@ -11,7 +11,7 @@ from sqlalchemy import func, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from sxwl.cloud.context import CloudContext
+from sxwl.cloud.context import CloudContext, Limiters
 from sxwl.cloud.db.models import Role, User
 from sxwl.cloud.db.types import utcnow
 from sxwl.cloud.errors import AppError, invalid
@@ -108,23 +108,40 @@ async def sign_in(ctx: CloudContext, client_ip: str, email: str, password: str) 
     """The password check under the login policy of docs/operations.md: only failures count, per
     source address and per account. A source over its limit is refused before any check; an account
     over its limit still lets the right password in, after a delay, and answers a wrong one with
-    429. The delay is awaited, not slept in a worker thread that other requests need."""
+    429. The delay is awaited, not slept in a worker thread that other requests need.
+
+    An attempt counts as a failure from the moment it starts until it succeeds, so that attempts made
+    at once, on any replicas, never get more password checks than the limits allow."""
     limits = ctx.limiters
-    limits.login_ip.check(client_ip)
     account = rate_key(email)
-    locked = limits.login_account.refusal(account)
+    attempt, taken = await to_thread.run_sync(_admit, limits, client_ip, account)
+    locked = taken if isinstance(taken, AppError) else None
     if locked is not None:
         await asyncio.sleep(ctx.settings.login_locked_delay_s)
     try:
         user = await to_thread.run_sync(_authenticate, ctx, email, password)
     except AppError as exc:
-        limits.login_ip.record(client_ip)
-        limits.login_account.record(account)
         if locked is None:
             raise
-        raise limits.login_account.refusal(account) or locked from exc
-    limits.login_account.clear(account)
+        raise await to_thread.run_sync(_failed_while_locked, limits, account) or locked from exc
+    await to_thread.run_sync(_succeeded, limits, attempt, account)
     return user
+
+
+def _admit(limits: Limiters, client_ip: str, account: str) -> tuple[int, int | AppError]:
+    """Counts the attempt against its address (429 when that is full) and takes a place in its
+    account's window, or the account's 429 when that is full."""
+    return limits.login_ip.hit(client_ip), limits.login_account.take(account)
+
+
+def _failed_while_locked(limits: Limiters, account: str) -> AppError | None:
+    limits.login_account.record(account)
+    return limits.login_account.refusal(account)
+
+
+def _succeeded(limits: Limiters, attempt: int, account: str) -> None:
+    limits.login_ip.release(attempt)
+    limits.login_account.clear(account)
 
 
 def _authenticate(ctx: CloudContext, email: str, password: str) -> User:
