@@ -101,6 +101,10 @@ class Settings(BaseSettings):
     # An empty balance: running jobs get SIGTERM, then this long to save a checkpoint.
     balance_stop_grace_s: float = Field(default=60.0, ge=0, le=3600)
 
+    # Replicas on PostgreSQL wake each other with NOTIFY (docs/replicas.md); a waiting long-poll
+    # re-reads on its own only this often, against a lost notification.
+    longpoll_backstop_s: float = Field(default=20.0, gt=0)
+
     @field_validator("data_dir")
     @classmethod
     def _absolute_data_dir(cls, value: Path) -> Path:
