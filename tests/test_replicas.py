@@ -4,9 +4,10 @@ test sees sooner was carried by a notification."""
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +15,12 @@ import httpx
 import psycopg
 import pytest
 
+from sxwl.cloud.background import listener
+from sxwl.cloud.context import CloudContext
+from sxwl.cloud.db import migrate
+from sxwl.cloud.notify import on_commit
 from tests.support.agent import eventually
+from tests.support.cloud import test_settings
 from tests.support.postgres import TempPostgres
 from tests.support.replicas import BACKSTOP_S, Balancer, Fleet, RawCPod, logging_postgres
 
@@ -64,9 +70,7 @@ def test_a_job_submitted_on_one_replica_reaches_an_agent_polling_another(fleet2:
     eventually(fleet2.online, what="the CPod online")
     submitted = time.monotonic()
     job_id = fleet2.submit(0, "echo hello from the other replica")
-    job = eventually(
-        lambda: (j := fleet2.job(1, job_id))["state"] == "succeeded" and j, timeout=PROMPTLY_S, what="success"
-    )
+    job = fleet2.wait_state(1, job_id, "succeeded", timeout=PROMPTLY_S)
     assert time.monotonic() - submitted < PROMPTLY_S
     assert job["attempt"] == 1
 
@@ -77,11 +81,11 @@ def test_a_cancel_on_one_replica_reaches_the_agent_on_another(tmp_path: Path, pg
         fleet.agent(fleet.replicas[1].url)
         eventually(fleet.online, what="the CPod online")
         job_id = fleet.submit(0, "echo started; sleep 300")
-        eventually(lambda: fleet.job(2, job_id)["state"] == "running", timeout=PROMPTLY_S, what="running")
+        fleet.wait_state(2, job_id, "running", timeout=PROMPTLY_S)
         cancelled = time.monotonic()
         reply = httpx.post(fleet.api(2, f"/jobs/{job_id}/cancel"), headers=fleet.user)
         assert reply.json()["cancel_requested"] is True
-        eventually(lambda: fleet.job(0, job_id)["state"] == "cancelled", timeout=PROMPTLY_S, what="cancelled")
+        fleet.wait_state(0, job_id, "cancelled", timeout=PROMPTLY_S)
         assert time.monotonic() - cancelled < PROMPTLY_S
     finally:
         fleet.close()
@@ -136,19 +140,55 @@ def test_a_killed_replica_loses_nothing_and_assigns_nothing_twice(fleet2: Fleet)
         agent = fleet2.agent(balancer.url)
         eventually(fleet2.online, what="the CPod online")
         running = fleet2.submit(0, "sleep 3; echo survived")
-        eventually(lambda: fleet2.job(0, running)["state"] == "running", what="running")
+        fleet2.wait_state(0, running, "running", timeout=PROMPTLY_S)
         fleet2.replicas[1].kill()  # with the agent's long-poll and heartbeats in flight
         balancer.target = fleet2.replicas[0].port
         later = fleet2.submit(0, "echo after the kill")
         for job_id in (running, later):
-            job = eventually(
-                lambda j=job_id: (got := fleet2.job(0, j))["state"] in ("succeeded", "failed") and got,
-                timeout=PROMPTLY_S,
-                what=f"job {job_id} finished",
-            )
+            job = fleet2.wait_state(0, job_id, "succeeded", "failed", timeout=PROMPTLY_S)
             assert job["state"] == "succeeded" and job["attempt"] == 1, job
             events = fleet2.events(0, job_id)
             assert "lost" not in events and "requeued" not in events, events
         assert agent.proc.poll() is None
     finally:
         balancer.close()
+
+
+async def until(check: Callable[[], bool], what: str) -> None:
+    for _ in range(int(PROMPTLY_S * 100)):
+        if check():
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def test_notifications_are_counted_and_a_replica_skips_its_own(tmp_path: Path, pg: TempPostgres) -> None:
+    url = pg.create_database()
+    a, b = (CloudContext.from_settings(test_settings(tmp_path / name, url)) for name in ("a", "b"))
+    migrate.upgrade(a.db.engine)
+
+    async def scenario() -> None:
+        loop = asyncio.get_running_loop()
+        listeners = []
+        for ctx in (a, b):
+            ctx.notifier.bind(loop)
+            listeners.append(asyncio.create_task(listener.run(ctx)))
+        await until(lambda: a.notifier.hearing and b.notifier.hearing, "both listening")
+        on_a, on_b = a.notifier.waiter("cpod-1"), b.notifier.waiter("cpod-1")
+        with a.db.session() as session:
+            on_commit(session).wake_cpod("cpod-1")
+            on_commit(session).wake_job("job-1")
+        await asyncio.wait_for(asyncio.gather(on_a.wait(), on_b.wait()), timeout=PROMPTLY_S)
+        await until(lambda: b.notifier.notifications_received == 2, "b received both")
+        await asyncio.sleep(0.2)  # a's own notifications reach its listener too, and are skipped
+        for task in listeners:
+            task.cancel()
+        await asyncio.gather(*listeners, return_exceptions=True)
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        a.db.dispose()
+        b.db.dispose()
+    assert (a.notifier.notifications_sent, a.notifier.notifications_received) == (2, 0)
+    assert (b.notifier.notifications_sent, b.notifier.notifications_received) == (0, 2)

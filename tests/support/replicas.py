@@ -15,7 +15,7 @@ from typing import Any
 import httpx
 import psycopg
 
-from tests.support.agent import AgentProcess
+from tests.support.agent import AgentProcess, eventually
 from tests.support.cloud import CloudProcess
 from tests.support.net import free_port
 from tests.support.postgres import TempPostgres
@@ -112,7 +112,8 @@ class Fleet:
 
     def online(self, count: int = 1) -> bool:
         cpods: list[dict[str, Any]] = httpx.get(self.api(0, "/cpods"), headers=self.provider).json()
-        return sum(c["status"] == "online" for c in cpods) >= count
+        online: bool = sum(c["status"] == "online" for c in cpods) >= count
+        return online
 
     def submit(self, replica: int, command: str, gpus: int = 1) -> str:
         body = {"name": "t", "command": command, "gpu_product": PRODUCT, "gpus_per_node": gpus}
@@ -124,6 +125,13 @@ class Fleet:
     def job(self, replica: int, job_id: str) -> dict[str, Any]:
         job: dict[str, Any] = httpx.get(self.api(replica, f"/jobs/{job_id}"), headers=self.user).json()
         return job
+
+    def wait_state(self, replica: int, job_id: str, *states: str, timeout: float) -> dict[str, Any]:
+        def reached() -> dict[str, Any] | None:
+            job = self.job(replica, job_id)
+            return job if job["state"] in states else None
+
+        return eventually(reached, timeout=timeout, what=f"job {job_id} to be {'/'.join(states)}")
 
     def events(self, replica: int, job_id: str) -> list[str]:
         events = httpx.get(self.api(replica, f"/jobs/{job_id}/events"), headers=self.user).json()
