@@ -69,9 +69,21 @@ def test_a_job_submitted_on_one_replica_reaches_an_agent_polling_another(fleet2:
     fleet2.agent(fleet2.replicas[1].url)
     eventually(fleet2.online, what="the CPod online")
     submitted = time.monotonic()
-    job_id = fleet2.submit(0, "echo hello from the other replica")
+    job_id = fleet2.submit(0, "sleep 1; echo first; sleep 1; echo second")
+    # Followed on the replica it was submitted on, while the agent appends its output on the other.
+    output, offset, complete = "", 0, False
+    while not complete:
+        piece = httpx.get(
+            fleet2.api(0, f"/jobs/{job_id}/logs"),
+            headers=fleet2.user,
+            params={"offset": offset, "wait": 30},
+            timeout=40,
+        )
+        output += piece.text
+        offset, complete = int(piece.headers["X-Next-Offset"]), piece.headers["X-Log-Complete"] == "true"
+        assert time.monotonic() - submitted < PROMPTLY_S, output
+    assert output == "first\nsecond\n"
     job = fleet2.wait_state(1, job_id, "succeeded", timeout=PROMPTLY_S)
-    assert time.monotonic() - submitted < PROMPTLY_S
     assert job["attempt"] == 1
 
 
