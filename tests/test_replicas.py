@@ -20,7 +20,7 @@ from sxwl.cloud.context import CloudContext
 from sxwl.cloud.db import migrate
 from sxwl.cloud.notify import on_commit
 from tests.support.agent import eventually
-from tests.support.cloud import test_settings
+from tests.support.cloud import test_settings as settings_for  # not collected as a test
 from tests.support.postgres import TempPostgres
 from tests.support.replicas import BACKSTOP_S, Balancer, Fleet, RawCPod, logging_postgres
 
@@ -176,7 +176,7 @@ async def until(check: Callable[[], bool], what: str) -> None:
 
 def test_notifications_are_counted_and_a_replica_skips_its_own(tmp_path: Path, pg: TempPostgres) -> None:
     url = pg.create_database()
-    a, b = (CloudContext.from_settings(test_settings(tmp_path / name, url)) for name in ("a", "b"))
+    a, b = (CloudContext.from_settings(settings_for(tmp_path / name, url)) for name in ("a", "b"))
     migrate.upgrade(a.db.engine)
 
     async def scenario() -> None:
