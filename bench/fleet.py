@@ -16,6 +16,7 @@ import argparse
 import asyncio
 import json
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -293,6 +294,7 @@ def main(argv: list[str] | None = None) -> int:
                 "SXWL_ARGON2_MEMORY_KIB": "1024",
             }
             root = Path(tempfile.mkdtemp(prefix="sxwl-fleet-"))
+            processes.add(lambda: shutil.rmtree(root, ignore_errors=True))
             replicas = []
             for name in ("r1", "r2"):
                 replica = CloudProcess(root / name, free_port(), env=env)
