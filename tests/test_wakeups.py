@@ -3,6 +3,9 @@ rollback; routes do not wake anyone themselves (SQLite and PostgreSQL)."""
 
 from __future__ import annotations
 
+import threading
+
+import httpx
 import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import select
@@ -107,3 +110,25 @@ def test_rest_cancel_wakes_the_cpod_and_a_freed_queue_place_the_scheduler(
         woken.clear()
         assert client.post(f"/api/v1/jobs/{queued['id']}/cancel", headers=setup.user).status_code == 200
         assert woken == ["scheduler"]
+
+
+def test_a_log_follower_waits_for_the_jobs_next_output(make_settings: MakeSettings) -> None:
+    with TestClient(create_app(make_settings())) as client:
+        setup = Setup(client)
+        job_id = setup.submit()["id"]
+        setup.assigned(job_id)
+        assert setup.status(job_id, 1, "running").status_code == 200
+        logs = f"/api/v1/jobs/{job_id}/logs"
+        bad = client.get(logs, params={"wait": -1}, headers=setup.user)
+        assert bad.status_code == 422 and "wait" in bad.text
+        answers: list[httpx.Response] = []
+        follower = threading.Thread(
+            target=lambda: answers.append(client.get(logs, params={"wait": 30}, headers=setup.user))
+        )
+        follower.start()
+        follower.join(0.5)
+        assert answers == []  # nothing to show yet: it waits
+        assert setup.log(job_id, 1, 0, b"step 1\n").status_code == 200
+        follower.join(20)
+        (answer,) = answers
+        assert answer.text == "step 1\n" and answer.headers["X-Next-Offset"] == "7"

@@ -18,7 +18,7 @@ import sxwl
 from sxwl.cloud import errors, logs, metrics_route, web
 from sxwl.cloud.api import admin, agent, auth, billing, cpods, jobs, me
 from sxwl.cloud.api.deps import plain_parameters
-from sxwl.cloud.background import liveness, metering, rate_events, scheduling
+from sxwl.cloud.background import listener, liveness, metering, rate_events, scheduling
 from sxwl.cloud.body_rules import BodyRules
 from sxwl.cloud.config import Settings
 from sxwl.cloud.context import CloudContext
@@ -60,6 +60,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             asyncio.create_task(metering.run(ctx), name="metering"),
             asyncio.create_task(notifier_counts.run(), name="notifier-metrics"),
             asyncio.create_task(rate_events.run(ctx), name="rate-events"),
+            asyncio.create_task(listener.run(ctx), name="listener"),
         ]
         yield
         # Long-polls answer at once and the loops stop judging CPods, under any ASGI server (`sxwl

@@ -106,6 +106,10 @@ class Settings(BaseSettings):
     # Worker processes of `sxwl serve` on one machine (docs/operations.md); `sxwl up` runs one.
     workers: int = Field(default=1, ge=1, le=256)
 
+    # Replicas on PostgreSQL wake each other with NOTIFY (docs/replicas.md); a waiting long-poll
+    # re-reads on its own only this often, against a lost notification.
+    longpoll_backstop_s: float = Field(default=30.0, gt=0)
+
     @field_validator("data_dir")
     @classmethod
     def _absolute_data_dir(cls, value: Path) -> Path:

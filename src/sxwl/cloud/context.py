@@ -43,7 +43,8 @@ class CloudContext:
     def __post_init__(self) -> None:
         s = self.settings
         self.artifacts = LocalArtifactStore(s.data_dir / "artifacts")
-        self.notifier.watch(self.db.sessions, self.db.immediate_sessions)
+        postgres = self.db.engine.dialect.name == "postgresql"
+        self.notifier.watch(self.db.sessions, self.db.immediate_sessions, broadcast=postgres)
         self.limiters = Limiters(
             login_ip=self._limiter("login_ip", s.rate_login_ip, "login attempts from this address"),
             login_account=self._limiter(

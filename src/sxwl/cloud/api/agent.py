@@ -190,9 +190,11 @@ async def assignments(
             remaining = deadline - loop.time()
             if reply.assignments or reply.commands or remaining <= 0 or ctx.notifier.stopping:
                 return _with_upload_tokens(ctx, reply)
-            # Re-read at least every second: another replica may have made the assignment.
+            # Other replicas' assignments wake us through the listener (docs/replicas.md); the
+            # re-read on our own is only a backstop against a lost notification.
+            reread = ctx.notifier.reread_s(ctx.settings.longpoll_backstop_s)
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(event.wait(), timeout=min(remaining, 1.0))
+                await asyncio.wait_for(event.wait(), timeout=min(remaining, reread))
     finally:
         ctx.notifier.forget(cpod.id, event)
 

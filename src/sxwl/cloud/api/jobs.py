@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from collections.abc import Sequence
 from typing import Annotated
 
@@ -116,21 +118,43 @@ def list_job_events(job_id: str, user: CurrentUser, ctx: Ctx) -> list[JobEventOu
     response_class=Response,
     responses={200: {"content": {"text/plain": {"schema": {"type": "string"}}}}, **NOT_FOUND},
 )
-def read_job_log(
+async def read_job_log(
     job_id: str,
     user: CurrentUser,
     ctx: Ctx,
     offset: Annotated[NonNegInt64, Query()] = 0,
     attempt: Annotated[PosInt32 | None, Query(description="default: the latest")] = None,
+    wait: Annotated[
+        float, Query(ge=0, allow_inf_nan=False, description="seconds to hold the request until output comes")
+    ] = 0,
 ) -> Response:
     """Output from byte ``offset``; ``X-Next-Offset`` is where to continue, ``X-Log-Complete`` says
-    whether more can come."""
-    with ctx.db.session() as session:
-        job = jobs.get_for(session, user, job_id)
-        chosen = attempt or max(job.attempt, 1)
-        if chosen > max(job.attempt, 1):
-            raise invalid("attempt", f"job has {job.attempt} attempt(s)")
-        piece = job_logs.read_log(ctx, session, job, chosen, offset)
+    whether more can come. With ``wait``, a read that finds nothing new waits for the job's next
+    output or change of state, on whichever replica it happens (docs/replicas.md)."""
+
+    def read() -> tuple[int, job_logs.LogSlice]:
+        with ctx.db.session() as session:
+            job = jobs.get_for(session, user, job_id)
+            chosen = attempt or max(job.attempt, 1)
+            if chosen > max(job.attempt, 1):
+                raise invalid("attempt", f"job has {job.attempt} attempt(s)")
+            return chosen, job_logs.read_log(ctx, session, job, chosen, offset)
+
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + min(wait, ctx.settings.longpoll_max_s)
+    event = ctx.notifier.job_waiter(job_id)
+    try:
+        while True:
+            event.clear()  # before reading, so that output arriving during the read is not missed
+            chosen, piece = await asyncio.to_thread(read)
+            remaining = deadline - loop.time()
+            if piece.data or piece.complete or remaining <= 0 or ctx.notifier.stopping:
+                break
+            reread = ctx.notifier.reread_s(ctx.settings.longpoll_backstop_s)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(event.wait(), timeout=min(remaining, reread))
+    finally:
+        ctx.notifier.forget_job(job_id, event)
     return Response(
         piece.data,
         media_type="text/plain; charset=utf-8",

@@ -7,6 +7,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from sxwl.cloud.db.models import Job, JobEvent
+from sxwl.cloud.notify import on_commit
 
 
 def add_event(session: Session, job: Job, kind: str, detail: str | None = None) -> None:
@@ -15,6 +16,7 @@ def add_event(session: Session, job: Job, kind: str, detail: str | None = None) 
 
 def add_event_for(session: Session, job_id: str, attempt: int, kind: str, detail: str | None = None) -> None:
     session.add(JobEvent(job_id=job_id, attempt=attempt, kind=kind, detail=detail))
+    on_commit(session).wake_job(job_id)  # its followers, on every replica
 
 
 def events(session: Session, job: Job) -> list[JobEvent]:

@@ -12,6 +12,7 @@ from sqlalchemy.orm import Session
 from sxwl.cloud.context import CloudContext
 from sxwl.cloud.db.models import TERMINAL_STATES, Job, LogChunk
 from sxwl.cloud.errors import AppError
+from sxwl.cloud.notify import on_commit
 
 
 def log_size(session: Session, job_id: str, attempt: int) -> int:
@@ -41,6 +42,8 @@ def append_log(session: Session, job: Job, attempt: int, offset: int, data: byte
                 session.add(LogChunk(job_id=job.id, attempt=attempt, offset=size, data=fresh))
         except IntegrityError:
             pass  # the same bytes arrived twice at once; the first one is kept
+        else:
+            on_commit(session).wake_job(job.id)
     return size + len(fresh)
 
 

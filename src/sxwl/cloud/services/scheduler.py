@@ -150,8 +150,9 @@ def _pass(ctx: CloudContext, cache: CapacityCache) -> list[Assigned]:
         pool = cache.refresh(session)
         writes = _decide(ctx, session, queued, pool, cache.usage(), price_book(session))
         won = _write(session, writes)
-        for _, placement in won:
+        for job, placement in won:
             on_commit(session).wake_cpod(placement.cpod_id)
+            on_commit(session).wake_job(job.id)
     # Committed: later passes of this process need not read these placements back.
     for job, placement in won:
         cache.hold(

@@ -1,0 +1,63 @@
+"""On PostgreSQL, one connection per replica LISTENs for the wake-ups other replicas commit
+(notify.py) and hands them to this process's scheduler, long-polls and job followers.
+
+A notification sent while this connection is down is lost, so every (re)connection, and every
+drop, wakes everyone once to re-read; meanwhile waiters re-read every second (notify.py,
+``reread_s``). How wake-ups travel: docs/replicas.md."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import psycopg
+from psycopg.conninfo import make_conninfo
+from sqlalchemy import URL
+
+from sxwl.cloud.context import CloudContext
+from sxwl.cloud.notify import CHANNEL
+
+log = logging.getLogger("sxwl.listener")
+
+FIRST_RETRY_S = 0.1
+MAX_RETRY_S = 5.0
+# A connection whose peer vanished without a FIN (a failed-over database, a cut network) delivers
+# nothing and reports nothing; TCP keepalives find it dead within about 25 s.
+KEEPALIVES = {"keepalives": 1, "keepalives_idle": 10, "keepalives_interval": 5, "keepalives_count": 3}
+
+
+def conninfo(url: URL) -> str:
+    """The libpq connection string of the cloud's SQLAlchemy URL (its password included: never log it)."""
+    return make_conninfo(url.set(drivername="postgresql").render_as_string(hide_password=False), **KEEPALIVES)
+
+
+async def run(ctx: CloudContext) -> None:
+    url = ctx.db.engine.url
+    if url.get_backend_name() != "postgresql":
+        return  # SQLite: one process, whose wake-ups never leave it
+    target = conninfo(url)
+    retry = FIRST_RETRY_S
+    while not ctx.notifier.stopping:
+        try:
+            await _listen(ctx, target)
+        except (psycopg.Error, OSError) as exc:
+            # libpq's messages name the host, never the password.
+            log.warning("listening connection failed: %s", exc, extra={"event": "listener_lost"})
+        finally:
+            if ctx.notifier.hearing:
+                retry = FIRST_RETRY_S
+                ctx.notifier.hearing = False
+                ctx.notifier.rouse()  # waiters go back to re-reading every second until we are back
+        await asyncio.sleep(retry)
+        retry = min(retry * 2, MAX_RETRY_S)
+
+
+async def _listen(ctx: CloudContext, target: str) -> None:
+    async with await psycopg.AsyncConnection.connect(target, autocommit=True) as conn:
+        await conn.execute(f"LISTEN {CHANNEL}")
+        ctx.notifier.hearing = True
+        # What other replicas committed while nobody listened is found by re-reading once.
+        ctx.notifier.rouse()
+        log.info("listening for other replicas' wake-ups", extra={"event": "listener_up"})
+        async for notification in conn.notifies():
+            ctx.notifier.heard(notification.payload)
