@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import secrets
 import signal
 import socket
 import threading
@@ -74,6 +75,8 @@ class Fleet:
         self.root, self.postgres = root, postgres
         self.database_url = postgres.create_database()
         self.replicas: list[Replica] = []
+        # One key for all: replicas refuse to start on another's database with a key of their own.
+        env = {"SXWL_SECRET_KEY": secrets.token_urlsafe(48), **env}
         self.agents: list[AgentProcess] = []
         for index in range(count):
             self.replicas.append(Replica(root, f"r{index + 1}", self.database_url, env))
