@@ -1,5 +1,5 @@
-"""Where job artifacts live. Local files under the data dir today; an S3-compatible store can
-implement the same interface."""
+"""Artifacts as files under the cloud's data dir: the embedded default, for one cloud process (or
+replicas sharing that directory); the bytes stream through the cloud both ways."""
 
 from __future__ import annotations
 
@@ -9,58 +9,20 @@ import hashlib
 import os
 import tempfile
 from collections.abc import AsyncIterator
-from pathlib import Path, PurePosixPath
-from typing import BinaryIO, Protocol
+from pathlib import Path
+from typing import BinaryIO
 
-MAX_PATH = 1024  # bytes of UTF-8, well inside PATH_MAX (4096) with the store's root in front
-MAX_SEGMENT = 255  # NAME_MAX of the file systems the store runs on
+from starlette.responses import FileResponse, Response
 
-
-def clean_artifact_path(raw: str) -> str:
-    """A relative POSIX path inside the job's artifact space; ``..``, absolute paths and the like
-    are refused, and so are names the file system could not hold."""
-    encoded = raw.encode("utf-8", "replace")
-    if not raw or len(encoded) > MAX_PATH or "\0" in raw or "\\" in raw:
-        raise ValueError(f"must be a relative path of at most {MAX_PATH} bytes")
-    path = PurePosixPath(raw)
-    if path.is_absolute() or any(part in ("..", ".", "") for part in raw.split("/")):
-        raise ValueError("must be relative and must not contain '..' or '.' segments")
-    if any(len(part) > MAX_SEGMENT for part in encoded.split(b"/")):
-        raise ValueError(f"each part of the path must be at most {MAX_SEGMENT} bytes")
-    return str(path)
-
-
-class TooLarge(Exception):
-    pass
-
-
-class DigestMismatch(Exception):
-    """The bytes received are not those the uploader hashed: nothing was stored."""
-
-    def __init__(self, received: str) -> None:
-        super().__init__(received)
-        self.received = received
-
-
-class PathConflict(Exception):
-    """The path needs a directory where the job already stored a file, or the reverse."""
-
-
-class ArtifactStore(Protocol):
-    async def put(
-        self,
-        job_id: str,
-        path: str,
-        chunks: AsyncIterator[bytes],
-        max_bytes: int,
-        expected_sha256: str | None = None,
-    ) -> tuple[int, str]:
-        """Stores the bytes; returns (size, sha256 hex). Raises ``TooLarge`` past ``max_bytes`` and
-        ``DigestMismatch`` when their sha256 is not ``expected_sha256``, storing nothing (an earlier
-        upload of the path stays as it was)."""
-        ...
-
-    def local_path(self, job_id: str, path: str) -> Path: ...
+from sxwl.cloud.storage import (
+    Artifact,
+    DigestMismatch,
+    NotStored,
+    PathConflict,
+    TooLarge,
+    UploadTarget,
+    clean_artifact_path,
+)
 
 
 class LocalArtifactStore:
@@ -74,18 +36,35 @@ class LocalArtifactStore:
         if self.root.stat().st_mode & 0o077:
             self.root.chmod(0o700)
 
-    def local_path(self, job_id: str, path: str) -> Path:
-        return self.root / job_id / clean_artifact_path(path)
+    def _file(self, artifact: Artifact) -> Path:
+        # One file per (job, path), whichever attempt put it: the layout stores have always had.
+        return self.root / artifact.job_id / clean_artifact_path(artifact.path)
+
+    def upload_target(self, artifact: Artifact, size: int, sha256: str) -> UploadTarget | None:
+        return None
+
+    async def check_uploaded(self, artifact: Artifact, size: int, sha256: str) -> None:
+        stored = await asyncio.to_thread(_size_and_sha256, self._file(artifact))
+        if stored != (size, sha256):
+            raise NotStored(f"{artifact.path} is not stored with size {size} and that sha256")
+
+    def download(self, artifact: Artifact, headers: dict[str, str], media_type: str) -> Response:
+        return FileResponse(
+            self._file(artifact),
+            media_type=media_type,
+            filename=artifact.path.rsplit("/", 1)[-1],
+            headers=headers,
+        )
 
     async def put(
         self,
-        job_id: str,
-        path: str,
+        artifact: Artifact,
         chunks: AsyncIterator[bytes],
         max_bytes: int,
         expected_sha256: str | None = None,
     ) -> tuple[int, str]:
-        target = self.local_path(job_id, path)
+        target = self._file(artifact)
+        path = artifact.path
         await asyncio.to_thread(self._private_root)
         try:
             handle, temp = await asyncio.to_thread(_open_temp, target)
@@ -124,3 +103,15 @@ def _open_temp(target: Path) -> tuple[BinaryIO, str]:
 
 def _remove(name: str) -> None:
     Path(name).unlink(missing_ok=True)
+
+
+def _size_and_sha256(path: Path) -> tuple[int, str] | None:
+    digest, size = hashlib.sha256(), 0
+    try:
+        with path.open("rb") as handle:
+            while chunk := handle.read(1024 * 1024):
+                digest.update(chunk)
+                size += len(chunk)
+    except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+        return None
+    return size, digest.hexdigest()
