@@ -158,7 +158,7 @@ class Settings(BaseSettings):
     s3_bucket: str = ""
     s3_region: str = "us-east-1"
     s3_credentials_file: Path | None = None
-    s3_presign_expiry_s: int = Field(default=900, ge=10, le=7 * 24 * 3600)
+    s3_presign_expiry_s: int = Field(default=900, ge=1, le=7 * 24 * 3600)
 
     @model_validator(mode="after")
     def _s3_complete(self) -> Settings:
