@@ -20,6 +20,7 @@ import pytest
 from fastapi.testclient import TestClient
 from pydantic import ValidationError
 
+from sxwl.agent import pod_uploader
 from sxwl.agent.client import CloudClient, Unreachable
 from sxwl.cloud.app import create_app
 from sxwl.cloud.config import Settings
@@ -275,3 +276,11 @@ def test_s3_settings_fail_at_start_naming_the_setting(tmp_path: Path) -> None:
     assert SECRET_KEY not in str(error.value)
     store = artifact_store(settings, env={"AWS_ACCESS_KEY_ID": "id", "AWS_SECRET_ACCESS_KEY": SECRET_KEY})
     assert SECRET_KEY not in repr(vars(store)) and SECRET_KEY not in repr(settings)
+
+
+def test_the_uploader_names_the_upload_target_routes_it_cannot_import() -> None:
+    target_path = paths.url(paths.POD_UPLOAD_TARGET, job_id="j", attempt=2)
+    assert pod_uploader.TARGET_PATH.format(job_id="j", attempt=2) == target_path
+    assert pod_uploader.DONE_PATH.format(job_id="j", attempt=2) == paths.url(
+        paths.POD_UPLOAD_DONE, job_id="j", attempt=2
+    )
