@@ -3,10 +3,12 @@ S3-compatible bucket (docs/object-storage.md). Routes talk to the ``ArtifactStor
 
 from __future__ import annotations
 
+import asyncio
+import hashlib
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
-from typing import Protocol
+from typing import BinaryIO, Protocol
 
 from starlette.responses import Response
 
@@ -50,6 +52,25 @@ class StoreUnavailable(Exception):
 
 class NotStored(Exception):
     """The object an uploader says it put is missing, or is not the bytes it claimed."""
+
+
+async def write_checked(
+    chunks: AsyncIterator[bytes], handle: BinaryIO, max_bytes: int, expected_sha256: str | None
+) -> tuple[int, str]:
+    """Writes streamed bytes to ``handle`` (in a thread, off the event loop); returns their size and
+    sha256. ``TooLarge`` past ``max_bytes``, ``DigestMismatch`` when they hash otherwise than
+    expected: the caller then discards what was written."""
+    digest = hashlib.sha256()
+    size = 0
+    async for chunk in chunks:
+        size += len(chunk)
+        if size > max_bytes:
+            raise TooLarge
+        digest.update(chunk)
+        await asyncio.to_thread(handle.write, chunk)
+    if expected_sha256 is not None and digest.hexdigest() != expected_sha256:
+        raise DigestMismatch(digest.hexdigest())
+    return size, digest.hexdigest()
 
 
 @dataclass(frozen=True)

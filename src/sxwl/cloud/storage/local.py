@@ -16,12 +16,11 @@ from starlette.responses import FileResponse, Response
 
 from sxwl.cloud.storage import (
     Artifact,
-    DigestMismatch,
     NotStored,
     PathConflict,
-    TooLarge,
     UploadTarget,
     clean_artifact_path,
+    write_checked,
 )
 
 
@@ -70,18 +69,9 @@ class LocalArtifactStore:
             handle, temp = await asyncio.to_thread(_open_temp, target)
         except (FileExistsError, NotADirectoryError):
             raise PathConflict(f"a part of {path} is already an artifact file, not a directory") from None
-        digest = hashlib.sha256()
-        size = 0
         try:
-            async for chunk in chunks:
-                size += len(chunk)
-                if size > max_bytes:
-                    raise TooLarge
-                digest.update(chunk)
-                await asyncio.to_thread(handle.write, chunk)
+            size, digest = await write_checked(chunks, handle, max_bytes, expected_sha256)
             await asyncio.to_thread(handle.close)
-            if expected_sha256 is not None and digest.hexdigest() != expected_sha256:
-                raise DigestMismatch(digest.hexdigest())
             try:
                 await asyncio.to_thread(os.replace, temp, target)  # never a half-written file
             except OSError as exc:
@@ -92,7 +82,7 @@ class LocalArtifactStore:
             handle.close()
             await asyncio.to_thread(_remove, temp)
             raise
-        return size, digest.hexdigest()
+        return size, digest
 
 
 def _open_temp(target: Path) -> tuple[BinaryIO, str]:

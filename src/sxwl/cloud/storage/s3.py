@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
-import hashlib
 import tempfile
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -25,11 +24,10 @@ from starlette.responses import RedirectResponse, Response
 
 from sxwl.cloud.storage import (
     Artifact,
-    DigestMismatch,
     NotStored,
     StoreUnavailable,
-    TooLarge,
     UploadTarget,
+    write_checked,
 )
 
 if TYPE_CHECKING:
@@ -166,18 +164,9 @@ class S3ArtifactStore:
         """An agent that streams through the cloud: the bytes are spooled to an unlinked temporary
         file (never held in memory), hashed, then put with their checksum."""
         with tempfile.TemporaryFile() as spool:
-            digest = hashlib.sha256()
-            size = 0
-            async for chunk in chunks:
-                size += len(chunk)
-                if size > max_bytes:
-                    raise TooLarge
-                digest.update(chunk)
-                await asyncio.to_thread(spool.write, chunk)
-            if expected_sha256 is not None and digest.hexdigest() != expected_sha256:
-                raise DigestMismatch(digest.hexdigest())
-            await asyncio.to_thread(self._put_spooled, spool, artifact, size, digest.hexdigest())
-        return size, digest.hexdigest()
+            size, digest = await write_checked(chunks, spool, max_bytes, expected_sha256)
+            await asyncio.to_thread(self._put_spooled, spool, artifact, size, digest)
+        return size, digest
 
     def _put_spooled(self, spool: IO[bytes], artifact: Artifact, size: int, sha256: str) -> None:
         spool.seek(0)
