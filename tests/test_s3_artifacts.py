@@ -159,9 +159,8 @@ def test_bytes_other_than_announced_are_refused_by_the_store_and_never_recorded(
     assignment = cloud.running_attempt()
     answer = target(cloud, assignment, announce(b"the announced bytes"))
     assert answer.status_code == 200, answer.text
-    put = httpx.put(
-        answer.json()["url"], headers=answer.json()["headers"], content=b"other bytes, same len", timeout=30
-    )
+    other = b"X" * len(b"the announced bytes")  # the signed length, other bytes
+    put = httpx.put(answer.json()["url"], headers=answer.json()["headers"], content=other, timeout=30)
     assert put.status_code == 400 and b"BadDigest" in put.content  # the store checks the signed sha256
     refused = done(cloud, assignment, announce(b"the announced bytes"))
     assert refused.status_code == 409 and refused.json()["error"]["code"] == "artifact_not_uploaded"
