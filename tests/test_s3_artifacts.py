@@ -26,7 +26,8 @@ from sxwl.cloud.app import create_app
 from sxwl.cloud.config import Settings
 from sxwl.cloud.storage.select import StoreSettingsError, artifact_store
 from sxwl.protocol import PROTOCOL_HEADER, paths
-from tests.conftest import MakeSettings
+from tests.conftest import MakeSettings, login, register
+from tests.support.cpods import access_key, register_cpod
 from tests.support.seaweedfs import BUCKET, SECRET_KEY, SeaweedFS
 from tests.support.served import Served
 from tests.test_jobs_api import Setup
@@ -181,15 +182,27 @@ def test_bad_announcements_are_refused_naming_the_field(cloud: Cloud) -> None:
 def test_a_wrong_attempt_gets_no_url(cloud: Cloud) -> None:
     assignment = cloud.running_attempt()
     body = announce(b"weights")
-    stale = target(cloud, {**assignment, "attempt": assignment["attempt"] + 1}, body)
-    assert stale.status_code == 409 and "url" not in stale.text
-    # A pod's upload token is for its own attempt only.
-    wrong = target(
-        cloud, {**assignment, "attempt": assignment["attempt"] + 1}, body, assignment["upload_token"]
-    )
+    never = target(cloud, {**assignment, "attempt": assignment["attempt"] + 1}, body)
+    assert never.status_code == 403 and never.json()["error"]["code"] == "not_your_job"
+    # Another CPod's token, and a pod's upload token for another attempt or forged: no URL either.
+    register(cloud.setup.client, "other@example.com", "provider")
+    key = access_key(cloud.setup.client, login(cloud.setup.client, "other@example.com"))
+    other = register_cpod(cloud.setup.client, key, "cluster-other")["cpod_token"]
+    job_id, attempt = assignment["job_id"], assignment["attempt"]
+    url = paths.url(paths.UPLOAD_TARGET, job_id=job_id) + f"?attempt={attempt}"
+    foreign = cloud.setup.client.post(url, headers={"Authorization": f"Bearer {other}"}, json=body)
+    assert foreign.status_code == 403 and "url" not in foreign.json()
+    wrong = target(cloud, {**assignment, "attempt": attempt + 1}, body, assignment["upload_token"])
     assert wrong.status_code == 403 and wrong.json()["error"]["code"] == "not_your_upload"
     assert target(cloud, assignment, body, "sxup_forged").status_code == 403
     assert target(cloud, assignment, body, assignment["upload_token"]).json()["via"] == "url"
+    # Lost and requeued: the old attempt is stale for both credentials.
+    assert cloud.setup.status(job_id, attempt, "lost", reason="node died").status_code == 200
+    for token in (None, assignment["upload_token"]):
+        stale = target(cloud, assignment, body, token)
+        assert stale.status_code == 409 and stale.json()["error"]["code"] == "stale_attempt"
+    assert done(cloud, assignment, body).status_code == 409
+    assert cloud.artifacts(job_id) == {}
 
 
 def test_presigned_urls_expire(make_settings: MakeSettings, seaweed: SeaweedFS, tmp_path: Path) -> None:
