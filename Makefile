@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test lint test-deps bench clean 3kctl-zipapp k8s-bins test-k8s
+.PHONY: run test lint test-deps bench clean 3kctl-zipapp k8s-bins seaweedfs-bin test-k8s
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -23,12 +23,16 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 
-test: $(STAMP) test-deps k8s-bins lint
+test: $(STAMP) test-deps k8s-bins seaweedfs-bin lint
 	$(BIN)/pytest
 
 # Kubernetes control plane for tests (docs/k8s-testing.md): built once per pinned version into .cache/k8s/.
 k8s-bins:
 	bash scripts/k8s-test-bins.sh
+
+# The S3-compatible server of the artifact-store tests (docs/object-storage.md), built once into .cache/seaweedfs/.
+seaweedfs-bin:
+	bash scripts/seaweedfs-bin.sh
 
 test-k8s: $(STAMP) test-deps k8s-bins
 	$(BIN)/pytest -m k8s tests/k8s

@@ -21,7 +21,8 @@ from sqlalchemy import text
 from sxwl.cli import server
 from sxwl.cloud.app import create_app
 from sxwl.cloud.db.engine import make_engine
-from sxwl.cloud.storage import LocalArtifactStore
+from sxwl.cloud.storage import Artifact
+from sxwl.cloud.storage.local import LocalArtifactStore
 from tests.conftest import register
 from tests.support import cloud
 
@@ -77,13 +78,13 @@ def test_the_artifact_store_is_the_clouds_own(tmp_path: Path) -> None:
         async def chunks() -> AsyncIterator[bytes]:
             yield b"weights"
 
-        return await store.put("job1", "ckpt/model.bin", chunks(), max_bytes=100)
+        return await store.put(Artifact("job1", 1, "ckpt/model.bin"), chunks(), max_bytes=100)
 
     # On a thread of its own: the browser tests' Playwright holds the main thread's event loop.
     with ThreadPoolExecutor(1) as pool:
         assert pool.submit(asyncio.run, upload()).result()[0] == 7
     assert stat.S_IMODE(root.stat().st_mode) == 0o700
-    assert stat.S_IMODE(store.local_path("job1", "ckpt/model.bin").stat().st_mode) == 0o600
+    assert stat.S_IMODE((root / "job1" / "ckpt" / "model.bin").stat().st_mode) == 0o600
 
 
 def test_the_demo_agents_log_is_private(tmp_path: Path) -> None:

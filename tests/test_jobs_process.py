@@ -151,7 +151,8 @@ def test_an_artifact_over_the_limit_fails_the_job_with_that_reason_and_the_rest_
         script = "head -c 2000 /dev/zero > $SXWL_OUTPUT_DIR/model.bin; echo ok > $SXWL_OUTPUT_DIR/small.txt"
         job = world.wait_state(world.submit(script), "failed")
         assert job["exit_code"] == 0
-        assert job["reason"] == "artifact model.bin refused: request body larger than 1000 bytes (HTTP 413)"
+        # Refused when announced (docs/object-storage.md), before any byte is sent.
+        assert job["reason"] == "artifact model.bin refused: artifact larger than 1000 bytes (HTTP 413)"
         artifacts = httpx.get(f"{world.url}/api/v1/jobs/{job['id']}/artifacts", headers=world.user).json()
         assert [a["path"] for a in artifacts] == ["small.txt"]
     finally:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import re
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,7 @@ from sxwl.protocol import (
     PROTOCOL_HEADER,
     PROTOCOL_VERSION,
     SHA256_HEADER,
+    ArtifactUpload,
     AssignmentsReply,
     Heartbeat,
     HeartbeatReply,
@@ -25,6 +27,7 @@ from sxwl.protocol import (
     LogAppendReply,
     RegisterReply,
     RegisterRequest,
+    UploadTargetReply,
     paths,
 )
 
@@ -153,34 +156,65 @@ class CloudClient:
         return LogAppendReply.model_validate(response.json()).next_offset
 
     async def upload_artifact(self, token: str, job_id: str, attempt: int, path: str, file: Path) -> None:
-        """Streams the file, with its sha256 from a first pass: the cloud stores it only if the bytes
-        it received hash the same."""
-        digest = await asyncio.to_thread(_sha256, file)
-
-        async def chunks() -> AsyncIterator[bytes]:
-            handle = await asyncio.to_thread(file.open, "rb")
-            try:
-                while chunk := await asyncio.to_thread(handle.read, 1024 * 1024):
-                    yield chunk
-            finally:
-                handle.close()
-
+        """Asks the cloud where the file goes, naming its size and sha256 from a first pass, then
+        streams it there: to the cloud, which stores it only if the bytes hash the same, or to the
+        object store's presigned URL, after which the cloud checks and records it
+        (docs/object-storage.md). Either way nothing is recorded that is not stored."""
+        size, digest = await asyncio.to_thread(_size_and_sha256, file)
+        upload = ArtifactUpload(path=path, size=size, sha256=digest).model_dump()
+        params = {"attempt": attempt}
+        answer = await self._call(
+            "POST", paths.url(paths.UPLOAD_TARGET, job_id=job_id), token, params=params, json=upload
+        )
+        target = UploadTargetReply.model_validate(answer.json())
+        if target.via == "cloud" or target.url is None:
+            await self._call(
+                "PUT",
+                paths.url(paths.JOB_ARTIFACT, job_id=job_id, path=path),
+                token,
+                params=params,
+                content=_chunks(file),
+                headers={"Content-Type": "application/octet-stream", SHA256_HEADER: digest},
+            )
+            return
+        await self._put_to_store(target.url, target.headers, file)
         await self._call(
-            "PUT",
-            paths.url(paths.JOB_ARTIFACT, job_id=job_id, path=path),
-            token,
-            params={"attempt": attempt},
-            content=chunks(),
-            headers={"Content-Type": "application/octet-stream", SHA256_HEADER: digest},
+            "POST", paths.url(paths.UPLOAD_DONE, job_id=job_id), token, params=params, json=upload
         )
 
+    async def _put_to_store(self, url: str, headers: dict[str, str], file: Path) -> None:
+        """The presigned PUT: no token of ours goes with it, and the headers are the signed ones
+        (their Content-Length keeps httpx from a chunked body, which S3 refuses)."""
+        try:
+            response = await self._http.put(url, headers=headers, content=_chunks(file))
+        except httpx.HTTPError as exc:
+            raise Unreachable(f"object store: {type(exc).__name__}: {exc}") from None
+        if response.status_code >= 500:
+            raise Unreachable(f"object store: HTTP {response.status_code}")
+        if response.is_error:
+            code = re.search(r"<Code>([^<]{1,100})</Code>", response.text)
+            raise Rejected(
+                f"the object store refused the upload: HTTP {response.status_code}"
+                + (f" {code.group(1)}" if code else "")
+            )
 
-def _sha256(file: Path) -> str:
-    digest = hashlib.sha256()
+
+async def _chunks(file: Path) -> AsyncIterator[bytes]:
+    handle = await asyncio.to_thread(file.open, "rb")
+    try:
+        while chunk := await asyncio.to_thread(handle.read, 1024 * 1024):
+            yield chunk
+    finally:
+        handle.close()
+
+
+def _size_and_sha256(file: Path) -> tuple[int, str]:
+    digest, size = hashlib.sha256(), 0
     with file.open("rb") as handle:
         while chunk := handle.read(1024 * 1024):
             digest.update(chunk)
-    return digest.hexdigest()
+            size += len(chunk)
+    return size, digest.hexdigest()
 
 
 def _error(response: httpx.Response) -> dict[str, Any]:

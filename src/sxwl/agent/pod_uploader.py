@@ -4,8 +4,10 @@ the attempt's upload token (docs/agent.md, "Artifacts from pods").
 
 It must run on any image with a ``python3``, so it is the standard library only and imports nothing
 of sxwl (``python3 /path/pod_uploader.py`` works as well as ``python3 -m sxwl.agent.pod_uploader``).
-Each file is read twice, never held in memory: once for its sha256, sent in a header, then streamed in
-chunks; the cloud stores it only if the bytes it received hash the same. What happened is written as
+Each file is read twice, never held in memory: once for its size and sha256, which it announces to
+the cloud, then streamed in chunks to where the cloud answers: to the cloud itself, which stores it
+only if the bytes it received hash the same, or to the object store's presigned URL, after which the
+cloud checks the stored object and records it (docs/object-storage.md). What happened is written as
 one line to the termination log, which the agent reads from the container's status; the exit status
 is 0 whenever that line says it, so a failed upload of one rank never fails the Indexed Job and stops
 the ranks still at work."""
@@ -27,12 +29,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
 from typing import BinaryIO
-from urllib.parse import quote, urlsplit
+from urllib.parse import SplitResult, quote, urlsplit
 
 # The same as sxwl.protocol (tests check it), which this program cannot import.
 PROTOCOL_HEADER = "X-SXWL-Protocol"
 SHA256_HEADER = "X-SXWL-Sha256"
 UPLOAD_PATH = "/api/v1/agent/uploads/{job_id}/{attempt}/{path}"
+TARGET_PATH = "/api/v1/agent/upload-targets/{job_id}/{attempt}"
+DONE_PATH = TARGET_PATH + "/done"
 # Files of the shared volume (the main container's wrapper writes them, kube_wrapper.py).
 EXIT_CODE_FILE = "exit-code"
 ALIVE_FIFO = "alive"
@@ -167,23 +171,30 @@ class Uploader:
         self.base = parts.path.rstrip("/")
         self.tls = ssl.create_default_context(cafile=config.ca_file) if parts.scheme == "https" else None
 
-    def _connection(self) -> http.client.HTTPConnection:
+        # The object store may be another host with a public certificate: the system's CAs and the
+        # cloud's own.
+        self.store_tls = ssl.create_default_context()
+        if config.ca_file:
+            self.store_tls.load_verify_locations(config.ca_file)
+
+    def _connection(self, store: SplitResult | None = None) -> http.client.HTTPConnection:
+        if store is not None:
+            if store.scheme == "https":
+                return http.client.HTTPSConnection(
+                    store.hostname or "", store.port, timeout=TIMEOUT_S, context=self.store_tls
+                )
+            return http.client.HTTPConnection(store.hostname or "", store.port, timeout=TIMEOUT_S)
         if self.tls is not None:
             return http.client.HTTPSConnection(self.host, self.port, timeout=TIMEOUT_S, context=self.tls)
         return http.client.HTTPConnection(self.host, self.port, timeout=TIMEOUT_S)
 
     def put(self, name: str, path: Path) -> int:
         """Uploads one file; returns its size. Retries connection errors and 5xx with backoff."""
-        target = self.base + UPLOAD_PATH.format(
-            job_id=quote(self.config.job_id, safe=""),
-            attempt=self.config.attempt,
-            path=quote(name),
-        )
         delay = 1.0
         for attempt in range(1, TRIES + 1):
             digest, size = sha256_of(path)  # again on every try: a retry after a mismatch rehashes
             try:
-                status, body = self._send(target, path, digest, size)
+                status, body = self._upload(name, path, digest, size)
             except (OSError, http.client.HTTPException) as exc:
                 status, body = 0, {"message": f"{type(exc).__name__}: {exc}"}
             if status == 201:
@@ -196,34 +207,86 @@ class Uploader:
             delay *= 2
         raise AssertionError("unreachable")
 
-    def _send(self, target: str, path: Path, digest: str, size: int) -> tuple[int, dict[str, object]]:
-        connection = self._connection()
+    def _cloud_path(self, template: str, name: str = "") -> str:
+        job_id, attempt = quote(self.config.job_id, safe=""), self.config.attempt
+        return self.base + template.format(job_id=job_id, attempt=attempt, path=quote(name))
+
+    def _upload(self, name: str, path: Path, digest: str, size: int) -> tuple[int, dict[str, object]]:
+        """Asks where the bytes go and puts them there; a presigned PUT is then reported done."""
+        announce = json.dumps({"path": name, "size": size, "sha256": digest}).encode()
+        status, reply = self._send(
+            None, "POST", self._cloud_path(TARGET_PATH), self._json_headers(), announce
+        )
+        if status != 200:
+            return status, _error_of(reply)
+        target = _json_of(reply)
+        url, signed = target.get("url"), target.get("headers")
+        if target.get("via") != "url" or not isinstance(url, str) or not isinstance(signed, dict):
+            headers = [*self._auth(), ("Content-Type", "application/octet-stream"), (SHA256_HEADER, digest)]
+            status, reply = self._send(None, "PUT", self._cloud_path(UPLOAD_PATH, name), headers, path, size)
+            return status, _error_of(reply)
+        store = urlsplit(url)
+        headers = [(str(k), str(v)) for k, v in signed.items() if str(k).lower() != "content-length"]
+        target_path = store.path + (f"?{store.query}" if store.query else "")
+        status, reply = self._send(store, "PUT", target_path, headers, path, size)
+        if status >= 500:
+            return status, {"message": f"the object store answered HTTP {status}"}
+        if status >= 300:
+            code = reply.split(b"<Code>", 1)[-1].split(b"<", 1)[0].decode(errors="replace")[:100]
+            raise Refused(f"artifact {name} refused by the object store: HTTP {status} {code}".rstrip())
+        status, reply = self._send(None, "POST", self._cloud_path(DONE_PATH), self._json_headers(), announce)
+        return status, _error_of(reply)
+
+    def _auth(self) -> list[tuple[str, str]]:
+        return [("Authorization", f"Bearer {self.config.token}"), (PROTOCOL_HEADER, "1")]
+
+    def _json_headers(self) -> list[tuple[str, str]]:
+        return [*self._auth(), ("Content-Type", "application/json")]
+
+    def _send(
+        self,
+        store: SplitResult | None,
+        method: str,
+        target: str,
+        headers: list[tuple[str, str]],
+        body: bytes | Path,
+        size: int | None = None,
+    ) -> tuple[int, bytes]:
+        """One request, to the cloud (``store`` None) or the object store; a file body streams."""
+        connection = self._connection(store)
         try:
-            connection.putrequest("PUT", target, skip_accept_encoding=True)
-            for header, value in (
-                ("Authorization", f"Bearer {self.config.token}"),
-                ("Content-Type", "application/octet-stream"),
-                ("Content-Length", str(size)),
-                (SHA256_HEADER, digest),
-                (PROTOCOL_HEADER, "1"),
-            ):
+            connection.putrequest(method, target, skip_accept_encoding=True)
+            length = len(body) if isinstance(body, bytes) else size
+            for header, value in (*headers, ("Content-Length", str(length))):
                 connection.putheader(header, value)
             connection.endheaders()
             try:
-                with _open_no_follow(path) as handle:
-                    while chunk := handle.read(CHUNK):
-                        connection.send(chunk)
+                if isinstance(body, bytes):
+                    connection.send(body)
+                else:
+                    with _open_no_follow(body) as handle:
+                        while chunk := handle.read(CHUNK):
+                            connection.send(chunk)
             except (BrokenPipeError, ConnectionResetError):
-                pass  # the cloud answered before reading it all (too large, say): read why
+                pass  # the server answered before reading it all (too large, say): read why
             response = connection.getresponse()
             raw = response.read(64 * 1024)
         finally:
             connection.close()
-        try:
-            error = json.loads(raw).get("error", {})
-        except (ValueError, AttributeError):
-            error = {}
-        return response.status, error if isinstance(error, dict) else {}
+        return response.status, raw
+
+
+def _json_of(raw: bytes) -> dict[str, object]:
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+def _error_of(raw: bytes) -> dict[str, object]:
+    error = _json_of(raw).get("error", {})
+    return error if isinstance(error, dict) else {}
 
 
 def _refusal(name: str, status: int, error: dict[str, object]) -> Exception:

@@ -16,7 +16,7 @@ from pydantic.json_schema import models_json_schema
 
 import sxwl
 from sxwl.cloud import errors, logs, metrics_route, web
-from sxwl.cloud.api import admin, agent, auth, billing, cpods, jobs, me
+from sxwl.cloud.api import admin, agent, artifact_uploads, auth, billing, cpods, jobs, me
 from sxwl.cloud.api.deps import plain_parameters
 from sxwl.cloud.background import listener, liveness, metering, rate_events, scheduling
 from sxwl.cloud.body_rules import BodyRules
@@ -33,6 +33,7 @@ API_PREFIX = paths.API
 # The agent's routes first: they take most of the requests, and routes are matched in order.
 API_ROUTERS = (
     agent.router,
+    artifact_uploads.router,
     auth.router,
     me.router,
     admin.router,

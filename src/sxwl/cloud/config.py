@@ -6,8 +6,9 @@ import ipaddress
 import os
 import secrets
 from pathlib import Path
+from typing import Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from sxwl.cloud.logs import LogFormat
@@ -166,3 +167,27 @@ class Settings(BaseSettings):
         finally:
             draft.unlink()
         return key
+
+    # Artifacts (docs/object-storage.md): files under the data dir, or an S3-compatible bucket that
+    # CPods and browsers reach at the public endpoint with presigned URLs. The bucket's keys are read
+    # from AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY or the credentials file, never kept here.
+    artifact_store: Literal["local", "s3"] = "local"
+    s3_endpoint: str = ""  # empty: AWS's own endpoint for the region
+    s3_public_endpoint: str = ""  # empty: s3_endpoint
+    s3_bucket: str = ""
+    s3_region: str = "us-east-1"
+    s3_credentials_file: Path | None = None
+    s3_presign_expiry_s: int = Field(default=900, ge=1, le=7 * 24 * 3600)
+
+    @model_validator(mode="after")
+    def _s3_complete(self) -> Settings:
+        if self.artifact_store == "s3":
+            if not self.s3_bucket:
+                raise ValueError("SXWL_S3_BUCKET must be set when SXWL_ARTIFACT_STORE=s3")
+            if self.artifact_max_bytes > 5 * 1024**3:
+                raise ValueError("SXWL_ARTIFACT_MAX_BYTES must be at most 5 GiB (one PUT) with S3")
+        for name in ("s3_endpoint", "s3_public_endpoint"):
+            value = getattr(self, name)
+            if value and not value.startswith(("http://", "https://")):
+                raise ValueError(f"SXWL_{name.upper()} must be an http(s) URL, got {value!r}")
+        return self

@@ -12,7 +12,8 @@ from sxwl.cloud.ratelimit import RateLimiter
 from sxwl.cloud.security import Passwords, SecretBox
 from sxwl.cloud.services.beat import Beat
 from sxwl.cloud.services.capacity import CapacityCache
-from sxwl.cloud.storage import ArtifactStore, LocalArtifactStore
+from sxwl.cloud.storage import ArtifactStore
+from sxwl.cloud.storage.select import artifact_store
 from sxwl.protocol import HeartbeatReply
 
 
@@ -42,7 +43,7 @@ class CloudContext:
 
     def __post_init__(self) -> None:
         s = self.settings
-        self.artifacts = LocalArtifactStore(s.data_dir / "artifacts")
+        self.artifacts = artifact_store(s)
         postgres = self.db.engine.dialect.name == "postgresql"
         self.notifier.watch(self.db.sessions, self.db.immediate_sessions, broadcast=postgres)
         self.limiters = Limiters(

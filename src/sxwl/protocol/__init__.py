@@ -5,6 +5,7 @@ from sxwl.protocol.models import (
     PROTOCOL_VERSION,
     SHA256_HEADER,
     AgentJobState,
+    ArtifactUpload,
     Assignment,
     AssignmentsReply,
     Command,
@@ -22,6 +23,7 @@ from sxwl.protocol.models import (
     Node,
     RegisterReply,
     RegisterRequest,
+    UploadTargetReply,
 )
 
 __all__ = [
@@ -29,6 +31,7 @@ __all__ = [
     "PROTOCOL_VERSION",
     "SHA256_HEADER",
     "AgentJobState",
+    "ArtifactUpload",
     "Assignment",
     "AssignmentsReply",
     "Command",
@@ -46,4 +49,5 @@ __all__ = [
     "Node",
     "RegisterReply",
     "RegisterRequest",
+    "UploadTargetReply",
 ]

@@ -204,3 +204,22 @@ class JobStatusReply(Wire):
 
 class LogAppendReply(Wire):
     next_offset: int
+
+
+class ArtifactUpload(WireIn):
+    """One artifact an uploader is about to put, or has put: the cloud presigns and later checks
+    exactly these bytes (docs/object-storage.md)."""
+
+    path: str = Field(min_length=1, max_length=4096)
+    size: NonNegInt64
+    sha256: str = Field(pattern="^[0-9a-f]{64}$", description="hex, lower case")
+
+
+class UploadTargetReply(Wire):
+    """``cloud``: PUT the bytes to the cloud's artifact route, which records them. ``url``: PUT them
+    to ``url`` with ``headers`` before ``expires_in_s`` pass, then report the upload done."""
+
+    via: Literal["cloud", "url"]
+    url: str | None = None
+    headers: dict[str, str] = Field(default_factory=dict)
+    expires_in_s: int | None = None

@@ -21,6 +21,12 @@ JOB_LOGS = "/jobs/{job_id}/logs"
 JOB_ARTIFACT = "/jobs/{job_id}/artifacts/{path:path}"
 # An artifact put by a Kubernetes pod's uploader with its attempt's upload token, not the CPod token.
 UPLOAD_ARTIFACT = "/uploads/{job_id}/{attempt}/{path:path}"
+# Uploads straight to the object store (docs/object-storage.md): where to put an artifact's bytes,
+# then that they are there; with the CPod token (the attempt in the query) or a pod's upload token.
+UPLOAD_TARGET = "/jobs/{job_id}/upload-targets"
+UPLOAD_DONE = "/jobs/{job_id}/upload-targets/done"
+POD_UPLOAD_TARGET = "/upload-targets/{job_id}/{attempt}"
+POD_UPLOAD_DONE = "/upload-targets/{job_id}/{attempt}/done"
 
 _CONVERTER = re.compile(r"\{(\w+):\w+\}")
 

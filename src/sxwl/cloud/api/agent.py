@@ -21,7 +21,14 @@ from sxwl.cloud.db.models import CPod, Job, JobState
 from sxwl.cloud.errors import AppError, invalid
 from sxwl.cloud.services import attempts, cpods, dispatch, job_logs, upload_tokens
 from sxwl.cloud.services.beat import Beat
-from sxwl.cloud.storage import DigestMismatch, PathConflict, TooLarge, clean_artifact_path
+from sxwl.cloud.storage import (
+    Artifact,
+    DigestMismatch,
+    PathConflict,
+    StoreUnavailable,
+    TooLarge,
+    clean_artifact_path,
+)
 from sxwl.protocol import (
     PROTOCOL_HEADER,
     PROTOCOL_VERSION,
@@ -43,6 +50,7 @@ from sxwl.protocol.models import MIN_SUPPORTED_PROTOCOL
 
 router = APIRouter(prefix=paths.AGENT, tags=["agent"], responses=errors(400, 401, 403, 422))
 ATTEMPT_ERRORS = errors(404, 409, 413)
+UPLOAD_ERRORS = ATTEMPT_ERRORS | errors(503)
 
 
 def check_protocol(version: int | str | None) -> None:
@@ -254,7 +262,7 @@ Sha256 = Annotated[
 ]
 
 
-@router.put(paths.JOB_ARTIFACT, status_code=201, responses=ATTEMPT_ERRORS)
+@router.put(paths.JOB_ARTIFACT, status_code=201, responses=UPLOAD_ERRORS)
 # A checkpoint of up to artifact_max_bytes streams in, so it gets its own deadline.
 @body_rule(lambda s: (s.artifact_max_bytes, s.artifact_upload_timeout_s))
 async def upload_artifact(
@@ -282,7 +290,7 @@ async def upload_artifact(
     paths.UPLOAD_ARTIFACT,
     status_code=201,
     dependencies=[Depends(protocol_header)],
-    responses=ATTEMPT_ERRORS,
+    responses=UPLOAD_ERRORS,
 )
 @body_rule(lambda s: (s.artifact_max_bytes, s.artifact_upload_timeout_s))
 async def upload_pod_artifact(
@@ -331,7 +339,9 @@ async def _put_artifact(
     limit = ctx.settings.artifact_max_bytes
     expected = sha256.lower() if sha256 else None
     try:
-        size, digest = await ctx.artifacts.put(job_id, clean, request.stream(), limit, expected)
+        size, digest = await ctx.artifacts.put(
+            Artifact(job_id, attempt, clean), request.stream(), limit, expected
+        )
     except TooLarge:
         raise AppError(
             413, f"artifact larger than {limit} bytes", details={"max_bytes": limit, "path": clean}
@@ -346,6 +356,8 @@ async def _put_artifact(
             code="digest_mismatch",
             details=[{"field": SHA256_HEADER, "message": "does not match the bytes received"}],
         ) from None
+    except StoreUnavailable as exc:
+        raise store_unavailable(exc) from None
 
     def save() -> None:
         with ctx.db.session() as session:
@@ -353,6 +365,11 @@ async def _put_artifact(
 
     await asyncio.to_thread(save)
     return {"path": clean, "size": size, "sha256": digest}
+
+
+def store_unavailable(exc: StoreUnavailable) -> AppError:
+    """A 503 the agent retries later (docs/object-storage.md): nothing was recorded."""
+    return AppError(503, f"{exc}; nothing was recorded, try again later", code="artifact_store_unavailable")
 
 
 async def _read_limited(request: Request, limit: int) -> bytes:

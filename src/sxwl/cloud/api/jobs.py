@@ -8,7 +8,6 @@ from collections.abc import Sequence
 from typing import Annotated
 
 from fastapi import APIRouter, Query, Response
-from fastapi.responses import FileResponse
 from sqlalchemy.orm import Session
 
 from sxwl.cloud.api.deps import Ctx, CurrentUser
@@ -17,7 +16,7 @@ from sxwl.cloud.api.schemas import ArtifactOut, JobEventOut, JobOut, JobPageOut
 from sxwl.cloud.db.models import Job, JobState
 from sxwl.cloud.errors import AppError, invalid
 from sxwl.cloud.services import billing, job_events, job_logs, jobs
-from sxwl.cloud.storage import clean_artifact_path
+from sxwl.cloud.storage import Artifact, clean_artifact_path
 from sxwl.protocol.fields import NonNegInt64, PosInt32
 from sxwl.protocol.jobs import JobIn
 
@@ -178,24 +177,22 @@ def list_artifacts(job_id: str, user: CurrentUser, ctx: Ctx) -> list[ArtifactOut
 
 @router.get(
     "/{job_id}/artifacts/{path:path}",
-    response_class=FileResponse,
+    response_class=Response,
     responses={
         200: {"content": {ARTIFACT_TYPE: {"schema": {"type": "string", "format": "binary"}}}},
+        307: {"description": "a short-lived presigned URL of the object store (docs/object-storage.md)"},
         **NOT_FOUND,
     },
 )
-def download_artifact(job_id: str, path: str, user: CurrentUser, ctx: Ctx) -> FileResponse:
+def download_artifact(job_id: str, path: str, user: CurrentUser, ctx: Ctx) -> Response:
     try:
         clean = clean_artifact_path(path)
     except ValueError as exc:
         raise invalid("path", str(exc)) from None
     with ctx.db.session() as session:
         job = jobs.get_for(session, user, job_id)
-        if clean not in {a.path for a in jobs.artifacts(session, job)}:
+        stored = next((a for a in jobs.artifacts(session, job) if a.path == clean), None)
+        if stored is None:
             raise AppError(404, f"job {job_id} has no artifact {clean}")
-    return FileResponse(
-        ctx.artifacts.local_path(job_id, clean),
-        media_type=ARTIFACT_TYPE,
-        filename=clean.rsplit("/", 1)[-1],
-        headers=ARTIFACT_HEADERS,
-    )
+        artifact = Artifact(job_id, stored.attempt, clean)
+    return ctx.artifacts.download(artifact, ARTIFACT_HEADERS, ARTIFACT_TYPE)

@@ -30,6 +30,7 @@ _WHY = {
     413: "Body too large",
     422: "Invalid input; details name the fields",
     429: "Too many attempts; retry later",
+    503: "The object store did not answer; nothing was recorded, retry later",
 }
 
 Responses = dict[int | str, dict[str, Any]]

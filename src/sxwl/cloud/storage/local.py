@@ -1,0 +1,107 @@
+"""Artifacts as files under the cloud's data dir: the embedded default, for one cloud process (or
+replicas sharing that directory); the bytes stream through the cloud both ways."""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import hashlib
+import os
+import tempfile
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import BinaryIO
+
+from starlette.responses import FileResponse, Response
+
+from sxwl.cloud.storage import (
+    Artifact,
+    NotStored,
+    PathConflict,
+    UploadTarget,
+    clean_artifact_path,
+    write_checked,
+)
+
+
+class LocalArtifactStore:
+    def __init__(self, root: Path) -> None:
+        self.root = root
+
+    def _private_root(self) -> None:
+        """The store's root is the cloud's own (0700): a job on a CPod that shares this machine (the
+        demo of `sxwl up`) must not even list other tenants' jobs and file names."""
+        self.root.mkdir(mode=0o700, parents=True, exist_ok=True)
+        if self.root.stat().st_mode & 0o077:
+            self.root.chmod(0o700)
+
+    def _file(self, artifact: Artifact) -> Path:
+        # One file per (job, path), whichever attempt put it: the layout stores have always had.
+        return self.root / artifact.job_id / clean_artifact_path(artifact.path)
+
+    def upload_target(self, artifact: Artifact, size: int, sha256: str) -> UploadTarget | None:
+        return None
+
+    async def check_uploaded(self, artifact: Artifact, size: int, sha256: str) -> None:
+        stored = await asyncio.to_thread(_size_and_sha256, self._file(artifact))
+        if stored != (size, sha256):
+            raise NotStored(f"{artifact.path} is not stored with size {size} and that sha256")
+
+    def download(self, artifact: Artifact, headers: dict[str, str], media_type: str) -> Response:
+        return FileResponse(
+            self._file(artifact),
+            media_type=media_type,
+            filename=artifact.path.rsplit("/", 1)[-1],
+            headers=headers,
+        )
+
+    async def put(
+        self,
+        artifact: Artifact,
+        chunks: AsyncIterator[bytes],
+        max_bytes: int,
+        expected_sha256: str | None = None,
+    ) -> tuple[int, str]:
+        target = self._file(artifact)
+        path = artifact.path
+        await asyncio.to_thread(self._private_root)
+        try:
+            handle, temp = await asyncio.to_thread(_open_temp, target)
+        except (FileExistsError, NotADirectoryError):
+            raise PathConflict(f"a part of {path} is already an artifact file, not a directory") from None
+        try:
+            size, digest = await write_checked(chunks, handle, max_bytes, expected_sha256)
+            await asyncio.to_thread(handle.close)
+            try:
+                await asyncio.to_thread(os.replace, temp, target)  # never a half-written file
+            except OSError as exc:
+                if exc.errno not in (errno.EISDIR, errno.ENOTEMPTY, errno.EEXIST):
+                    raise
+                raise PathConflict(f"{path} is already a directory of artifacts, not a file") from None
+        except BaseException:
+            handle.close()
+            await asyncio.to_thread(_remove, temp)
+            raise
+        return size, digest
+
+
+def _open_temp(target: Path) -> tuple[BinaryIO, str]:
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, name = tempfile.mkstemp(dir=target.parent, prefix=".upload-")
+    return os.fdopen(fd, "wb"), name
+
+
+def _remove(name: str) -> None:
+    Path(name).unlink(missing_ok=True)
+
+
+def _size_and_sha256(path: Path) -> tuple[int, str] | None:
+    digest, size = hashlib.sha256(), 0
+    try:
+        with path.open("rb") as handle:
+            while chunk := handle.read(1024 * 1024):
+                digest.update(chunk)
+                size += len(chunk)
+    except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+        return None
+    return size, digest.hexdigest()

@@ -1,0 +1,199 @@
+"""Artifacts in an S3-compatible bucket (docs/object-storage.md). Uploaders and browsers move the
+bytes themselves, with URLs presigned for one object and a few minutes; the cloud only signs, and
+checks what the store holds before an upload is recorded.
+
+The sha256 an uploader announces is signed into its URL as ``x-amz-checksum-sha256``: the store
+refuses a body that hashes otherwise and keeps the checksum, which ``check_uploaded`` reads back with
+the size. So the cloud never reads the bytes, and nothing is recorded that the store does not hold."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import tempfile
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import IO, TYPE_CHECKING
+from urllib.parse import quote
+
+import boto3
+from botocore.config import Config
+from botocore.exceptions import BotoCoreError, ClientError
+from starlette.responses import RedirectResponse, Response
+
+from sxwl.cloud.storage import (
+    Artifact,
+    NotStored,
+    StoreUnavailable,
+    UploadTarget,
+    write_checked,
+)
+
+if TYPE_CHECKING:
+    from types_boto3_s3 import S3Client
+
+# The largest object one PUT may create (S3's own limit); artifact_max_bytes must stay within it.
+SINGLE_PUT_MAX_BYTES = 5 * 1024**3
+OCTET_STREAM = "application/octet-stream"
+
+
+@dataclass(frozen=True)
+class S3Location:
+    endpoint: str
+    public_endpoint: str
+    bucket: str
+    region: str
+    presign_expiry_s: int
+
+
+@dataclass(frozen=True)
+class S3Credentials:
+    access_key_id: str
+    secret_access_key: str
+    session_token: str | None = None
+
+    def __repr__(self) -> str:  # never the keys, in a log line or a traceback
+        return "S3Credentials(***)"
+
+
+def _client(endpoint: str, region: str, credentials: S3Credentials) -> S3Client:
+    config = Config(
+        signature_version="s3v4",
+        s3={"addressing_style": "path"},  # works for every S3-compatible server, whatever its DNS
+        connect_timeout=5,
+        read_timeout=60,
+        retries={"max_attempts": 2, "mode": "standard"},
+        # Checksums only where this module asks for them (the sha256 of each artifact).
+        request_checksum_calculation="when_required",
+        response_checksum_validation="when_required",
+    )
+    client: S3Client = boto3.session.Session().client(
+        "s3",
+        endpoint_url=endpoint,
+        region_name=region,
+        aws_access_key_id=credentials.access_key_id,
+        aws_secret_access_key=credentials.secret_access_key,
+        aws_session_token=credentials.session_token,
+        config=config,
+    )
+    return client
+
+
+def _checksum(sha256_hex: str) -> str:
+    return base64.b64encode(bytes.fromhex(sha256_hex)).decode()
+
+
+def _attachment(path: str) -> str:
+    name = path.rsplit("/", 1)[-1]
+    quoted = quote(name)
+    if quoted == name:
+        return f'attachment; filename="{name}"'
+    return f"attachment; filename*=utf-8''{quoted}"
+
+
+def _unavailable(exc: Exception) -> StoreUnavailable:
+    if isinstance(exc, ClientError):
+        status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+        code = exc.response.get("Error", {}).get("Code", "")
+        return StoreUnavailable(f"the object store answered HTTP {status} {code}".rstrip())
+    return StoreUnavailable(f"the object store is unreachable: {type(exc).__name__}")
+
+
+class S3ArtifactStore:
+    def __init__(self, location: S3Location, credentials: S3Credentials) -> None:
+        self.location = location
+        self._client = _client(location.endpoint, location.region, credentials)
+        # URLs for CPods and browsers name the endpoint they reach; signing needs no connection.
+        self._signer = _client(location.public_endpoint, location.region, credentials)
+
+    def _key(self, artifact: Artifact) -> str:
+        return f"{artifact.job_id}/{artifact.attempt}/{artifact.path}"
+
+    def upload_target(self, artifact: Artifact, size: int, sha256: str) -> UploadTarget:
+        checksum = _checksum(sha256)
+        url = self._signer.generate_presigned_url(
+            "put_object",
+            Params={
+                "Bucket": self.location.bucket,
+                "Key": self._key(artifact),
+                "ContentLength": size,
+                "ContentType": OCTET_STREAM,
+                "ChecksumSHA256": checksum,
+            },
+            ExpiresIn=self.location.presign_expiry_s,
+        )
+        headers = {
+            "Content-Length": str(size),
+            "Content-Type": OCTET_STREAM,
+            "x-amz-checksum-sha256": checksum,
+        }
+        return UploadTarget(url=url, headers=headers, expires_in_s=self.location.presign_expiry_s)
+
+    async def check_uploaded(self, artifact: Artifact, size: int, sha256: str) -> None:
+        await asyncio.to_thread(self._check, self._key(artifact), size, _checksum(sha256))
+
+    def _check(self, key: str, size: int, checksum: str) -> None:
+        bucket = self.location.bucket
+        try:
+            head = self._client.head_object(Bucket=bucket, Key=key, ChecksumMode="ENABLED")
+        except ClientError as exc:
+            if exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode") == 404:
+                raise NotStored("the object store holds no such object") from None
+            raise _unavailable(exc) from None
+        except BotoCoreError as exc:
+            raise _unavailable(exc) from None
+        problem = None
+        if head["ContentLength"] != size:
+            problem = f"the object store holds {head['ContentLength']} bytes, not {size}"
+        elif head.get("ChecksumSHA256") != checksum:
+            problem = "the object store's sha256 of the object is not the one announced"
+        if problem is not None:
+            # An object the cloud will never record must not linger as if it were one.
+            with contextlib.suppress(BotoCoreError, ClientError):
+                self._client.delete_object(Bucket=bucket, Key=key)
+            raise NotStored(problem)
+
+    async def put(
+        self,
+        artifact: Artifact,
+        chunks: AsyncIterator[bytes],
+        max_bytes: int,
+        expected_sha256: str | None = None,
+    ) -> tuple[int, str]:
+        """An agent that streams through the cloud: the bytes are spooled to an unlinked temporary
+        file (never held in memory), hashed, then put with their checksum."""
+        with tempfile.TemporaryFile() as spool:
+            size, digest = await write_checked(chunks, spool, max_bytes, expected_sha256)
+            await asyncio.to_thread(self._put_spooled, spool, artifact, size, digest)
+        return size, digest
+
+    def _put_spooled(self, spool: IO[bytes], artifact: Artifact, size: int, sha256: str) -> None:
+        spool.seek(0)
+        try:
+            self._client.put_object(
+                Bucket=self.location.bucket,
+                Key=self._key(artifact),
+                Body=spool,
+                ContentLength=size,
+                ContentType=OCTET_STREAM,
+                ChecksumSHA256=_checksum(sha256),
+            )
+        except (BotoCoreError, ClientError) as exc:
+            raise _unavailable(exc) from None
+
+    def download(self, artifact: Artifact, headers: dict[str, str], media_type: str) -> Response:
+        """A redirect to a presigned GET of the object, served as the attachment the local store's
+        answer is; the cloud's own headers go on the redirect, which is all of it the cloud serves."""
+        url = self._signer.generate_presigned_url(
+            "get_object",
+            Params={
+                "Bucket": self.location.bucket,
+                "Key": self._key(artifact),
+                "ResponseContentType": media_type,
+                "ResponseContentDisposition": _attachment(artifact.path),
+                "ResponseCacheControl": "private, no-store",
+            },
+            ExpiresIn=self.location.presign_expiry_s,
+        )
+        return RedirectResponse(url, status_code=307, headers=headers)
