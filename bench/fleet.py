@@ -16,7 +16,6 @@ import argparse
 import asyncio
 import json
 import os
-import secrets
 import shutil
 import sys
 import tempfile
@@ -293,8 +292,6 @@ def main(argv: list[str] | None = None) -> int:
                 "SXWL_BILLING_ENABLED": "false",
                 "SXWL_ARGON2_TIME_COST": "1",
                 "SXWL_ARGON2_MEMORY_KIB": "1024",
-                # One key for both: a replica refuses a database first used with another key.
-                "SXWL_SECRET_KEY": secrets.token_urlsafe(48),
             }
             root = Path(tempfile.mkdtemp(prefix="sxwl-fleet-"))
             processes.add(lambda: shutil.rmtree(root, ignore_errors=True))
