@@ -8,6 +8,7 @@ import asyncio
 import threading
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -198,7 +199,10 @@ def test_notifications_are_counted_and_a_replica_skips_its_own(tmp_path: Path, p
         await asyncio.gather(*listeners, return_exceptions=True)
 
     try:
-        asyncio.run(scenario())
+        # On a thread of its own: once the session's browser tests ran, Playwright keeps an event loop
+        # running on the main thread, where asyncio.run refuses to start another.
+        with ThreadPoolExecutor(1) as apart:
+            apart.submit(asyncio.run, scenario()).result()
     finally:
         a.db.dispose()
         b.db.dispose()
