@@ -78,11 +78,16 @@ class Fleet:
         # One key for all: replicas refuse to start on another's database with a key of their own.
         env = {"SXWL_SECRET_KEY": secrets.token_urlsafe(48), **env}
         self.agents: list[AgentProcess] = []
-        for index in range(count):
-            self.replicas.append(Replica(root, f"r{index + 1}", self.database_url, env))
-        self.provider = self.account("owner@example.com", "provider")
-        self.key: str = httpx.get(self.api(0, "/me/access-key"), headers=self.provider).json()["access_key"]
-        self.user = self.account("dev@example.com", "user")
+        try:
+            for index in range(count):
+                self.replicas.append(Replica(root, f"r{index + 1}", self.database_url, env))
+            self.provider = self.account("owner@example.com", "provider")
+            reply = httpx.get(self.api(0, "/me/access-key"), headers=self.provider)
+            self.key: str = reply.json()["access_key"]
+            self.user = self.account("dev@example.com", "user")
+        except BaseException:
+            self.close()  # the replicas already started would outlive the test otherwise
+            raise
 
     def api(self, replica: int, path: str) -> str:
         return f"{self.replicas[replica].url}/api/v1{path}"
