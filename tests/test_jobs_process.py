@@ -12,7 +12,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.support.agent import AgentProcess, eventually
+from tests.support.agent import AgentProcess, eventually, simulated_agent
 from tests.support.cloud import CloudProcess
 from tests.support.net import free_port
 
@@ -52,21 +52,8 @@ class World:
         return {"Authorization": f"Bearer {token}"}
 
     def agent(self, name: str = "a", gpus: int = 4, *extra: str) -> AgentProcess:
-        agent = AgentProcess(
-            self.url,
-            self.root / f"agent-{name}",
-            self.key,
-            "--heartbeat-interval",
-            "0.3",
-            "--simulate-gpus",
-            str(gpus),
-            "--simulate-gpu-product",
-            PRODUCT,
-            "--stop-grace",
-            "1",
-            "--name",
-            name,
-            *extra,
+        agent = simulated_agent(
+            self.url, self.root / f"agent-{name}", self.key, *extra, name=name, gpus=gpus, product=PRODUCT
         )
         self.agents.append(agent)
         return agent

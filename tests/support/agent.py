@@ -53,6 +53,28 @@ class AgentProcess:
         self._log.close()
 
 
+def simulated_agent(
+    api_url: str, state_dir: Path, access_key: str, *extra: str, name: str, gpus: int, product: str
+) -> AgentProcess:
+    """An agent with ``gpus`` simulated GPUs of ``product``, quick heartbeats and a 1 s stop grace."""
+    return AgentProcess(
+        api_url,
+        state_dir,
+        access_key,
+        "--heartbeat-interval",
+        "0.3",
+        "--simulate-gpus",
+        str(gpus),
+        "--simulate-gpu-product",
+        product,
+        "--stop-grace",
+        "1",
+        "--name",
+        name,
+        *extra,
+    )
+
+
 def eventually(check: Callable[[], T | None], timeout: float = 20, what: str = "condition") -> T:
     """Polls until ``check`` returns something truthy; fails with ``what`` after ``timeout``."""
     deadline = time.monotonic() + timeout

@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 import psycopg
 
-from tests.support.agent import AgentProcess, eventually
+from tests.support.agent import AgentProcess, eventually, simulated_agent
 from tests.support.cloud import CloudProcess
 from tests.support.net import free_port
 from tests.support.postgres import TempPostgres
@@ -100,21 +100,8 @@ class Fleet:
 
     def agent(self, url: str, name: str = "a", gpus: int = 4) -> AgentProcess:
         """A simulated-GPU agent whose one cloud URL is ``url``."""
-        agent = AgentProcess(
-            url,
-            self.root / f"agent-{name}",
-            self.key,
-            "--heartbeat-interval",
-            "0.3",
-            "--simulate-gpus",
-            str(gpus),
-            "--simulate-gpu-product",
-            PRODUCT,
-            "--stop-grace",
-            "1",
-            "--name",
-            name,
-        )
+        state = self.root / f"agent-{name}"
+        agent = simulated_agent(url, state, self.key, name=name, gpus=gpus, product=PRODUCT)
         self.agents.append(agent)
         return agent
 
