@@ -87,7 +87,8 @@ def _bearer(token: str) -> dict[str, str]:
 
 
 def _populate(url: str) -> Served:
-    with httpx.Client(base_url=url) as http:
+    # httpx's 5 s default is too short for a registration's password hash on a loaded 2-core CI box.
+    with httpx.Client(base_url=url, timeout=60) as http:
         tokens = {}
         for email, role in (("user@example.com", "user"), ("provider@example.com", "provider")):
             body = {"email": email, "password": PASSWORD, "role": role}
