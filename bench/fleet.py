@@ -1,7 +1,10 @@
 """A fleet of idle CPods against 2 replicas on PostgreSQL (issue 14's benchmark).
 
-Every simulated CPod holds a long-poll (``wait`` 25 s, as sxwl-agent does) on the replica it
-registered with, and in the load phase also heartbeats every 10 s. Measures the CPU per second of
+Every simulated CPod holds a long-poll (``wait`` as sxwl-agent asks, kept open by the cloud's
+keep-alive newlines) on the replica it registered with, and in the load phase also heartbeats every
+10 s. The CPods start their first long-polls spread over one hold, and the idle window opens only
+after a whole hold, so it sees renewals at their steady rate (and each renewal as an agent's would
+be: the CPod's last read a hold ago). Measures the CPU per second of
 the two replicas and of PostgreSQL while the fleet is idle and while it heartbeats, the heartbeat
 p99, and submit-to-agent latency for a probe CPod long-polling the other replica than the one the
 job was submitted to, against one polling the same replica.
@@ -45,8 +48,12 @@ from tests.support.cloud import CloudProcess  # noqa: E402
 from tests.support.net import free_port  # noqa: E402
 from tests.support.postgres import TempPostgres  # noqa: E402
 
+from sxwl.agent.loop import LONG_POLL_S  # noqa: E402
+
 HEARTBEAT_S = 10.0
-LONG_POLL_S = 25.0
+# Heartbeats are short requests: CPods share these connections per replica, so that the client's
+# file descriptors go to the long-polls, one each, as the cloud sees them from real agents.
+BEAT_CONNECTIONS = 400
 FLEET_PRODUCT = "NVIDIA-A100-SXM4-80GB"
 # Each probe CPod has its own product, so a job for it can go nowhere else.
 PROBE_PRODUCTS = ("BENCH-PROBE-SAME", "BENCH-PROBE-CROSS")
@@ -117,33 +124,47 @@ class Fleet:
     beating: asyncio.Event = field(default_factory=asyncio.Event)
     latencies: list[float] = field(default_factory=list)
     errors: int = 0
+    polls: int = 0
+    beat_pool: dict[str, list[tuple[RawConnection, asyncio.Lock]]] = field(default_factory=dict)
+
+    def beat_connection(self, url: str, index: int) -> tuple[RawConnection, asyncio.Lock]:
+        pool = self.beat_pool.setdefault(url, [])
+        if len(pool) < BEAT_CONNECTIONS:
+            pool.append((RawConnection(url), asyncio.Lock()))
+        return pool[index % len(pool)]
 
     async def run_one(self, index: int, cpod: Cpod) -> None:
-        """One CPod: a long-poll always held on one connection, heartbeats on another."""
+        """One CPod: a long-poll always held on its own connection, heartbeats on a shared one."""
         polls = RawConnection(cpod.url)
-        beats = RawConnection(cpod.url)
+        beats, turn = self.beat_connection(cpod.url, index)
         body_nodes = json.dumps([node(FLEET_PRODUCT, 8)]).encode()
-        poll_head = polls.head("GET", f"{API}/agent/assignments?wait={LONG_POLL_S}", cpod.headers)
+        poll_head = polls.head("GET", f"{API}/agent/assignments?wait={LONG_POLL_S:g}", cpod.headers)
+        # Spread over the interval, so the fleet beats at an even N/10 per second.
+        phase = HEARTBEAT_S * index / len(self.cpods)
 
         async def poll_forever() -> None:
+            await asyncio.sleep(LONG_POLL_S * index / len(self.cpods))
             while not self.stop.is_set():
                 try:
                     await polls.request(poll_head, b"")
+                    self.polls += 1
                 except RawHttpError:
                     self.errors += 1
                     await asyncio.sleep(1)
 
+        async def one_beat() -> float:
+            async with turn:
+                return await beat(beats, cpod, body_nodes)
+
         poller = asyncio.create_task(poll_forever())
-        # Spread over the interval, so the fleet beats at an even N/10 per second.
-        phase = HEARTBEAT_S * index / len(self.cpods)
         try:
-            await beat(beats, cpod, body_nodes)  # online before anything is measured
+            await one_beat()  # online before anything is measured
             await self.beating.wait()
             await asyncio.sleep(phase)
             next_at = time.monotonic()
             while not self.stop.is_set():
                 try:
-                    self.latencies.append(await beat(beats, cpod, body_nodes))
+                    self.latencies.append(await one_beat())
                 except (RawHttpError, OSError):
                     self.errors += 1
                 next_at += HEARTBEAT_S
@@ -151,7 +172,11 @@ class Fleet:
         finally:
             poller.cancel()
             await polls.close()
-            await beats.close()
+
+    async def close(self) -> None:
+        for pool in self.beat_pool.values():
+            for conn, _ in pool:
+                await conn.close()
 
 
 async def measure_window(meter: Meter, seconds: float) -> float:
@@ -224,10 +249,14 @@ async def run(
     cpods = await register(urls, key, args.cpods, "fleet")
     fleet = Fleet(cpods)
     tasks = [asyncio.create_task(fleet.run_one(i, c)) for i, c in enumerate(cpods)]
-    await asyncio.sleep(LONG_POLL_S + 5)  # every long-poll has made its first read and waits
+    # The first long-polls start spread over one hold; from the end of the first hold on, every
+    # CPod renews as an agent would, a hold after its previous read.
+    await asyncio.sleep(LONG_POLL_S + 10)
     meter = Meter(roots, [db_pid] if db_pid else [])
+    polls_before = fleet.polls
     idle = await measure_window(meter, args.window)
     idle_db = meter.db_s / args.window
+    renewals = (fleet.polls - polls_before) / args.window
     latency = await dispatch_latency(urls, key, user, args.probes)
     fleet.beating.set()
     await asyncio.sleep(HEARTBEAT_S)  # the first round of beats is spread out
@@ -239,7 +268,9 @@ async def run(
     for task in tasks:
         task.cancel()
     await asyncio.gather(*tasks, return_exceptions=True)
+    await fleet.close()
     return {
+        "renewals_per_s": renewals,
         "idle_core": idle,
         "idle_db_core": idle_db,
         "load_core": loaded,
@@ -261,7 +292,8 @@ def section(args: argparse.Namespace, r: dict[str, float]) -> str:
         f"## fleet: {utc_now()}\n\n"
         f"{machine_line()}, load average {os.getloadavg()[0]:.2f}\n"
         f"- {args.cpods} simulated CPods (issue: 10,000) on 2 replicas (`sxwl serve` processes) on one "
-        f"PostgreSQL, each holding a {LONG_POLL_S:.0f} s long-poll; load: a heartbeat each every "
+        f"PostgreSQL, each holding a {LONG_POLL_S:.0f} s long-poll ({r['renewals_per_s']:.1f} renewals/s "
+        "while idle); load: a heartbeat each every "
         f"{HEARTBEAT_S:.0f} s; windows of {args.window:.0f} s; {args.probes} probe jobs per path\n\n"
         "| | replicas, cores | PostgreSQL, cores |\n|---|---|---|\n"
         f"| idle | {r['idle_core']:.3f} | {r['idle_db_core']:.3f} |\n"

@@ -3,7 +3,8 @@
 httpx spends about a millisecond of CPU per request; on a 2-core machine where the load generator
 shares the cores with the server under test, that is as much as the server's own work. This client
 sends pre-encoded requests over asyncio streams and parses only the status line, the headers and a
-Content-Length body, which is all the cloud answers with.
+Content-Length or chunked body (a long-poll held past its keep-alive is streamed), which is all the
+cloud answers with.
 """
 
 from __future__ import annotations
@@ -59,14 +60,32 @@ class RawConnection:
             raise RawHttpError(f"connection closed: {exc!r}") from exc
         status_line, _, rest = header.partition(b"\r\n")
         status = int(status_line.split(b" ", 2)[1])
-        length, close_after = 0, False
+        length, close_after, chunked = 0, False, False
         for line in rest.split(b"\r\n"):
             name, _, value = line.partition(b":")
             if name.lower() == b"content-length":
                 length = int(value)
             elif name.lower() == b"connection":
                 close_after = value.strip().lower() == b"close"
-        payload = await self._reader.readexactly(length) if length else b""
+            elif name.lower() == b"transfer-encoding":
+                chunked = value.strip().lower() == b"chunked"
+        try:
+            if chunked:
+                payload = await self._read_chunks()
+            else:
+                payload = await self._reader.readexactly(length) if length else b""
+        except (asyncio.IncompleteReadError, ConnectionError) as exc:
+            await self.close()
+            raise RawHttpError(f"connection closed: {exc!r}") from exc
         if close_after:
             await self.close()
         return status, payload
+
+    async def _read_chunks(self) -> bytes:
+        assert self._reader is not None
+        parts: list[bytes] = []
+        while size := int((await self._reader.readuntil(b"\r\n")).split(b";")[0], 16):
+            parts.append(await self._reader.readexactly(size))
+            await self._reader.readexactly(2)
+        await self._reader.readuntil(b"\r\n")  # no trailers: the blank line that ends the body
+        return b"".join(parts)

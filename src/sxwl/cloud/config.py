@@ -88,7 +88,10 @@ class Settings(BaseSettings):
     job_max_attempts: int = Field(default=3, ge=1)
     scheduler_interval_s: float = Field(default=1.0, gt=0)
     scheduler_batch: int = Field(default=2000, ge=1)
-    longpoll_max_s: float = Field(default=30.0, gt=0)
+    # An agent's long-poll is held this long at most; one held past ``longpoll_keepalive_s`` gets a
+    # newline that often, so load balancers that cut idle connections leave it open.
+    longpoll_max_s: float = Field(default=600.0, gt=0)
+    longpoll_keepalive_s: float = Field(default=25.0, gt=0)
     log_chunk_max_bytes: int = Field(default=512 * 1024, ge=1)
     log_read_max_bytes: int = Field(default=1024 * 1024, ge=1)
     artifact_max_bytes: int = Field(default=1024 * 1024 * 1024, ge=1)
@@ -109,7 +112,7 @@ class Settings(BaseSettings):
 
     # Replicas on PostgreSQL wake each other with NOTIFY (docs/replicas.md); a waiting long-poll
     # re-reads on its own only this often, against a lost notification.
-    longpoll_backstop_s: float = Field(default=30.0, gt=0)
+    longpoll_backstop_s: float = Field(default=300.0, gt=0)
 
     @field_validator("data_dir")
     @classmethod

@@ -77,13 +77,36 @@ class Notifier:
         self.stopping = False
         # Names this process in its notifications, so that it skips its own.
         self.origin = secrets.token_hex(8)
-        # True while the listening connection is up: then other replicas' changes arrive as
-        # notifications and waiters re-read only as a backstop.
-        self.hearing = False
+        self._hearing = False
+        # CPods whose last read on this replica found nothing, and when (loop time): while nothing
+        # has woken a CPod since and the listener has not dropped, its next long-poll need not read.
+        self._quiet: dict[str, float] = {}
         self._broadcast = False
         self._count_lock = threading.Lock()
         self.notifications_sent = 0
         self.notifications_received = 0
+
+    @property
+    def hearing(self) -> bool:
+        """True while the listening connection is up: then other replicas' changes arrive as
+        notifications and waiters re-read only as a backstop."""
+        return self._hearing
+
+    @hearing.setter
+    def hearing(self, hearing: bool) -> None:
+        # Whatever was quiet before a drop may have changed unheard; after a reconnect, too.
+        self._quiet.clear()
+        self._hearing = hearing
+
+    def note_quiet(self, cpod_id: str, at: float) -> None:
+        """Records that a read for ``cpod_id`` found nothing at loop time ``at``; the caller checks,
+        with no await in between, that nothing woke the CPod during that read."""
+        if self._hearing:
+            self._quiet[cpod_id] = at
+
+    def quiet_since(self, cpod_id: str) -> float | None:
+        """When this replica last found nothing for ``cpod_id``, if nothing can have changed since."""
+        return self._quiet.get(cpod_id) if self._hearing else None
 
     def shutdown(self) -> None:
         """Called on the event loop's thread when the server is asked to exit."""
@@ -93,6 +116,7 @@ class Notifier:
     def rouse(self) -> None:
         """Wakes the scheduler and every waiter (on the event loop's thread): after shutdown, or when
         notifications may have been missed."""
+        self._quiet.clear()
         self.scheduler.set()
         for waiters in self._waiters.values():
             for event in waiters:
@@ -169,6 +193,8 @@ class Notifier:
         self._soon(self._set_waiters, f"job:{job_id}")
 
     def _set_waiters(self, key: str) -> None:
+        if key.startswith("cpod:"):
+            self._quiet.pop(key[5:], None)
         for event in self._waiters.get(key, ()):
             event.set()
 

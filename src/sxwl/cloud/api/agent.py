@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import re
 from collections.abc import Callable
 from typing import Annotated
@@ -12,6 +11,7 @@ from fastapi import APIRouter, Depends, Header, Query, Request, Response
 from pydantic import BaseModel
 from sqlalchemy.orm import Session
 
+from sxwl.cloud.api import assignment_poll
 from sxwl.cloud.api.deps import Ctx, PlainRoute, bearer_token, documented_body, json_body
 from sxwl.cloud.api.responses import WITH_BODY, errors
 from sxwl.cloud.api.schemas import AccessKeyCheckOut, CPodBriefOut
@@ -19,7 +19,7 @@ from sxwl.cloud.body_rules import body_rule
 from sxwl.cloud.context import CloudContext
 from sxwl.cloud.db.models import CPod, Job, JobState
 from sxwl.cloud.errors import AppError, invalid
-from sxwl.cloud.services import attempts, cpods, dispatch, job_logs, upload_tokens
+from sxwl.cloud.services import attempts, cpods, job_logs, upload_tokens
 from sxwl.cloud.services.beat import Beat
 from sxwl.cloud.storage import (
     Artifact,
@@ -186,34 +186,10 @@ async def assignments(
     cpod: CurrentCPod,
     ctx: Ctx,
     wait: Annotated[float, Query(ge=0, allow_inf_nan=False, description="seconds to hold the request")] = 0,
-) -> AssignmentsReply:
-    """Long-poll: answers as soon as this CPod has a new job attempt or a command, else after ``wait``."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + min(wait, ctx.settings.longpoll_max_s)
-    event = ctx.notifier.waiter(cpod.id)
-    try:
-        while True:
-            event.clear()  # cleared before reading, so a wake-up during the read is not lost
-            reply = await asyncio.to_thread(dispatch.pending, ctx, cpod.id)
-            remaining = deadline - loop.time()
-            if reply.assignments or reply.commands or remaining <= 0 or ctx.notifier.stopping:
-                return _with_upload_tokens(ctx, reply)
-            # Other replicas' assignments wake us through the listener (docs/replicas.md); the
-            # re-read on our own is only a backstop against a lost notification.
-            reread = ctx.notifier.reread_s(ctx.settings.longpoll_backstop_s)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(event.wait(), timeout=min(remaining, reread))
-    finally:
-        ctx.notifier.forget(cpod.id, event)
-
-
-def _with_upload_tokens(ctx: CloudContext, reply: AssignmentsReply) -> AssignmentsReply:
-    """Each attempt with its upload token, the same in every copy of the assignment."""
-    reply.assignments = [
-        a.model_copy(update={"upload_token": upload_tokens.token_for(ctx.box, a.job_id, a.attempt)})
-        for a in reply.assignments
-    ]
-    return reply
+) -> Response:
+    """Long-poll: answers as soon as this CPod has a new job attempt or a command, else after ``wait``
+    (at most ``SXWL_LONGPOLL_MAX_S``). A long hold is kept open by newlines before the JSON body."""
+    return await assignment_poll.respond(ctx, cpod.id, wait)
 
 
 @router.post(paths.COMMAND_ACK, status_code=204)
