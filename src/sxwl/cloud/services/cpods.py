@@ -6,13 +6,13 @@ import hashlib
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import select, true, update
+from sqlalchemy import ColumnElement, Float, extract, func, literal, select, true, type_coerce, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, defer
 
 from sxwl.cloud.context import CloudContext
 from sxwl.cloud.db.models import AccessKey, CPod, CPodEvent, CPodStatus, Role, SessionKind, User
-from sxwl.cloud.db.types import utcnow
+from sxwl.cloud.db.types import UTCDateTime, utcnow
 from sxwl.cloud.errors import AppError, invalid
 from sxwl.cloud.security import ACCESS_KEY_PREFIX, new_token, token_hash
 from sxwl.cloud.services import accounts, attempts, sessions
@@ -190,7 +190,17 @@ def sweep_liveness(
     with ctx.db.session() as session:
         rows = session.execute(
             select(CPod.id, CPod.status, CPod.last_heartbeat_at, CPod.heartbeat_interval_s)
-            .where(CPod.status.in_([CPodStatus.ONLINE, CPodStatus.UNKNOWN]), CPod.revoked_at.is_(None))
+            .where(
+                CPod.status.in_([CPodStatus.ONLINE, CPodStatus.UNKNOWN]),
+                CPod.revoked_at.is_(None),
+                CPod.last_heartbeat_at.is_not(None),
+                # Only the overdue: both moves below need missed >= N, i.e. now - since >= N
+                # intervals, and since >= last, so now - last >= N intervals too. The second of
+                # slack outweighs SQLite's millisecond julianday and float rounding, so this drops
+                # only rows the loop would skip; an idle fleet that beats on time reads no row.
+                _seconds_since_heartbeat(session, now) + _SLACK_S
+                >= CPod.heartbeat_interval_s * s.unknown_after_missed,
+            )
             # Rows locked in id order, as heartbeat batches lock them: neither waits on the other.
             .order_by(CPod.id)
         ).all()
@@ -219,6 +229,18 @@ def sweep_liveness(
                 if target == CPodStatus.OFFLINE:
                     attempts.requeue_cpod_jobs(session, cpod_id, f"CPod {cpod_id} went offline")
     return moved
+
+
+_SLACK_S = 1.0
+
+
+def _seconds_since_heartbeat(session: Session, now: datetime) -> ColumnElement[float]:
+    """``now - last_heartbeat_at`` in seconds, computed by the database: SQLite stores UTCDateTime
+    as ISO text (julianday reads it, to the millisecond), PostgreSQL as timestamptz."""
+    at = literal(now, UTCDateTime())
+    if session.get_bind().dialect.name == "postgresql":
+        return type_coerce(extract("epoch", at - CPod.last_heartbeat_at), Float())
+    return (func.julianday(at) - func.julianday(CPod.last_heartbeat_at)) * 86400.0
 
 
 # ---- what people see -------------------------------------------------------------------------

@@ -9,7 +9,7 @@ from collections import defaultdict
 from datetime import datetime, timedelta
 from typing import Any, cast
 
-from sqlalchemy import Table, bindparam, func, select, update
+from sqlalchemy import Table, bindparam, func, or_, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
@@ -19,6 +19,7 @@ from sxwl.cloud.db.types import utcnow
 from sxwl.cloud.services.gpu_summary import summarize
 
 _US = timedelta(microseconds=1)
+_CHUNK = 1000  # ids per IN list
 _CPODS = cast(Table, CPod.__table__)
 _MOVE = (
     update(_CPODS)
@@ -31,27 +32,23 @@ def account_once(ctx: CloudContext, now: datetime | None = None) -> int:
     """Counts the GPU time each online CPod offered since the last count; the CPods counted."""
     now = now or utcnow()
     with ctx.db.session(immediate=True) as session:
-        back_online = dict(
-            session.execute(
-                select(CPodEvent.cpod_id, func.max(CPodEvent.at))
-                .where(CPodEvent.kind == "online")
-                .group_by(CPodEvent.cpod_id)
-            ).all()
-        )
         stmt = select(CPod.id, CPod.nodes, CPod.last_heartbeat_at, CPod.offered_until).where(
-            CPod.status == CPodStatus.ONLINE, CPod.revoked_at.is_(None), CPod.last_heartbeat_at.is_not(None)
+            CPod.status == CPodStatus.ONLINE,
+            CPod.revoked_at.is_(None),
+            CPod.last_heartbeat_at.is_not(None),
+            # A row counted up to its last heartbeat or past it (offered_until >= last >= end, end
+            # = min(last, now)) adds nothing and moves nothing below: the back-online time only
+            # raises `since`. So a CPod with no heartbeat since the last pass costs no read.
+            or_(CPod.offered_until.is_(None), CPod.offered_until < CPod.last_heartbeat_at),
         )
         if session.get_bind().dialect.name == "postgresql":
             # Another replica counting holds some rows; heartbeats wait at most one short pass.
             stmt = stmt.with_for_update(of=CPod, skip_locked=True)
+        rows = session.execute(stmt.order_by(CPod.id)).all()
+        back_online = _back_online(session, [cpod_id for cpod_id, *_ in rows])
         adds: dict[tuple[str, str, str], int] = defaultdict(int)
         moves: list[dict[str, Any]] = []
-        for (
-            cpod_id,
-            nodes,
-            last,
-            since,
-        ) in session.execute(stmt.order_by(CPod.id)):
+        for cpod_id, nodes, last, since in rows:
             end = min(last, now)
             if since is not None and (online := back_online.get(cpod_id)) is not None:
                 since = max(since, online)
@@ -67,6 +64,19 @@ def account_once(ctx: CloudContext, now: datetime | None = None) -> int:
             session.execute(_MOVE, moves)
         _add(session, adds)
         return len(moves)
+
+
+def _back_online(session: Session, cpod_ids: list[str]) -> dict[str, datetime]:
+    """When each of these CPods last came back online (its latest "online" event)."""
+    found: dict[str, datetime] = {}
+    for start in range(0, len(cpod_ids), _CHUNK):
+        rows = session.execute(
+            select(CPodEvent.cpod_id, func.max(CPodEvent.at))
+            .where(CPodEvent.kind == "online", CPodEvent.cpod_id.in_(cpod_ids[start : start + _CHUNK]))
+            .group_by(CPodEvent.cpod_id)
+        )
+        found.update((cpod_id, at) for cpod_id, at in rows)
+    return found
 
 
 def _add(session: Session, adds: dict[tuple[str, str, str], int]) -> None:
