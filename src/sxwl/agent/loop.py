@@ -27,7 +27,7 @@ T = TypeVar("T")
 BACKOFF_BASE_S = 1.0
 BACKOFF_CAP_S = 60.0
 # Held by the cloud up to its SXWL_LONGPOLL_MAX_S, kept open meanwhile by its keep-alive newlines.
-LONG_POLL_S = 300.0
+LONG_POLL_S = 600.0
 SUPERVISE_S = 0.5
 
 

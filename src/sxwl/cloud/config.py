@@ -112,7 +112,7 @@ class Settings(BaseSettings):
 
     # Replicas on PostgreSQL wake each other with NOTIFY (docs/replicas.md); a waiting long-poll
     # re-reads on its own only this often, against a lost notification.
-    longpoll_backstop_s: float = Field(default=300.0, gt=0)
+    longpoll_backstop_s: float = Field(default=600.0, gt=0)
 
     @field_validator("data_dir")
     @classmethod

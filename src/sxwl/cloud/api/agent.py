@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import math
 import re
 from collections.abc import Callable
 from typing import Annotated
@@ -181,15 +182,52 @@ router.add_api_route(
 )
 
 
-@router.get(paths.ASSIGNMENTS, response_model=AssignmentsReply)
-async def assignments(
-    cpod: CurrentCPod,
-    ctx: Ctx,
-    wait: Annotated[float, Query(ge=0, allow_inf_nan=False, description="seconds to hold the request")] = 0,
-) -> Response:
+WAIT_PARAMETER = {
+    "name": "wait",
+    "in": "query",
+    "required": False,
+    "description": "seconds to hold the request (at most SXWL_LONGPOLL_MAX_S)",
+    "schema": {"type": "number", "minimum": 0, "default": 0},
+}
+
+
+async def assignments(request: Request) -> Response:
     """Long-poll: answers as soon as this CPod has a new job attempt or a command, else after ``wait``
-    (at most ``SXWL_LONGPOLL_MAX_S``). A long hold is kept open by newlines before the JSON body."""
-    return await assignment_poll.respond(ctx, cpod.id, wait)
+    (at most ``SXWL_LONGPOLL_MAX_S``). A long hold is kept open by newlines before the JSON body.
+    Every idle CPod renews one of these every few minutes, so it skips FastAPI's machinery too."""
+    check_protocol(request.headers.get(PROTOCOL_HEADER))
+    ctx: CloudContext = request.app.state.ctx
+    wait_s = _seconds("wait", request.query_params.get("wait"))
+    token = bearer_token(request)
+    cpod_id = await asyncio.to_thread(_authenticated, ctx, token)
+    return await assignment_poll.respond(ctx, cpod_id, wait_s)
+
+
+def _seconds(name: str, raw: str | None) -> float:
+    if raw is None:
+        return 0.0
+    try:
+        value = float(raw)
+    except ValueError:
+        raise invalid(name, "must be a number of seconds") from None
+    if not math.isfinite(value) or value < 0:
+        raise invalid(name, "must be a finite number of seconds, at least 0")
+    return value
+
+
+def _authenticated(ctx: CloudContext, token: str | None) -> str:
+    with ctx.db.session() as session:
+        return cpods.authenticate(session, token).id
+
+
+router.add_api_route(
+    paths.ASSIGNMENTS,
+    assignments,
+    methods=["GET"],
+    response_model=AssignmentsReply,
+    openapi_extra={"parameters": [WAIT_PARAMETER, *PROTOCOL_PARAMETER["parameters"]]},
+    route_class_override=PlainRoute,
+)
 
 
 @router.post(paths.COMMAND_ACK, status_code=204)

@@ -62,9 +62,10 @@ class AssignmentPoll:
                 return AssignmentsReply()
             if now >= until:
                 return None
-            wake_by = min(self._deadline, until, self._read_at)
+            # asyncio.timeout, not wait_for: no task per wait, and thousands of polls wait at once.
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._event.wait(), timeout=wake_by - now)
+                async with asyncio.timeout_at(min(self._deadline, until, self._read_at)):
+                    await self._event.wait()
 
 
 async def respond(ctx: CloudContext, cpod_id: str, wait_s: float) -> Response:

@@ -117,8 +117,9 @@ async def json_body(request: Request, model: type[Model]) -> Model:
 
 class PlainRoute(APIRoute):
     """A route whose endpoint takes only the Request and returns a Response, called as it is: no
-    dependency solving, no response validation. For the hottest endpoint, where that machinery cost
-    more than the endpoint's own work; its OpenAPI entry is still FastAPI's."""
+    dependency solving, no response validation. For the hottest endpoints (heartbeats, long-poll
+    renewals), where that machinery cost more than the endpoint's own work; their OpenAPI entries
+    are still FastAPI's."""
 
     def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
         handler: Callable[[Request], Coroutine[Any, Any, Response]] = self.endpoint
