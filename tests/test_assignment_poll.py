@@ -109,3 +109,15 @@ def test_a_dropped_listener_forgets_what_was_quiet(
     notifier.hearing = True  # and reconnected: what changed unheard meanwhile must be read
     _poll(setup, wait=0)
     assert len(dispatch_reads) == 2
+
+
+@pytest.mark.parametrize("wait", ["-1", "abc", "nan", "inf", "1e999", "\x00"])
+def test_a_bad_wait_is_a_422_naming_it(setup: Setup, wait: str) -> None:
+    response = setup.client.get("/api/v1/agent/assignments", params={"wait": wait}, headers=setup.agent)
+    assert response.status_code == 422, response.text
+    assert [d["field"] for d in response.json()["error"]["details"]] == ["wait"]
+
+
+def test_the_long_poll_still_refuses_a_missing_token_and_a_users_token(setup: Setup) -> None:
+    assert setup.client.get("/api/v1/agent/assignments").status_code == 401
+    assert setup.client.get("/api/v1/agent/assignments", headers=setup.user).status_code == 403
