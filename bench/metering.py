@@ -51,7 +51,8 @@ from tests.support.postgres import TempPostgres  # noqa: E402
 
 from sxwl.cloud.config import Settings  # noqa: E402
 from sxwl.cloud.context import CloudContext  # noqa: E402
-from sxwl.cloud.db.models import CPod, UsageLine  # noqa: E402
+from sxwl.cloud.db.models import CPod  # noqa: E402
+from sxwl.cloud.db.money_models import UsageLine  # noqa: E402
 from sxwl.cloud.services import metering  # noqa: E402
 
 TARGET_S = 1.0  # a pass over 10,000 running attempts

@@ -13,7 +13,8 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import select
 
-from sxwl.cloud.db.models import JobAttempt, LedgerTransaction, UsageLine
+from sxwl.cloud.db.models import JobAttempt
+from sxwl.cloud.db.money_models import LedgerTransaction, UsageLine
 from sxwl.cloud.services import cpods, ledger
 from sxwl.protocol.money import provider_share
 from tests.support.billing_api import BILLING, PRODUCT, Money

@@ -20,7 +20,8 @@ from fastapi.testclient import TestClient
 from sqlalchemy import select
 
 from sxwl.cloud.context import CloudContext
-from sxwl.cloud.db.models import Job, JobAttempt, LedgerTransaction
+from sxwl.cloud.db.models import Job, JobAttempt
+from sxwl.cloud.db.money_models import LedgerTransaction
 from sxwl.cloud.db.types import utcnow
 from sxwl.cloud.services import earnings, ledger, metering
 from sxwl.cloud.web import i18n

@@ -16,7 +16,8 @@ from sqlalchemy import Connection, event, func, insert, select, update
 
 from sxwl.cloud.context import CloudContext
 from sxwl.cloud.db import migrate
-from sxwl.cloud.db.models import CPod, CPodEvent, CPodStatus, GpuOffer, Role, User
+from sxwl.cloud.db.models import CPod, CPodEvent, CPodStatus, Role, User
+from sxwl.cloud.db.money_models import GpuOffer
 from sxwl.cloud.services import cpods, offers
 from tests.conftest import MakeSettings
 from tests.support.cpods import gpu_node

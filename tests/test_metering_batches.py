@@ -13,7 +13,8 @@ from sqlalchemy.exc import IntegrityError
 
 from sxwl.cloud.context import CloudContext
 from sxwl.cloud.db import migrate
-from sxwl.cloud.db.models import CPod, CPodStatus, Job, JobAttempt, LedgerTransaction, Role, UsageLine, User
+from sxwl.cloud.db.models import CPod, CPodStatus, Job, JobAttempt, Role, User
+from sxwl.cloud.db.money_models import LedgerTransaction, UsageLine
 from sxwl.cloud.db.types import utcnow
 from sxwl.cloud.services import ledger, metering
 from sxwl.protocol.money import cost, provider_share

@@ -22,7 +22,7 @@ from typing import Any
 
 from sqlalchemy import func, select
 
-from sxwl.cloud.db.models import LedgerTransaction
+from sxwl.cloud.db.money_models import LedgerTransaction
 from sxwl.cloud.services import earnings, ledger, metering
 from tests.support.metering import Seeded, context, meter_loop, problems, seed, usage_slices
 

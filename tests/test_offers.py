@@ -11,7 +11,8 @@ from sqlalchemy import insert, select, update
 
 from sxwl.cloud.context import CloudContext
 from sxwl.cloud.db import migrate
-from sxwl.cloud.db.models import CPod, CPodEvent, CPodStatus, GpuOffer, Role, User
+from sxwl.cloud.db.models import CPod, CPodEvent, CPodStatus, Role, User
+from sxwl.cloud.db.money_models import GpuOffer
 from sxwl.cloud.db.types import utcnow
 from sxwl.cloud.services import offers
 from tests.conftest import MakeSettings

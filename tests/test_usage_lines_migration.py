@@ -14,7 +14,8 @@ from sqlalchemy.orm import Session
 
 from sxwl.cloud.db import migrate
 from sxwl.cloud.db.engine import make_engine
-from sxwl.cloud.db.models import CPod, CPodStatus, Job, Role, UsageLine, User
+from sxwl.cloud.db.models import CPod, CPodStatus, Job, Role, User
+from sxwl.cloud.db.money_models import UsageLine
 from sxwl.cloud.db.types import UTCDateTime
 from sxwl.cloud.services import billing, ledger
 from sxwl.cloud.services.ledger import account_key

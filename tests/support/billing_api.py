@@ -10,7 +10,7 @@ from fastapi.testclient import TestClient
 from sqlalchemy import func, select
 
 from sxwl.cloud.context import CloudContext
-from sxwl.cloud.db.models import LedgerTransaction
+from sxwl.cloud.db.money_models import LedgerTransaction
 from sxwl.cloud.services import ledger, metering, scheduler
 from tests.conftest import login, register
 from tests.support.clock import TestClock

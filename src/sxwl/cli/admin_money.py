@@ -19,7 +19,8 @@ from sxwl.cli import server
 from sxwl.cli.client import CliError
 from sxwl.cloud.context import CloudContext
 from sxwl.cloud.db import migrate
-from sxwl.cloud.db.models import PriceResource, Role, User
+from sxwl.cloud.db.models import Role, User
+from sxwl.cloud.db.money_models import PriceResource
 from sxwl.cloud.errors import AppError
 from sxwl.cloud.services import accounts, billing, earnings, ledger, prices
 from sxwl.protocol.money import (

@@ -8,7 +8,8 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from sxwl.agent.inventory.nvml import NvmlReader
-from sxwl.cloud.db.models import PriceChange, PriceResource, User
+from sxwl.cloud.db.models import User
+from sxwl.cloud.db.money_models import PriceChange, PriceResource
 from sxwl.cloud.services import billing, ledger, prices
 from sxwl.protocol.money import MICRO
 

@@ -58,3 +58,14 @@ class Strict(BaseModel):
     ``strict=False``."""
 
     model_config = ConfigDict(extra="forbid", str_strip_whitespace=True, strict=True)
+
+
+class Wire(BaseModel):
+    # Unknown fields are ignored so a newer agent can add fields without breaking an older cloud.
+    model_config = ConfigDict(extra="ignore")
+
+
+class WireIn(Wire):
+    """What agents send: strict types, so ``"seq": "7"`` or ``true`` for a number is refused, not coerced."""
+
+    model_config = ConfigDict(extra="ignore", strict=True)

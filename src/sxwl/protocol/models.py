@@ -7,9 +7,10 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import AliasChoices, Field, field_validator, model_validator
 
-from sxwl.protocol.fields import Int32, Name, NonNegInt32, NonNegInt64, PosInt32, Text
+from sxwl.protocol.fields import Int32, Name, NonNegInt32, NonNegInt64, PosInt32, Text, Wire, WireIn
+from sxwl.protocol.finetune import CachedInput, JobInput, TrainerSpec
 
 # Bumped on incompatible changes; the cloud accepts MIN_SUPPORTED..PROTOCOL_VERSION.
 PROTOCOL_VERSION = 1
@@ -19,17 +20,6 @@ PROTOCOL_HEADER = "X-SXWL-Protocol"
 SHA256_HEADER = "X-SXWL-Sha256"
 
 Runtime = Literal["local", "kubernetes"]
-
-
-class Wire(BaseModel):
-    # Unknown fields are ignored so a newer agent can add fields without breaking an older cloud.
-    model_config = ConfigDict(extra="ignore")
-
-
-class WireIn(Wire):
-    """What agents send: strict types, so ``"seq": "7"`` or ``true`` for a number is refused, not coerced."""
-
-    model_config = ConfigDict(extra="ignore", strict=True)
 
 
 class GpuDevice(WireIn):
@@ -123,6 +113,9 @@ class Heartbeat(WireIn):
     seq: NonNegInt64
     nodes: list[Node]
     jobs: list[JobReport] = Field(default_factory=list)
+    # The inputs the CPod keeps fetched (docs/finetune.md, "Data near the GPUs"); None: not reported
+    # in this beat (an agent sends it when it changed), so the cloud keeps what it knew.
+    cache: list[CachedInput] | None = Field(default=None, max_length=10_000)
     # Optional self-check: a token used for another CPod's id is refused.
     cpod_id: Text | None = Field(default=None, max_length=64)
 
@@ -169,6 +162,10 @@ class Assignment(Wire):
     # The attempt's own credential for its pods' artifact uploads (docs/agent.md, "Artifacts from
     # pods"); a cloud that predates it sends none. Never shown by repr, so never in a log line.
     upload_token: str | None = Field(default=None, repr=False)
+    # What the attempt fetches onto the CPod before it starts, and for a fine-tune the trainer's
+    # spec (docs/finetune.md): the agent then runs its own trainer instead of ``command``.
+    inputs: list[JobInput] = Field(default_factory=list)
+    trainer: TrainerSpec | None = None
 
 
 class Command(Wire):

@@ -19,6 +19,8 @@ COMMAND_ACK = "/commands/{command_id}/ack"
 JOB_STATUS = "/jobs/{job_id}/status"
 JOB_LOGS = "/jobs/{job_id}/logs"
 JOB_ARTIFACT = "/jobs/{job_id}/artifacts/{path:path}"
+# One of an attempt's inputs (a model, a dataset, a checkpoint: docs/finetune.md), the attempt in the query.
+JOB_INPUT = "/jobs/{job_id}/inputs/{name}"
 # An artifact put by a Kubernetes pod's uploader with its attempt's upload token, not the CPod token.
 UPLOAD_ARTIFACT = "/uploads/{job_id}/{attempt}/{path:path}"
 # Uploads straight to the object store (docs/object-storage.md): where to put an artifact's bytes,

@@ -26,7 +26,8 @@ from sxwl.cloud.api.money_schemas import (
     yuan_str,
 )
 from sxwl.cloud.api.responses import SIGNED_IN, WITH_BODY, errors
-from sxwl.cloud.db.models import LedgerTransaction, PriceResource, Role, User
+from sxwl.cloud.db.models import Role, User
+from sxwl.cloud.db.money_models import LedgerTransaction, PriceResource
 from sxwl.cloud.db.types import utcnow
 from sxwl.cloud.errors import AppError, invalid
 from sxwl.cloud.services import billing, earnings, prices

@@ -8,7 +8,8 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from sxwl.cloud.context import CloudContext
-from sxwl.cloud.db.models import Job, JobAttempt, JobState, LedgerAccount
+from sxwl.cloud.db.models import Job, JobAttempt, JobState
+from sxwl.cloud.db.money_models import LedgerAccount
 from sxwl.cloud.db.types import utcnow
 from sxwl.cloud.services import ledger
 from sxwl.cloud.services.attempts import stop_command

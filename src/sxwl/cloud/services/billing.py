@@ -13,7 +13,8 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from sxwl.cloud.context import CloudContext
-from sxwl.cloud.db.models import CPod, Job, JobAttempt, LedgerTransaction, Role, UsageLine, User, new_id
+from sxwl.cloud.db.models import CPod, Job, JobAttempt, Role, User, new_id
+from sxwl.cloud.db.money_models import LedgerTransaction, UsageLine
 from sxwl.cloud.db.types import utcnow
 from sxwl.cloud.errors import AppError, invalid
 from sxwl.cloud.services import ledger

@@ -10,7 +10,8 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from sxwl.cloud.context import CloudContext
-from sxwl.cloud.db.models import CPod, LedgerAccount, LedgerTransaction, Role, User, new_id
+from sxwl.cloud.db.models import CPod, Role, User, new_id
+from sxwl.cloud.db.money_models import LedgerAccount, LedgerTransaction
 from sxwl.cloud.db.types import utcnow
 from sxwl.cloud.errors import invalid
 from sxwl.cloud.services import ledger

@@ -18,7 +18,8 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from sxwl.cloud.db.models import LedgerAccount, LedgerEntry, LedgerTransaction, UsageLine, new_id
+from sxwl.cloud.db.models import new_id
+from sxwl.cloud.db.money_models import LedgerAccount, LedgerEntry, LedgerTransaction, UsageLine
 from sxwl.cloud.db.types import utcnow
 from sxwl.cloud.errors import AppError
 

@@ -15,7 +15,8 @@ from typing import cast
 from sqlalchemy import Table, bindparam, insert, text, update
 from sqlalchemy.orm import Session
 
-from sxwl.cloud.db.models import JobAttempt, UsageLine
+from sxwl.cloud.db.models import JobAttempt
+from sxwl.cloud.db.money_models import UsageLine
 
 _ATTEMPTS = cast(Table, JobAttempt.__table__)
 _LINES = cast(Table, UsageLine.__table__)

@@ -14,7 +14,8 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
 from sxwl.cloud.context import CloudContext
-from sxwl.cloud.db.models import CPod, CPodEvent, CPodStatus, GpuOffer
+from sxwl.cloud.db.models import CPod, CPodEvent, CPodStatus
+from sxwl.cloud.db.money_models import GpuOffer
 from sxwl.cloud.db.types import utcnow
 from sxwl.cloud.services.gpu_summary import summarize
 

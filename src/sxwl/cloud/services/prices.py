@@ -8,7 +8,8 @@ from dataclasses import dataclass
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from sxwl.cloud.db.models import Price, PriceChange, PriceResource, User
+from sxwl.cloud.db.models import User
+from sxwl.cloud.db.money_models import Price, PriceChange, PriceResource
 from sxwl.cloud.db.types import utcnow
 from sxwl.cloud.errors import AppError
 

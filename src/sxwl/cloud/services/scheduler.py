@@ -16,7 +16,8 @@ from sqlalchemy import Table, bindparam, insert, select, text, update
 from sqlalchemy.orm import Session
 
 from sxwl.cloud.context import CloudContext
-from sxwl.cloud.db.models import CPod, Job, JobAttempt, JobEvent, JobState, PriceResource, User
+from sxwl.cloud.db.models import CPod, Job, JobAttempt, JobEvent, JobState, User
+from sxwl.cloud.db.money_models import PriceResource
 from sxwl.cloud.db.types import utcnow
 from sxwl.cloud.notify import on_commit
 from sxwl.cloud.services import ledger

@@ -16,7 +16,8 @@ from sqlalchemy.orm import Session
 from sxwl.cloud.api.deps import Principal, csrf_ok
 from sxwl.cloud.api.money_schemas import PayoutIn, PriceIn, TopUpIn
 from sxwl.cloud.context import CloudContext
-from sxwl.cloud.db.models import LedgerAccount, LedgerTransaction, PriceResource, Role, User
+from sxwl.cloud.db.models import Role, User
+from sxwl.cloud.db.money_models import LedgerAccount, LedgerTransaction, PriceResource
 from sxwl.cloud.errors import AppError
 from sxwl.cloud.services import billing, cpods, earnings, ledger, prices
 from sxwl.cloud.web import money_view

@@ -1,0 +1,143 @@
+"""A fine-tune as the cloud, the agent and the trainer speak of it (docs/finetune.md): the user's
+hyperparameters and LoRA settings with their limits, what an attempt fetches onto its CPod, the spec
+the trainer runs, and the progress lines it prints."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
+from sxwl.protocol.fields import Int64, Name, NonNegInt64, Text, Wire, WireIn
+
+MAX_EPOCHS = 50
+MAX_BATCH_SIZE = 256
+MAX_LR_MULTIPLIER = 10.0
+DEFAULT_EPOCHS = 3
+DEFAULT_BATCH_SIZE = 4
+# The learning rate a multiplier of 1 gives: a usual one for LoRA adapters.
+BASE_LEARNING_RATE = 2e-4
+MAX_SEQ_LEN = 8192
+
+Auto = Literal["auto"]
+
+
+class Hyperparameters(BaseModel):
+    """OpenAI's names and "auto" (the default) for each; ``resolved`` gives the numbers used."""
+
+    n_epochs: int | Auto = Field(default="auto", ge=1, le=MAX_EPOCHS)
+    batch_size: int | Auto = Field(default="auto", ge=1, le=MAX_BATCH_SIZE)
+    learning_rate_multiplier: float | Auto = Field(default="auto", gt=0, le=MAX_LR_MULTIPLIER)
+
+    def resolved(self) -> ResolvedHyperparameters:
+        return ResolvedHyperparameters(
+            n_epochs=DEFAULT_EPOCHS if self.n_epochs == "auto" else self.n_epochs,
+            batch_size=DEFAULT_BATCH_SIZE if self.batch_size == "auto" else self.batch_size,
+            learning_rate_multiplier=1.0
+            if self.learning_rate_multiplier == "auto"
+            else self.learning_rate_multiplier,
+        )
+
+
+class ResolvedHyperparameters(Wire):
+    n_epochs: int = Field(ge=1, le=MAX_EPOCHS)
+    batch_size: int = Field(ge=1, le=MAX_BATCH_SIZE)
+    learning_rate_multiplier: float = Field(gt=0, le=MAX_LR_MULTIPLIER)
+
+
+class LoraSettings(Wire):
+    """Our extension of OpenAI's body: the adapter's shape. ``target_modules`` None: the
+    architecture's attention projections, as peft chooses them for known architectures."""
+
+    rank: int = Field(default=8, ge=1, le=256)
+    alpha: int = Field(default=16, ge=1, le=1024)
+    dropout: float = Field(default=0.05, ge=0, le=0.5)
+    target_modules: list[Name] | None = Field(default=None, min_length=1, max_length=32)
+
+
+InputName = Literal["model", "training_file", "validation_file", "resume"]
+
+
+class JobInput(Wire):
+    """A file an attempt needs on its CPod, fetched from the cloud (``paths.JOB_INPUT``) once per
+    sha256 and kept in the CPod's cache. ``archive``: a tar the agent unpacks (a model's directory,
+    a checkpoint) rather than a file it hands over as it is."""
+
+    name: InputName
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+    size: NonNegInt64
+    archive: bool = False
+
+
+class TrainerSpec(Wire):
+    """What the trainer is asked to do (``Assignment.trainer``): the same for every attempt."""
+
+    hyperparameters: ResolvedHyperparameters
+    lora: LoraSettings = Field(default_factory=LoraSettings)
+    seed: int = Field(default=42, ge=0, le=2**31 - 1)
+    max_seq_len: int = Field(default=512, ge=8, le=MAX_SEQ_LEN)
+    # None: a checkpoint at the end of each epoch.
+    checkpoint_every_steps: int | None = Field(default=None, ge=1)
+
+
+class TrainerRun(TrainerSpec):
+    """A ``TrainerSpec`` with where the agent put each input on the CPod: the file the trainer reads."""
+
+    model_dir: str
+    training_file: str
+    validation_file: str | None = None
+    resume_from: str | None = None  # a checkpoint's tar, when an earlier attempt saved one
+    output_dir: str
+
+
+# Files the trainer writes under $SXWL_OUTPUT_DIR. A checkpoint appears in CHECKPOINT_DIR by a rename,
+# complete, and the agent uploads it while the job runs; the adapter is uploaded at the end.
+CHECKPOINT_DIR = "checkpoints"
+ADAPTER_ARTIFACT = "adapter.tar"
+
+
+def checkpoint_artifact(step: int) -> str:
+    return f"{CHECKPOINT_DIR}/step-{step:08d}.tar"
+
+
+# A line of the job's output that starts with this is progress (one JSON object follows), which the
+# cloud turns into the fine-tune's events; other lines are the log as usual.
+PROGRESS_PREFIX = "::sxwl-progress:: "
+
+ProgressKind = Literal["started", "resumed", "metrics", "eval", "checkpoint", "done"]
+
+
+class Progress(Wire):
+    kind: ProgressKind
+    step: NonNegInt64 = 0
+    total_steps: NonNegInt64 = 0
+    epoch: float | None = None
+    loss: float | None = None
+    eval_loss: float | None = None
+    learning_rate: float | None = None
+    tokens_per_s: float | None = None
+    trained_tokens: NonNegInt64 | None = None
+    checkpoint: Text | None = Field(default=None, max_length=1024)  # its artifact path, kind "checkpoint"
+    message: Text | None = Field(default=None, max_length=500)
+
+
+def progress_line(progress: Progress) -> str:
+    return PROGRESS_PREFIX + progress.model_dump_json(exclude_none=True)
+
+
+def parse_progress(line: str) -> Progress | None:
+    """The progress a log line carries, or None (an ordinary line, or a malformed one: a job's
+    output never breaks the cloud)."""
+    if not line.startswith(PROGRESS_PREFIX):
+        return None
+    try:
+        return Progress.model_validate_json(line[len(PROGRESS_PREFIX) :])
+    except ValueError:
+        return None
+
+
+class CachedInput(WireIn):
+    """One entry of a CPod's input cache, as its heartbeat reports it."""
+
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+    size: Int64 = Field(ge=0)
