@@ -8,7 +8,8 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-from sxwl.protocol.fields import Int64, Name, NonNegInt64, Text, Wire, WireIn
+from sxwl.protocol.fields import Int64, Name, NonNegInt64, Strict, Text, Wire, WireIn
+from sxwl.protocol.jobs import MAX_GPUS_PER_NODE
 
 MAX_EPOCHS = 50
 MAX_BATCH_SIZE = 256
@@ -53,6 +54,26 @@ class LoraSettings(Wire):
     alpha: int = Field(default=16, ge=1, le=1024)
     dropout: float = Field(default=0.05, ge=0, le=0.5)
     target_modules: list[Name] | None = Field(default=None, min_length=1, max_length=32)
+
+
+SUFFIX = r"^[A-Za-z0-9_.-]{1,40}$"
+
+
+class FineTuneRequest(Strict):
+    """A fine-tune to create: OpenAI's body (``POST /v1/fine_tuning/jobs``) with our extensions
+    (``lora``, the GPUs, a cost cap). The REST API, the console's form and ``sxwl finetune create``
+    validate with it."""
+
+    model: Name = Field(min_length=1, max_length=200)
+    training_file: Name = Field(min_length=1, max_length=40)
+    validation_file: Name | None = Field(default=None, min_length=1, max_length=40)
+    hyperparameters: Hyperparameters = Field(default_factory=Hyperparameters)
+    suffix: str | None = Field(default=None, pattern=SUFFIX)
+    seed: int | None = Field(default=None, ge=0, le=2**31 - 1)
+    lora: LoraSettings = Field(default_factory=LoraSettings)
+    gpu_product: Name | None = Field(default=None, min_length=1, max_length=128)
+    gpus: int = Field(default=0, ge=0, le=MAX_GPUS_PER_NODE)  # 0: on CPUs (tiny models, tests)
+    max_cost: NonNegInt64 | None = None  # micro-yuan; refused at creation when the estimate is higher
 
 
 InputName = Literal["model", "training_file", "validation_file", "resume"]
