@@ -4,7 +4,7 @@ the trainer runs, and the progress lines it prints."""
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, Field
 
@@ -26,9 +26,9 @@ Auto = Literal["auto"]
 class Hyperparameters(BaseModel):
     """OpenAI's names and "auto" (the default) for each; ``resolved`` gives the numbers used."""
 
-    n_epochs: int | Auto = Field(default="auto", ge=1, le=MAX_EPOCHS)
-    batch_size: int | Auto = Field(default="auto", ge=1, le=MAX_BATCH_SIZE)
-    learning_rate_multiplier: float | Auto = Field(default="auto", gt=0, le=MAX_LR_MULTIPLIER)
+    n_epochs: Annotated[int, Field(ge=1, le=MAX_EPOCHS)] | Auto = "auto"
+    batch_size: Annotated[int, Field(ge=1, le=MAX_BATCH_SIZE)] | Auto = "auto"
+    learning_rate_multiplier: Annotated[float, Field(gt=0, le=MAX_LR_MULTIPLIER)] | Auto = "auto"
 
     def resolved(self) -> ResolvedHyperparameters:
         return ResolvedHyperparameters(
