@@ -106,7 +106,11 @@ def download(creds: Credentials, path: str, target: Path, advance: Callable[[int
     temp = target.with_name(target.name + ".part")
     headers = {"Authorization": f"Bearer {creds.token}"}
     try:
-        with httpx.stream("GET", creds.url.rstrip("/") + path, headers=headers, timeout=TIMEOUT) as response:
+        # Redirects are followed (object storage's presigned URLs); httpx drops the token when one
+        # leads to another origin.
+        with httpx.stream(
+            "GET", creds.url.rstrip("/") + path, headers=headers, timeout=TIMEOUT, follow_redirects=True
+        ) as response:
             if response.is_error:
                 response.read()
                 raise CliError(error_message(response))

@@ -12,7 +12,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from sxwl.cli import admin_money, billing, client, jobs, server
+from sxwl.cli import admin_money, billing, client, finetune, jobs, server
 from sxwl.cli.client import CliError, Credentials
 from sxwl.cloud.logs import LogFormat
 
@@ -26,6 +26,9 @@ key_app = typer.Typer(help="A compute provider's accessKey.", no_args_is_help=Tr
 cpods_app = typer.Typer(help="CPods: the GPU clusters providers register.", no_args_is_help=True)
 app.add_typer(cpods_app, name="cpods")
 app.add_typer(jobs.app, name="jobs")
+app.add_typer(finetune.app, name="finetune")
+app.add_typer(finetune.files_app, name="files")
+app.add_typer(finetune.models_app, name="models")
 app.add_typer(admin_app, name="admin")
 app.add_typer(key_app, name="access-key")
 app.add_typer(billing.app, name="billing")
