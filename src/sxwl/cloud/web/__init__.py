@@ -13,6 +13,7 @@ from sxwl.cloud.web import (
     auth_pages,
     billing_pages,
     compute_pages,
+    finetune_pages,
     jobs_pages,
     money_admin_pages,
 )
@@ -27,6 +28,7 @@ def install(app: FastAPI) -> None:
         account_pages,
         compute_pages,
         jobs_pages,
+        finetune_pages,
         billing_pages,
         admin_pages,
         money_admin_pages,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from sxwl.cloud.web.i18n_finetune import FINETUNE_MESSAGES
 from sxwl.cloud.web.i18n_money import MONEY_MESSAGES
 
 LANGUAGES = ("zh", "en")
@@ -688,8 +689,9 @@ MESSAGES: dict[str, dict[str, str]] = {
 }
 
 # Kept apart to keep each table readable; a key in both tables would be a mistake (tested).
-for _lang, _texts in MONEY_MESSAGES.items():
-    MESSAGES[_lang].update(_texts)
+for _table in (MONEY_MESSAGES, FINETUNE_MESSAGES):
+    for _lang, _texts in _table.items():
+        MESSAGES[_lang].update(_texts)
 
 
 def translate(lang: str, key: str, **values: object) -> str:

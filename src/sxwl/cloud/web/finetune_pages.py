@@ -1,0 +1,312 @@
+"""Console pages of fine-tuning (微调): the list, the files (upload with the problems of each line
+shown in place), the new fine-tune form, one fine-tune with its live progress and loss chart, cancel.
+
+Compute users see their own fine-tunes (admins too, their own: like the job pages); providers get
+403. Everything goes through the same services as the OpenAI-compatible API."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import Response
+from starlette.datastructures import UploadFile
+
+from sxwl.cloud.api.deps import Principal, csrf_ok
+from sxwl.cloud.body_rules import body_rule
+from sxwl.cloud.db.types import utcnow
+from sxwl.cloud.errors import AppError
+from sxwl.cloud.services import cpods, datasets, fine_tunes
+from sxwl.cloud.web import finetune_form, finetune_view, jobs_view
+from sxwl.cloud.web.finetune_chart import Chart
+from sxwl.cloud.web.i18n import translate
+from sxwl.cloud.web.kit import (
+    JobsFragmentViewer,
+    JobsViewer,
+    ctx_of,
+    error_page,
+    language,
+    redirect,
+    render,
+)
+from sxwl.protocol.finetune import MAX_BATCH_SIZE, MAX_EPOCHS, MAX_LR_MULTIPLIER
+from sxwl.protocol.jobs import MAX_GPUS_PER_NODE
+
+router = APIRouter(include_in_schema=False)
+
+LIST_REFRESH_MS = 5000
+DETAIL_REFRESH_MS = 3000
+FINISHED_REFRESH_MS = 30_000
+READ_CHUNK = 1024 * 1024
+# The multipart envelope around the file (boundaries, part headers, the CSRF field).
+MULTIPART_SLACK = 1024 * 1024
+CLI_EXAMPLE = "sxwl files upload train.jsonl\nsxwl finetune create --model <model> --training-file <file id>"
+
+
+def _helpers(lang: str) -> dict[str, Any]:
+    return {
+        "status_name": lambda status: finetune_view.status_name(lang, status),
+        "duration": lambda seconds: jobs_view.duration(lang, seconds),
+        "params_text": finetune_view.params_text,
+        "size": finetune_view.size,
+        "chart_box": Chart,
+        "cli_example": CLI_EXAMPLE,
+    }
+
+
+def _seconds_left(row: finetune_view.FineTuneRow) -> int | None:
+    if row.finish_at is None:
+        return None
+    return max(int((row.finish_at - utcnow()).total_seconds()), 0)
+
+
+# ---- the list -------------------------------------------------------------------------------
+
+
+def _list_values(request: Request, principal: Principal) -> dict[str, Any]:
+    after = request.query_params.get("after", "").strip()[:64] or None
+    try:
+        with ctx_of(request).db.session() as session:
+            listing = finetune_view.fine_tune_list(session, principal.user, utcnow(), after)
+    except AppError:  # an `after` that is not one of theirs: the first page
+        with ctx_of(request).db.session() as session:
+            listing = finetune_view.fine_tune_list(session, principal.user, utcnow(), None)
+        after = None
+    return {
+        "listing": listing,
+        "after": after,
+        "seconds_left": _seconds_left,
+        **_helpers(language(request)),
+    }
+
+
+@router.get("/finetune")
+def finetune_list_page(request: Request, principal: JobsViewer) -> Response:
+    query = request.url.query
+    return render(
+        request,
+        "finetune_list.html",
+        principal,
+        fragment_src="/finetune/fragment" + (f"?{query}" if query else ""),
+        refresh_ms=LIST_REFRESH_MS,
+        **_list_values(request, principal),
+    )
+
+
+@router.get("/finetune/fragment")
+def finetune_list_fragment(request: Request, principal: JobsFragmentViewer) -> Response:
+    return render(request, "_finetune_list_live.html", principal, **_list_values(request, principal))
+
+
+# ---- files ----------------------------------------------------------------------------------
+
+
+def _files(
+    request: Request,
+    principal: Principal,
+    uploaded: str | None = None,
+    error: str | None = None,
+    status: int = 200,
+) -> Response:
+    with ctx_of(request).db.session() as session:
+        files = finetune_view.file_rows(session, principal.user)
+    result = next((f for f in files if f.id == uploaded), None) if uploaded else None
+    return render(
+        request,
+        "finetune_files.html",
+        principal,
+        status=status,
+        path="/finetune/files",
+        files=files,
+        result=result,
+        upload_error=error,
+        max_bytes=ctx_of(request).settings.file_max_bytes,
+        **_helpers(language(request)),
+    )
+
+
+@router.get("/finetune/files")
+def files_page(request: Request, principal: JobsViewer) -> Response:
+    return _files(request, principal, uploaded=request.query_params.get("uploaded"))
+
+
+async def _chunks(upload: UploadFile) -> AsyncIterator[bytes]:
+    """The part's bytes as Starlette spooled them (to disk past 1 MiB): never whole in memory."""
+    while chunk := await upload.read(READ_CHUNK):
+        yield chunk
+
+
+@router.post("/finetune/files")
+@body_rule(lambda s: (s.file_max_bytes + MULTIPART_SLACK, s.artifact_upload_timeout_s))
+async def upload_file(request: Request, principal: JobsViewer) -> Response:
+    ctx, lang = ctx_of(request), language(request)
+    form = await request.form(max_files=1, max_fields=10)
+    if not csrf_ok(request, str(form.get("csrf_token", ""))):
+        return _files(request, principal, error=translate(lang, "error.csrf"), status=403)
+    upload = form.get("file")
+    if not isinstance(upload, UploadFile) or not (upload.filename or upload.size):
+        return _files(request, principal, error=translate(lang, "ft.files.choose"), status=422)
+    try:
+        stored = await datasets.upload(
+            ctx,
+            owner_id=principal.user.id,
+            filename=upload.filename or "",
+            purpose="fine-tune",
+            chunks=_chunks(upload),
+        )
+    except AppError as exc:
+        key = {413: "ft.files.too_large", 503: "ft.files.unavailable"}.get(exc.status)
+        limit = finetune_view.size(ctx.settings.file_max_bytes)
+        message = translate(lang, key, max=limit) if key else exc.message
+        return _files(request, principal, error=message, status=exc.status if exc.status < 500 else 503)
+    finally:
+        await upload.close()
+    # The file is recorded either way (one with problems too, so its lines can be read): show it.
+    return redirect(f"/finetune/files?uploaded={stored.id}#upload-result")
+
+
+# ---- the new fine-tune form -----------------------------------------------------------------
+
+
+def _form(
+    request: Request,
+    principal: Principal,
+    form: dict[str, str] | None = None,
+    errors: dict[str, str] | None = None,
+    status: int = 200,
+) -> Response:
+    shown = finetune_form.FORM_DEFAULTS | (form or {})
+    with ctx_of(request).db.session() as session:
+        models = finetune_view.base_models(session, principal.user)
+        files = finetune_view.training_files(session, principal.user)
+        gpu_types = cpods.gpu_types(session)
+    return render(
+        request,
+        "finetune_new.html",
+        principal,
+        status=status,
+        path="/finetune/new",
+        form=shown,
+        errors=errors or {},
+        models=models,
+        files=files,
+        gpu_types=gpu_types,
+        known_products={g.product for g in gpu_types},
+        limits={
+            "epochs": MAX_EPOCHS,
+            "batch_size": MAX_BATCH_SIZE,
+            "lr": MAX_LR_MULTIPLIER,
+            "gpus": MAX_GPUS_PER_NODE,
+        },
+        **_helpers(language(request)),
+    )
+
+
+@router.get("/finetune/new")
+def new_finetune_page(request: Request, principal: JobsViewer) -> Response:
+    # A link from the files page names the file to train on.
+    chosen = {k: request.query_params.get(k, "")[:64] for k in ("training_file", "model")}
+    return _form(request, principal, {k: v for k, v in chosen.items() if v})
+
+
+@router.post("/finetune/new")
+async def create_finetune(request: Request, principal: JobsViewer) -> Response:
+    ctx, lang = ctx_of(request), language(request)
+    raw = await request.form()
+    form = {k: str(raw.get(k, "")) for k in finetune_form.FORM_FIELDS}
+    if not csrf_ok(request, str(raw.get("csrf_token", ""))):
+        return _form(request, principal, form, {"form": translate(lang, "error.csrf")}, 403)
+    body, errors = finetune_form.validate_form(lang, form)
+    if body is None:
+        return _form(request, principal, form, errors, 422)
+    try:
+        with ctx.db.session() as session:
+            fine_tune = fine_tunes.create(ctx, session, owner=session.merge(principal.user), request=body)
+            fine_tune_id = fine_tune.id
+    except AppError as exc:
+        if exc.status in (402, 404, 409, 422):
+            shown = finetune_form.create_errors(lang, exc)
+            if exc.status == 402:
+                shown = {"form": translate(lang, "ft.error.balance")}
+            return _form(request, principal, form, shown, 422 if exc.status == 404 else exc.status)
+        return error_page(request, exc.status, principal)
+    return redirect(f"/finetune/{fine_tune_id}?created=1")
+
+
+# ---- one fine-tune --------------------------------------------------------------------------
+
+
+def _detail_values(request: Request, principal: Principal, fine_tune_id: str) -> dict[str, Any] | AppError:
+    lang = language(request)
+    try:
+        with ctx_of(request).db.session() as session:
+            detail = finetune_view.fine_tune_detail(session, principal.user, lang, fine_tune_id, utcnow())
+    except AppError as exc:
+        return exc
+    return {
+        "d": detail,
+        "ft": detail.fine_tune,
+        "job": detail.job,
+        "seconds_left": _seconds_left,
+        **_helpers(lang),
+    }
+
+
+def _detail(
+    request: Request,
+    principal: Principal,
+    fine_tune_id: str,
+    status: int = 200,
+    alert: str | None = None,
+    conflict: bool = False,
+) -> Response:
+    values = _detail_values(request, principal, fine_tune_id)
+    if isinstance(values, AppError):
+        return error_page(request, values.status, principal)
+    done = request.query_params.get("created") == "1" or request.query_params.get("cancelled") == "1"
+    return render(
+        request,
+        "finetune.html",
+        principal,
+        status=status,
+        path=f"/finetune/{fine_tune_id}",
+        alert=alert,
+        conflict=conflict,
+        ft_notice=(
+            ("ft.notice.created" if request.query_params.get("created") == "1" else "ft.notice.cancelled")
+            if done
+            else None
+        ),
+        refresh_ms=FINISHED_REFRESH_MS if values["d"].terminal else DETAIL_REFRESH_MS,
+        **values,
+    )
+
+
+@router.get("/finetune/{fine_tune_id}")
+def finetune_page(fine_tune_id: str, request: Request, principal: JobsViewer) -> Response:
+    return _detail(request, principal, fine_tune_id)
+
+
+@router.get("/finetune/{fine_tune_id}/fragment")
+def finetune_fragment(fine_tune_id: str, request: Request, principal: JobsFragmentViewer) -> Response:
+    values = _detail_values(request, principal, fine_tune_id)
+    if isinstance(values, AppError):
+        return error_page(request, values.status, principal)
+    return render(request, "_finetune_live.html", principal, **values)
+
+
+@router.post("/finetune/{fine_tune_id}/cancel")
+async def cancel_finetune(fine_tune_id: str, request: Request, principal: JobsViewer) -> Response:
+    ctx, lang = ctx_of(request), language(request)
+    form = await request.form()
+    if not csrf_ok(request, str(form.get("csrf_token", ""))):
+        return _detail(request, principal, fine_tune_id, 403, translate(lang, "error.csrf"))
+    try:
+        with ctx.db.session() as session:
+            fine_tunes.cancel(session, session.merge(principal.user), fine_tune_id)
+    except AppError as exc:
+        if exc.status == 409:
+            return _detail(request, principal, fine_tune_id, 409, conflict=True)
+        return error_page(request, exc.status, principal)
+    return redirect(f"/finetune/{fine_tune_id}?cancelled=1")
