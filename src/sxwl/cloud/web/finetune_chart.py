@@ -33,11 +33,11 @@ class Chart:
 
     # Wide enough that the SVG, scaled to a card's width, shows its labels at about the page's size.
     WIDTH = 960
-    HEIGHT = 280
+    HEIGHT = 296
     LEFT = 56
     RIGHT = 20
     TOP = 16
-    BOTTOM = 32
+    BOTTOM = 48
 
     @property
     def empty(self) -> bool:

@@ -41,7 +41,7 @@ FINISHED_REFRESH_MS = 30_000
 READ_CHUNK = 1024 * 1024
 # The multipart envelope around the file (boundaries, part headers, the CSRF field).
 MULTIPART_SLACK = 1024 * 1024
-CLI_EXAMPLE = "sxwl files upload train.jsonl\nsxwl finetune create --model <model> --training-file <file id>"
+CLI_EXAMPLE = "sxwl files upload train.jsonl\nsxwl finetune create --model <model> --training-file file-…"
 
 
 def _helpers(lang: str) -> dict[str, Any]:
