@@ -18,7 +18,7 @@ from typing import Any
 import httpx
 import pytest
 from fastapi.testclient import TestClient
-from playwright.sync_api import Browser, BrowserContext, Page, expect
+from playwright.sync_api import Browser, BrowserContext, FilePayload, Page, expect
 
 from sxwl.cloud.app import create_app
 from sxwl.protocol.finetune import ADAPTER_ARTIFACT, Progress, progress_line
@@ -301,9 +301,8 @@ def test_cancel_a_queued_fine_tune_through_the_dialog(context: BrowserContext, c
     register_in_form(page, "user", "canceller@example.com")
     top_up(cloud, "canceller@example.com")
     page.goto("/finetune/files")
-    page.locator("#f-file").set_input_files(
-        files=[{"name": "t.jsonl", "mimeType": "application/jsonl", "buffer": jsonl(*GOOD_LINES)}]
-    )
+    dataset: FilePayload = {"name": "t.jsonl", "mimeType": "application/jsonl", "buffer": jsonl(*GOOD_LINES)}
+    page.locator("#f-file").set_input_files(files=dataset)
     page.locator("#upload-submit").click()
     page.locator("#train-uploaded").click()
     page.locator("#f-model").select_option(MODEL)
