@@ -240,6 +240,20 @@ def test_an_upload_without_a_file_or_csrf_is_refused_in_place(client: TestClient
     assert "还没有上传文件。" in browser.get("/finetune/files").text  # nothing was recorded
 
 
+def test_uploads_past_the_default_body_limit_reach_the_files_limit(
+    make_client: Callable[..., TestClient],
+) -> None:
+    client = make_client(file_max_bytes=3 * 1024 * 1024)
+    browser = browser_user(client)
+    line = {"prompt": "x" * 1000, "completion": "y"}
+    big = jsonl(*[line] * 2000)  # about 2 MiB: over the console's default body limit of 1 MiB
+    file_id = uploaded_id(upload(browser, big, "big.jsonl"))
+    assert "共 2000 个样本" in browser.get(f"/finetune/files?uploaded={file_id}").text
+    too_big = upload(browser, big + big, "bigger.jsonl")
+    assert too_big.status_code == 413 and "文件太大：最大 3.0 MiB。" in too_big.text
+    assert "bigger.jsonl" not in browser.get("/finetune/files").text  # nothing recorded
+
+
 # ---- the form -------------------------------------------------------------------------------
 
 

@@ -295,6 +295,16 @@ def test_upload_create_and_watch_a_fine_tune(context: BrowserContext, cloud: Clo
     assert page.evaluate("window.__sameDocument") is True
     shot(page, tmp_path, "finetune-succeeded")
 
+    # A phone: nothing scrolls sideways, the chart scales down with its card.
+    page.set_viewport_size({"width": 390, "height": 844})
+    page.reload()
+    expect(page.locator("#loss-chart")).to_be_visible()
+    assert fits_width(page, 390), "the fine-tune's page scrolls sideways on a phone"
+    page.screenshot(path=str(tmp_path / "finetune-phone.png"), full_page=True)
+    page.locator(".chart-card").screenshot(path=str(tmp_path / "finetune-phone-chart.png"))
+    page.goto("/finetune")
+    assert fits_width(page, 390), "the list scrolls sideways on a phone"
+
 
 def test_cancel_a_queued_fine_tune_through_the_dialog(context: BrowserContext, cloud: Cloud) -> None:
     page = context.new_page()

@@ -19,6 +19,10 @@ from sxwl.cloud.web import (
 )
 from sxwl.cloud.web.kit import HERE, PageRefused, error_page, page_refused
 
+# Console routers with routes that take more than the default body (a dataset's upload), each with
+# its prefix, for the app's BodyRules (app.py).
+BODY_RULED = (("", finetune_pages.router),)
+
 
 def install(app: FastAPI) -> None:
     # Path and query values the database cannot hold (NUL) are refused before any page runs.
