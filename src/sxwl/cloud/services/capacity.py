@@ -58,6 +58,7 @@ class _Snapshot:
     version: Version
     nodes: list[dict[str, Any]]
     reported: frozenset[str]  # "<job_id>:<attempt>" the agent said it holds
+    cached: frozenset[str]  # the sha256 of the inputs the CPod keeps fetched
 
     @property
     def takes_only(self) -> frozenset[str] | None:
@@ -140,11 +141,17 @@ class CapacityCache:
             c for c, v in versions.items() if c not in self._snapshots or self._snapshots[c].version != v
         ]
         for chunk in _chunks(changed):
-            for cpod_id, nodes, reported in connection.execute(
-                select(CPod.id, CPod.nodes, CPod.reported_jobs).where(CPod.id.in_(chunk))
+            for cpod_id, nodes, reported, cached in connection.execute(
+                select(CPod.id, CPod.nodes, CPod.reported_jobs, CPod.cached_inputs).where(CPod.id.in_(chunk))
             ):
                 # The version read above: a heartbeat in between is seen (and re-read) next pass.
-                self._snapshots[cpod_id] = _Snapshot(versions[cpod_id], nodes, frozenset(reported))
+                # Only a heartbeat changes the cache, so it too never changes under the version.
+                self._snapshots[cpod_id] = _Snapshot(
+                    versions[cpod_id],
+                    nodes,
+                    frozenset(reported),
+                    frozenset(entry["sha256"] for entry in cached or ()),
+                )
                 self._dirty.add(cpod_id)
 
     def _refresh_holds(self, connection: Connection) -> None:
@@ -175,7 +182,9 @@ class CapacityCache:
                 hold = self._holds[(job_id, attempt)]
                 for name in hold.node_names:
                     unreported[name] += hold.gpus_per_node
-        entry = CPodCapacity(cpod_id, runtime=snapshot.version[2], takes_only=snapshot.takes_only)
+        entry = CPodCapacity(
+            cpod_id, runtime=snapshot.version[2], takes_only=snapshot.takes_only, cached=snapshot.cached
+        )
         for node in snapshot.nodes:
             gpu = node.get("gpu") or {}
             allocatable = int(gpu.get("allocatable", 0))
