@@ -24,7 +24,7 @@ from tests.conftest import MakeSettings
 from tests.support.cpods import A100, beat, gpu_node, register_cpod
 from tests.test_cpods_api import ctx_of, provider
 
-PRODUCT = A100["product"]
+PRODUCT = str(A100["product"])
 H100 = "NVIDIA-H100-80GB-HBM3"
 MODEL, DATA, OTHER = "a" * 64, "b" * 64, "c" * 64
 GiB = 1 << 30
