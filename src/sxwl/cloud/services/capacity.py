@@ -3,9 +3,10 @@ not reported yet (invariant 3, docs/architecture.md), kept in memory between sch
 
 Re-reading every CPod's node snapshot and every active job's placement made up most of a small
 pass. The cache holds only facts that never change under their key: a CPod's nodes, reported
-jobs and cached inputs for one heartbeat version (``last_seq``, ``last_heartbeat_at``), and the placement of one job
-attempt. Each pass, under the scheduler lock, checks the keys against the database (the CPods'
-versions and the active job attempts, small columns only) and reads the rows behind new keys. What
+jobs and cached inputs for one heartbeat version (``last_seq``, ``last_heartbeat_at``), and the
+placement of one job attempt. Each pass, under the scheduler lock, checks the keys against the
+database (the CPods' versions and the active job attempts, small columns only) and reads the rows
+behind new keys. What
 another replica or process assigned, finished or requeued is therefore seen by the next pass as
 exactly as a full re-read would see it; freshness does not rest on wake-ups or timers.
 """
