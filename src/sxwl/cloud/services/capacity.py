@@ -6,9 +6,9 @@ pass. The cache holds only facts that never change under their key: a CPod's nod
 jobs and cached inputs for one heartbeat version (``last_seq``, ``last_heartbeat_at``), and the
 placement of one job attempt. Each pass, under the scheduler lock, checks the keys against the
 database (the CPods' versions and the active job attempts, small columns only) and reads the rows
-behind new keys. What
-another replica or process assigned, finished or requeued is therefore seen by the next pass as
-exactly as a full re-read would see it; freshness does not rest on wake-ups or timers.
+behind new keys. What another replica or process assigned, finished or requeued is therefore
+seen by the next pass as exactly as a full re-read would see it; freshness does not rest on
+wake-ups or timers.
 """
 
 from __future__ import annotations
