@@ -87,6 +87,7 @@ def test_a_fine_tune_learns_reports_and_leaves_a_loadable_adapter(model_dir: Pat
     assert proc.returncode == 0, proc.stderr
 
     assert lines[0].kind == "started" and lines[0].total_steps == 36  # 24 examples / 4, 6 epochs
+    assert lines[0].message == "on cpu"
     metrics = of(lines, "metrics")
     assert [m.step for m in metrics] == list(range(1, 37))
     assert all(m.loss is not None and m.learning_rate is not None and m.trained_tokens for m in metrics)

@@ -20,9 +20,10 @@ def emit(progress: Progress) -> None:
 
 
 class Reporter(TrainerCallback):
-    def __init__(self, *, output_dir: Path, resuming: bool) -> None:
+    def __init__(self, *, output_dir: Path, resuming: bool, device: str) -> None:
         self.output_dir = output_dir
         self.resuming = resuming
+        self.device = device
         self._last_time = 0.0
         self._last_tokens = 0
 
@@ -38,7 +39,7 @@ class Reporter(TrainerCallback):
         self._last_tokens = state.num_input_tokens_seen
         # The Trainer has loaded the checkpoint's state by now: global_step is where it goes on from.
         kind: ProgressKind = "resumed" if self.resuming else "started"
-        emit(self._progress(kind, state, epoch=state.epoch))
+        emit(self._progress(kind, state, epoch=state.epoch, message=f"on {self.device}"))
 
     def on_log(
         self,

@@ -178,7 +178,8 @@ def train(run: TrainerRun) -> None:
         )
         # Our progress lines are the run's report; the Trainer's printed dicts would repeat them.
         trainer.remove_callback(PrinterCallback)
-        trainer.add_callback(Reporter(output_dir=output, resuming=resume_dir is not None))
+        device = f"cuda ({torch.cuda.get_device_name()})" if cuda else "cpu"
+        trainer.add_callback(Reporter(output_dir=output, resuming=resume_dir is not None, device=device))
         result = trainer.train(resume_from_checkpoint=str(resume_dir) if resume_dir else None)
         adapter = scratch / "adapter"
         trained = trainer.model
