@@ -92,11 +92,17 @@ def target_modules(model: nn.Module, model_type: str) -> list[str] | None:
 def load_base(model_dir: Path) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     if not (model_dir / "config.json").is_file():
         raise TrainerError(f"model_dir: {model_dir} is not a model directory (no config.json)")
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    dtype = torch.bfloat16 if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else torch.float32
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype)
+    except (OSError, ValueError, KeyError) as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise TrainerError(
+            f"model_dir: cannot load a causal LM and its tokenizer from {model_dir}: {first}"
+        ) from e
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
-    dtype = torch.bfloat16 if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else torch.float32
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype)
     return model, tokenizer
 
 
@@ -174,7 +180,8 @@ def train(run: TrainerRun) -> None:
             args=args,
             train_dataset=Examples(training),
             eval_dataset=Examples(validation) if validation else None,
-            data_collator=Collator(int(tokenizer.pad_token_id)),
+            # Any id pads: padded positions are out of attention and of the loss.
+            data_collator=Collator(tokenizer.pad_token_id if isinstance(tokenizer.pad_token_id, int) else 0),
         )
         # Our progress lines are the run's report; the Trainer's printed dicts would repeat them.
         trainer.remove_callback(PrinterCallback)
