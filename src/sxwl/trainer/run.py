@@ -106,17 +106,19 @@ def load_base(model_dir: Path) -> tuple[PreTrainedModel, PreTrainedTokenizerBase
     return model, tokenizer
 
 
-def checkpoint_from(tar: str, scratch: Path) -> tuple[Path, int]:
+def checkpoint_from(tar: str, scratch: Path) -> Path:
+    """The checkpoint unpacked, once its trainer state reads: the Trainer's own failure on a
+    foreign tar would be a traceback."""
     path = Path(tar)
     if not path.is_file():
         raise TrainerError(f"resume_from: {tar} not found")
     dest = scratch / "resume"
     unpack(path, dest)
     try:
-        step = int(json.loads((dest / "trainer_state.json").read_text())["global_step"])
+        int(json.loads((dest / "trainer_state.json").read_text())["global_step"])
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise TrainerError(f"resume_from: {tar} is not a trainer checkpoint ({e})") from e
-    return dest, step
+    return dest
 
 
 def train(run: TrainerRun) -> None:
@@ -153,7 +155,7 @@ def train(run: TrainerRun) -> None:
     cuda = torch.cuda.is_available()
     with tempfile.TemporaryDirectory(prefix="sxwl-trainer-") as scratch_name:
         scratch = Path(scratch_name)
-        resume_dir = checkpoint_from(run.resume_from, scratch)[0] if run.resume_from else None
+        resume_dir = checkpoint_from(run.resume_from, scratch) if run.resume_from else None
         every = run.checkpoint_every_steps
         args = TrainingArguments(
             output_dir=str(scratch / "trainer"),
