@@ -23,10 +23,17 @@ def _user(client: TestClient, email: str) -> dict[str, str]:
 
 
 def _upload(
-    client: TestClient, headers: dict[str, str], body: bytes, purpose: str = "fine-tune", name: str = "train.jsonl"
+    client: TestClient,
+    headers: dict[str, str],
+    body: bytes,
+    purpose: str = "fine-tune",
+    name: str = "train.jsonl",
 ) -> Any:
     return client.post(
-        "/v1/files", headers=headers, data={"purpose": purpose}, files={"file": (name, body, "application/jsonl")}
+        "/v1/files",
+        headers=headers,
+        data={"purpose": purpose},
+        files={"file": (name, body, "application/jsonl")},
     )
 
 
@@ -48,7 +55,11 @@ def test_valid_chat_and_prompt_completion_files_are_processed(client: TestClient
     body = answer.json()
     assert body["id"].startswith("file-") and len(body["id"]) == 5 + 24
     assert body["object"] == "file" and body["status"] == "processed" and body["status_details"] is None
-    assert body["bytes"] == len(chat) + 2 and body["filename"] == "train.jsonl" and body["purpose"] == "fine-tune"
+    assert (
+        body["bytes"] == len(chat) + 2
+        and body["filename"] == "train.jsonl"
+        and body["purpose"] == "fine-tune"
+    )
     assert isinstance(body["created_at"], int)
     assert body["validation"] == {"format": "chat", "examples": 3, "problems": [], "problem_count": 0}
 
@@ -69,7 +80,9 @@ def test_problems_are_reported_with_their_lines(client: TestClient) -> None:
         "{not json",  # 2
         json.dumps(CHAT),
         json.dumps(CHAT),
-        json.dumps({"messages": [{"role": "robot", "content": "x"}, {"role": "assistant", "content": "y"}]}),  # 5
+        json.dumps(
+            {"messages": [{"role": "robot", "content": "x"}, {"role": "assistant", "content": "y"}]}
+        ),  # 5
         json.dumps(CHAT),
         json.dumps(PROMPT),  # 7: another format than the first line's
         json.dumps(CHAT),
@@ -101,7 +114,9 @@ def test_each_kind_of_problem_names_what_is_wrong(client: TestClient) -> None:
     ]
     for raw, expected in cases:
         validation = _upload(client, user, raw + b"\n").json()["validation"]
-        assert validation["problems"][0]["line"] == 1 and expected in validation["problems"][0]["message"], raw[:40]
+        assert validation["problems"][0]["line"] == 1 and expected in validation["problems"][0]["message"], (
+            raw[:40]
+        )
 
 
 def test_a_line_past_the_limit_is_one_problem_and_the_rest_is_judged(client: TestClient) -> None:
