@@ -7,10 +7,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
 from fastapi.testclient import TestClient
 
 from sxwl.cloud.context import CloudContext
 from sxwl.cloud.db.finetune_models import DataFile
+from sxwl.cloud.errors import AppError
+from sxwl.cloud.services import datasets
 from tests.conftest import login, register
 
 CHAT = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]}
@@ -210,3 +213,21 @@ def test_list_pages_newest_first(client: TestClient) -> None:
     assert names == [f"f{i}.jsonl" for i in reversed(range(5))]
     unknown = client.get("/v1/files", headers=user, params={"after": "file-nope"})
     assert unknown.status_code == 422 and unknown.json()["error"]["details"][0]["field"] == "after"
+
+
+def test_only_a_processed_file_of_ones_own_is_usable_for_a_fine_tune(client: TestClient) -> None:
+    owner = _user(client, "owner@example.com")
+    good = _upload(client, owner, _jsonl(CHAT)).json()["id"]
+    bad = _upload(client, owner, b"{oops\n").json()["id"]
+    ctx: CloudContext = client.app.state.ctx  # type: ignore[attr-defined]
+    with ctx.db.session() as session:
+        owner_id = session.get(DataFile, good).owner_id  # type: ignore[union-attr]
+        assert datasets.usable(session, owner_id=owner_id, file_id=good, field="training_file").id == good
+        for file_id, owner_of, expected in (
+            (bad, owner_id, "has problems (line 1"),
+            (good, "someone", "no file"),
+        ):
+            with pytest.raises(AppError) as refused:
+                datasets.usable(session, owner_id=owner_of, file_id=file_id, field="validation_file")
+            assert refused.value.status == 422 and expected in refused.value.message
+            assert refused.value.details[0]["field"] == "validation_file"

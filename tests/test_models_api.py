@@ -110,9 +110,15 @@ def test_an_uncompressed_tar_with_a_sentencepiece_tokenizer_is_accepted(client: 
     user = _user(client, "dev@example.com")
     files = model_files(**{"tokenizer.json": None, "tokenizer.model": b"\x00spm"})
     files["config.json"] = json.dumps({"model_type": "qwen2"}).encode()
-    answer = _upload(client, user, "qwen-tiny", archive(files, gzip=False))
+    # Sharded, and larger than the default body limit (1 MiB): the upload route has its own.
+    files["model-00001-of-00002.safetensors"] = files.pop("model.safetensors")
+    files["model-00002-of-00002.safetensors"] = safetensors_bytes({"big": [512, 1024]})
+    body = archive(files, gzip=False)
+    assert len(body) > 2 * 1024 * 1024
+    answer = _upload(client, user, "qwen-tiny", body)
     assert answer.status_code == 201, answer.text
     assert answer.json()["architecture"] == "qwen2"
+    assert answer.json()["parameters"] == PARAMETERS + 512 * 1024
 
 
 def _add_symlink(tar: tarfile.TarFile) -> None:

@@ -166,3 +166,14 @@ def delete(session: Session, *, owner_id: str, file_id: str) -> None:
 def content(session: Session, *, owner_id: str, file_id: str) -> Artifact:
     """Where the owner's file lies in the store, for ``ArtifactStore.download``."""
     return artifact_of(get(session, owner_id=owner_id, file_id=file_id))
+
+
+def usable(session: Session, *, owner_id: str, file_id: str, field: str) -> DataFile:
+    """A file the owner's fine-tune may train on: theirs and ``processed``; else a 422 naming
+    ``field`` (``training_file``, ``validation_file``) that says why."""
+    file = session.get(DataFile, file_id)
+    if file is None or file.owner_id != owner_id:
+        raise invalid(field, f"no file {file_id}")
+    if file.status != FileStatus.PROCESSED:
+        raise invalid(field, f"file {file_id} has problems ({status_details(file)}); upload a corrected one")
+    return file

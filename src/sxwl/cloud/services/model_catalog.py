@@ -90,7 +90,8 @@ async def _register(
         try:
             facts: ModelFacts = await asyncio.to_thread(inspect, path, max_bytes=limit)
         except ArchiveProblem as exc:
-            raise invalid("file", str(exc)) from None
+            # Member names are the uploader's bytes: the message stays encodable as JSON.
+            raise invalid("file", str(exc).encode("utf-8", "backslashreplace").decode()) from None
         artifact = Artifact(job_id=MODELS_JOB, attempt=0, path=f"{digest}.tar")
         try:
             await ctx.artifacts.put(artifact, file_chunks(path), limit, digest)
