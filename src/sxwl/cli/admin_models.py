@@ -41,10 +41,9 @@ def _register(data_dir: Path, name: str, archive: Path) -> str:
     migrate.upgrade(ctx.db.engine)
     try:
         # In a thread of its own: the caller may already run an event loop (a test, a notebook).
-        with ThreadPoolExecutor(1) as pool:
+        with archive.open("rb") as handle, ThreadPoolExecutor(1) as pool:
             model = pool.submit(
-                asyncio.run,
-                model_catalog.register_public(ctx, name=name, chunks=model_catalog.file_chunks(archive)),
+                asyncio.run, model_catalog.register_public(ctx, name=name, archive=handle)
             ).result()
     except AppError as exc:
         raise CliError(

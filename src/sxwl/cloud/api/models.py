@@ -10,7 +10,7 @@ from fastapi.responses import Response
 
 from sxwl.cloud.api.catalog_schemas import ModelListOut, ModelOut, model_out
 from sxwl.cloud.api.deps import Ctx, CurrentAdmin, CurrentUser
-from sxwl.cloud.api.files import DOWNLOAD, MULTIPART_SLACK, upload_chunks
+from sxwl.cloud.api.files import DOWNLOAD, MULTIPART_SLACK
 from sxwl.cloud.api.jobs import ARTIFACT_HEADERS, ARTIFACT_TYPE
 from sxwl.cloud.api.responses import SIGNED_IN, WITH_BODY, errors
 from sxwl.cloud.body_rules import body_rule
@@ -41,7 +41,7 @@ def get_model(model_id: str, user: CurrentUser, ctx: Ctx) -> ModelOut:
 @body_rule(lambda s: (s.model_max_bytes + MULTIPART_SLACK, s.artifact_upload_timeout_s))
 async def upload_model(file: ArchivePart, name: NamePart, user: CurrentUser, ctx: Ctx) -> ModelOut:
     """A base model only its uploader sees: 422 naming ``file`` says what the archive lacks."""
-    model = await model_catalog.upload_base(ctx, owner=user, name=name, chunks=upload_chunks(file))
+    model = await model_catalog.upload_base(ctx, owner=user, name=name, archive=file.file)
     return model_out(model)
 
 
@@ -49,7 +49,7 @@ async def upload_model(file: ArchivePart, name: NamePart, user: CurrentUser, ctx
 @body_rule(lambda s: (s.model_max_bytes + MULTIPART_SLACK, s.artifact_upload_timeout_s))
 async def register_public_model(file: ArchivePart, name: NamePart, admin: CurrentAdmin, ctx: Ctx) -> ModelOut:
     """A public base model (administrators only)."""
-    model = await model_catalog.register_public(ctx, name=name, chunks=upload_chunks(file))
+    model = await model_catalog.register_public(ctx, name=name, archive=file.file)
     return model_out(model)
 
 

@@ -11,7 +11,7 @@ import struct
 import tarfile
 import zlib
 from dataclasses import dataclass
-from pathlib import Path, PurePosixPath
+from pathlib import PurePosixPath
 from typing import IO, Any
 
 MAX_MEMBERS = 10_000
@@ -129,13 +129,15 @@ def _judge_member(tar: tarfile.TarFile, member: tarfile.TarInfo, seen: _Seen, ma
         raise ArchiveProblem(f"config.json must be at the archive's root, found {name!r}: {HOW_TO_PACK}")
 
 
-def inspect(path: Path, *, max_bytes: int, max_members: int = MAX_MEMBERS) -> ModelFacts:
-    """The model's facts, or ``ArchiveProblem`` saying what is wrong. Members are judged as they are
-    read, so a gzip archive is decompressed once, front to back."""
+def inspect(archive: IO[bytes], *, max_bytes: int, max_members: int = MAX_MEMBERS) -> ModelFacts:
+    """The facts of the model in ``archive`` (a seekable file, read from its start), or
+    ``ArchiveProblem`` saying what is wrong. Members are judged as they are read, so a gzip archive
+    is decompressed once, front to back."""
     seen = _Seen(names=set())
     count = 0
+    archive.seek(0)
     try:
-        with tarfile.open(path, "r:*") as tar:
+        with tarfile.open(fileobj=archive, mode="r:*") as tar:
             while (member := tar.next()) is not None:
                 count += 1
                 if count > max_members:

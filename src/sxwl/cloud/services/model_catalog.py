@@ -7,9 +7,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import re
-import tempfile
 from collections.abc import AsyncIterator, Sequence
-from pathlib import Path
 from typing import IO
 
 from sqlalchemy import or_, select
@@ -21,7 +19,7 @@ from sxwl.cloud.db.finetune_models import CatalogModel, ModelKind
 from sxwl.cloud.db.models import User
 from sxwl.cloud.errors import AppError, invalid
 from sxwl.cloud.services.model_archive import ArchiveProblem, ModelFacts, inspect
-from sxwl.cloud.storage import Artifact, StoreUnavailable, TooLarge
+from sxwl.cloud.storage import Artifact, DigestMismatch, StoreUnavailable, TooLarge
 
 MODELS_JOB = "models"  # the store's reserved job id for model archives
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
@@ -43,36 +41,33 @@ def artifact_of(model: CatalogModel) -> Artifact:
     return Artifact(job_id=str(address["job_id"]), attempt=int(address["attempt"]), path=str(address["path"]))
 
 
-def _taken(session: Session, name: str) -> AppError | None:
-    if session.get(CatalogModel, name) is None:
-        return None
+def _taken_error(name: str) -> AppError:
     return AppError(409, f"a model named {name} already exists", code="name_taken", details={"name": name})
 
 
-async def _spool(chunks: AsyncIterator[bytes], spool: IO[bytes], limit: int) -> tuple[int, str]:
+def _taken(session: Session, name: str) -> AppError | None:
+    return None if session.get(CatalogModel, name) is None else _taken_error(name)
+
+
+def _size_and_sha256(archive: IO[bytes], limit: int) -> tuple[int, str]:
+    archive.seek(0)
     digest, size = hashlib.sha256(), 0
-    async for chunk in chunks:
+    while chunk := archive.read(CHUNK):
         size += len(chunk)
         if size > limit:
             raise AppError(413, f"model archive larger than {limit} bytes", details={"max_bytes": limit})
         digest.update(chunk)
-        await asyncio.to_thread(spool.write, chunk)
-    await asyncio.to_thread(spool.flush)
     return size, digest.hexdigest()
 
 
-async def file_chunks(path: Path) -> AsyncIterator[bytes]:
-    handle = await asyncio.to_thread(path.open, "rb")
-    try:
-        while chunk := await asyncio.to_thread(handle.read, CHUNK):
-            yield chunk
-    finally:
-        handle.close()
+async def file_chunks(archive: IO[bytes]) -> AsyncIterator[bytes]:
+    """The file's bytes from its start, read off the event loop."""
+    await asyncio.to_thread(archive.seek, 0)
+    while chunk := await asyncio.to_thread(archive.read, CHUNK):
+        yield chunk
 
 
-async def _register(
-    ctx: CloudContext, owner_id: str | None, name: str, chunks: AsyncIterator[bytes]
-) -> CatalogModel:
+async def _register(ctx: CloudContext, owner_id: str | None, name: str, archive: IO[bytes]) -> CatalogModel:
     check_name(name)
 
     def taken() -> AppError | None:
@@ -80,29 +75,25 @@ async def _register(
             return _taken(session, name)
 
     if (conflict := await asyncio.to_thread(taken)) is not None:
-        raise conflict  # before the bytes are read: a name taken costs the uploader nothing
+        raise conflict
     limit = ctx.settings.model_max_bytes
-    # Spooled to disk and judged whole before the store sees a byte: a refused archive stores nothing.
-    with tempfile.TemporaryDirectory(prefix="sxwl-model-") as scratch:
-        path = Path(scratch) / "archive"
-        with path.open("wb") as spool:
-            size, digest = await _spool(chunks, spool, limit)
-        try:
-            facts: ModelFacts = await asyncio.to_thread(inspect, path, max_bytes=limit)
-        except ArchiveProblem as exc:
-            # Member names are the uploader's bytes: the message stays encodable as JSON.
-            raise invalid("file", str(exc).encode("utf-8", "backslashreplace").decode()) from None
-        artifact = Artifact(job_id=MODELS_JOB, attempt=0, path=f"{digest}.tar")
-        try:
-            await ctx.artifacts.put(artifact, file_chunks(path), limit, digest)
-        except TooLarge:
-            raise AppError(
-                413, f"model archive larger than {limit} bytes", details={"max_bytes": limit}
-            ) from None
-        except StoreUnavailable as exc:
-            raise AppError(
-                503, f"{exc}; nothing was recorded, try again later", code="store_unavailable"
-            ) from None
+    # Judged whole before the store sees a byte: a refused archive stores nothing.
+    size, digest = await asyncio.to_thread(_size_and_sha256, archive, limit)
+    try:
+        facts: ModelFacts = await asyncio.to_thread(inspect, archive, max_bytes=limit)
+    except ArchiveProblem as exc:
+        # Member names are the uploader's bytes: the message stays encodable as JSON.
+        raise invalid("file", str(exc).encode("utf-8", "backslashreplace").decode()) from None
+    artifact = Artifact(job_id=MODELS_JOB, attempt=0, path=f"{digest}.tar")
+    try:
+        # The sha256 is checked again on the way in: the file cannot change unnoticed meanwhile.
+        await ctx.artifacts.put(artifact, file_chunks(archive), limit, digest)
+    except (TooLarge, DigestMismatch):
+        raise AppError(409, "the archive changed while it was stored; nothing was recorded") from None
+    except StoreUnavailable as exc:
+        raise AppError(
+            503, f"{exc}; nothing was recorded, try again later", code="store_unavailable"
+        ) from None
     row = CatalogModel(
         id=name,
         owner_id=owner_id,
@@ -119,25 +110,22 @@ async def _register(
             with ctx.db.session() as session:
                 session.add(row)
         except IntegrityError:
-            raise AppError(
-                409, f"a model named {name} already exists", code="name_taken", details={"name": name}
-            ) from None
+            raise _taken_error(name) from None
         return row
 
     return await asyncio.to_thread(record)
 
 
-async def upload_base(
-    ctx: CloudContext, *, owner: User, name: str, chunks: AsyncIterator[bytes]
-) -> CatalogModel:
-    """A base model private to ``owner``: 422 naming ``file`` for an archive that is not a model
+async def upload_base(ctx: CloudContext, *, owner: User, name: str, archive: IO[bytes]) -> CatalogModel:
+    """A base model private to ``owner`` from ``archive``, a seekable file (an upload as the web
+    server spooled it, a file the CLI opened): 422 naming ``file`` for an archive that is not a model
     directory, 409 for a name taken, 413 past ``model_max_bytes``."""
-    return await _register(ctx, owner.id, name, chunks)
+    return await _register(ctx, owner.id, name, archive)
 
 
-async def register_public(ctx: CloudContext, *, name: str, chunks: AsyncIterator[bytes]) -> CatalogModel:
+async def register_public(ctx: CloudContext, *, name: str, archive: IO[bytes]) -> CatalogModel:
     """A base model every user sees (an admin's, through the API or `sxwl admin register-model`)."""
-    return await _register(ctx, None, name, chunks)
+    return await _register(ctx, None, name, archive)
 
 
 def visible(session: Session, *, user: User) -> Sequence[CatalogModel]:
