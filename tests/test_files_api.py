@@ -7,14 +7,18 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from fastapi.testclient import TestClient
 
+from sxwl.cloud.app import create_app
 from sxwl.cloud.context import CloudContext
 from sxwl.cloud.db.finetune_models import DataFile
 from sxwl.cloud.errors import AppError
 from sxwl.cloud.services import datasets
-from tests.conftest import login, register
+from tests.conftest import MakeSettings, login, register
+from tests.support.seaweedfs import SeaweedFS
+from tests.test_s3_artifacts import s3_settings, seaweed  # noqa: F401 - makes `seaweed` a fixture here
 
 CHAT = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]}
 PROMPT = {"prompt": "2+2=", "completion": "4"}
@@ -231,3 +235,30 @@ def test_only_a_processed_file_of_ones_own_is_usable_for_a_fine_tune(client: Tes
                 datasets.usable(session, owner_id=owner_of, file_id=file_id, field="validation_file")
             assert refused.value.status == 422 and expected in refused.value.message
             assert refused.value.details[0]["field"] == "validation_file"
+
+
+def test_with_the_s3_store_files_and_models_download_by_redirect(
+    make_settings: MakeSettings,
+    seaweed: SeaweedFS,  # noqa: F811 - the fixture imported above
+    tmp_path: Path,
+) -> None:
+    from tests.test_models_api import archive, model_files
+
+    client = TestClient(create_app(s3_settings(make_settings, seaweed, tmp_path)))
+    with client:
+        user = _user(client, "dev@example.com")
+        data = _jsonl(CHAT, PROMPT)  # line 2: another format, judged on its way to the store
+        body = _upload(client, user, data).json()
+        assert body["validation"]["problems"][0]["line"] == 2
+        model = archive(model_files())
+        made = client.post(
+            "/api/v1/models", headers=user, data={"name": "tiny"}, files={"file": ("m.tgz", model)}
+        )
+        assert made.status_code == 201, made.text
+        for path, expected in (
+            (f"/v1/files/{body['id']}/content", data),
+            ("/api/v1/models/tiny/content", model),
+        ):
+            redirect = client.get(path, headers=user, follow_redirects=False)
+            assert redirect.status_code == 307
+            assert httpx.get(redirect.headers["location"]).content == expected
