@@ -262,3 +262,12 @@ def test_with_the_s3_store_files_and_models_download_by_redirect(
             redirect = client.get(path, headers=user, follow_redirects=False)
             assert redirect.status_code == 307
             assert httpx.get(redirect.headers["location"]).content == expected
+
+
+def test_the_first_hundred_problems_are_kept_and_all_are_counted(client: TestClient) -> None:
+    user = _user(client, "dev@example.com")
+    body = _upload(client, user, _jsonl(CHAT) + b"nope\n" * 150).json()
+    validation = body["validation"]
+    assert validation["problem_count"] == 150 and len(validation["problems"]) == 100
+    assert [p["line"] for p in validation["problems"]] == list(range(2, 102))
+    assert body["status_details"].endswith("(and 149 more problem(s))")
