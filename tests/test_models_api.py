@@ -140,6 +140,7 @@ def test_unsafe_or_incomplete_archives_are_refused_and_nothing_is_stored(client:
             archive(model_files(**{"model.safetensors": None, "pytorch_model.bin": b"\x80\x04pickle"})),
             "safetensors only",
         ),
+        (archive(model_files(**{"training_args.bin": b"\x80\x04pickle"})), "safetensors only"),
         (archive(model_files(**{"model.safetensors": None})), "no *.safetensors"),
         (archive(model_files(**{"model.safetensors": b"\xff" * 16})), "not a safetensors file"),
         (archive(model_files(**{"config.json": b"{}"})), "`architectures`"),

@@ -100,7 +100,6 @@ class _Seen:
     architecture: str | None = None
     parameters: int = 0
     weights: int = 0
-    pickles: int = 0
     total: int = 0
 
 
@@ -114,7 +113,11 @@ def _judge_member(tar: tarfile.TarFile, member: tarfile.TarInfo, seen: _Seen, ma
         raise ArchiveProblem(f"the archive's files add up to more than {max_bytes} bytes")
     base = name.rsplit("/", 1)[-1]
     if name.endswith(PICKLE_SUFFIXES):
-        seen.pickles += 1
+        # Even beside safetensors: a loader may pick them, and unpickling runs the uploader's code.
+        raise ArchiveProblem(
+            f"{name!r}: pickled files (.bin, .pt, .ckpt ...) can run code when loaded: safetensors only "
+            "(save with save_pretrained(..., safe_serialization=True) and leave the pickles out)"
+        )
     if name == "config.json" or name.endswith(".safetensors"):
         handle = tar.extractfile(member)
         if handle is None:  # never for a regular file; kept for the type checker
@@ -152,10 +155,5 @@ def inspect(archive: IO[bytes], *, max_bytes: int, max_members: int = MAX_MEMBER
     if not seen.names & TOKENIZER_FILES:
         raise ArchiveProblem("no tokenizer: the archive needs tokenizer.json, tokenizer.model or vocab files")
     if seen.weights == 0:
-        if seen.pickles:
-            raise ArchiveProblem(
-                "the weights are pickled (.bin/.pt), which can run code when loaded: safetensors only "
-                "(save them with save_pretrained(..., safe_serialization=True))"
-            )
         raise ArchiveProblem("no *.safetensors weights in the archive")
     return ModelFacts(seen.architecture, seen.parameters, len(seen.names), seen.total)
