@@ -12,7 +12,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from sxwl.cli import admin_money, billing, client, finetune, jobs, server
+from sxwl.cli import admin_models, admin_money, billing, client, finetune, jobs, server
 from sxwl.cli.client import CliError, Credentials
 from sxwl.cloud.logs import LogFormat
 
@@ -34,6 +34,7 @@ app.add_typer(key_app, name="access-key")
 app.add_typer(billing.app, name="billing")
 app.command("earnings")(billing.earnings)
 admin_money.register(admin_app)
+admin_models.register(admin_app)
 out = Console()
 
 DataDir = Annotated[
