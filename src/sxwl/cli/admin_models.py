@@ -4,7 +4,6 @@ database, through the same service as ``POST /api/v1/admin/models`` (how `make r
 from __future__ import annotations
 
 import asyncio
-import tarfile
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -15,20 +14,12 @@ from rich.console import Console
 
 from sxwl.cli import server
 from sxwl.cli.client import CliError
+from sxwl.cloud.services.model_archive import pack_directory
 
 out = Console()
 DataDir = Annotated[
     Path, typer.Option("--data-dir", envvar="SXWL_DATA_DIR", help="Where the database and keys live.")
 ]
-
-
-def pack_directory(model_dir: Path, target: Path) -> None:
-    """The model directory as a tar with its files at the root. Links are followed (a hub cache's
-    snapshot is links to blobs); hidden entries at the top (.git, .cache) are left out."""
-    with tarfile.open(target, "w", dereference=True) as tar:
-        for child in sorted(model_dir.iterdir()):
-            if not child.name.startswith("."):
-                tar.add(child, arcname=child.name)
 
 
 def _register(data_dir: Path, name: str, archive: Path) -> str:

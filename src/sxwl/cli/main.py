@@ -92,7 +92,7 @@ def up(port: Port = 8000, data_dir: DataDir = Path(".sxwl"), log_format: LogForm
     provider's CPod; print the console URL and the logins."""
     settings = server.settings_for(data_dir, port, log_format=log_format)
     demo = server.ensure_demo_accounts(settings)
-    server.print_banner(settings.public_url, demo.logins, demo.user_balance)
+    server.print_banner(demo, settings.public_url)
     agent = server.start_local_agent(settings, demo.provider_access_key)
     # uvicorn re-raises SIGTERM after its shutdown; turning it into SystemExit lets `finally` stop the agent.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))

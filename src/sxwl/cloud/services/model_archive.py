@@ -11,7 +11,7 @@ import struct
 import tarfile
 import zlib
 from dataclasses import dataclass
-from pathlib import PurePosixPath
+from pathlib import Path, PurePosixPath
 from typing import IO, Any
 
 MAX_MEMBERS = 10_000
@@ -157,3 +157,12 @@ def inspect(archive: IO[bytes], *, max_bytes: int, max_members: int = MAX_MEMBER
     if seen.weights == 0:
         raise ArchiveProblem("no *.safetensors weights in the archive")
     return ModelFacts(seen.architecture, seen.parameters, len(seen.names), seen.total)
+
+
+def pack_directory(model_dir: Path, target: Path) -> None:
+    """The model directory as a tar with its files at the root. Links are followed (a hub cache's
+    snapshot is links to blobs); hidden entries at the top (.git, .cache) are left out."""
+    with tarfile.open(target, "w", dereference=True) as tar:
+        for child in sorted(model_dir.iterdir()):
+            if not child.name.startswith("."):
+                tar.add(child, arcname=child.name)
