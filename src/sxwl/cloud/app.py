@@ -16,7 +16,18 @@ from pydantic.json_schema import models_json_schema
 
 import sxwl
 from sxwl.cloud import errors, logs, metrics_route, web
-from sxwl.cloud.api import admin, agent, artifact_uploads, auth, billing, cpods, jobs, me
+from sxwl.cloud.api import (
+    admin,
+    agent,
+    agent_inputs,
+    artifact_uploads,
+    auth,
+    billing,
+    cpods,
+    fine_tuning,
+    jobs,
+    me,
+)
 from sxwl.cloud.api.deps import plain_parameters
 from sxwl.cloud.background import listener, liveness, metering, rate_events, scheduling
 from sxwl.cloud.body_rules import BodyRules
@@ -34,6 +45,7 @@ API_PREFIX = paths.API
 API_ROUTERS = (
     agent.router,
     artifact_uploads.router,
+    agent_inputs.router,
     auth.router,
     me.router,
     admin.router,
@@ -88,6 +100,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     for router in API_ROUTERS:
         api.include_router(router)
     app.include_router(api)
+    # OpenAI's paths, at the root (``base_url=<cloud>/v1``): docs/finetune.md.
+    app.include_router(fine_tuning.router, dependencies=[Depends(plain_parameters)])
 
     heartbeat_path = paths.url(paths.HEARTBEAT)
     registry = CollectorRegistry()
