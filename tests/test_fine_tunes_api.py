@@ -20,6 +20,7 @@ from sxwl.cloud.services import cpods as cpod_service
 from sxwl.protocol.finetune import Progress, checkpoint_artifact, progress_line
 from tests.conftest import login, register
 from tests.support.agent import eventually
+from tests.support.clock import TestClock
 from tests.support.cpods import beat, gpu_node
 from tests.support.finetune_rows import add_file, add_model
 from tests.test_admin_api import make_admin
@@ -256,6 +257,8 @@ def test_a_requeued_attempt_resumes_from_the_last_checkpoint(ft: FineTunes) -> N
     cpod_service.sweep_liveness(ft.ctx, utcnow() + timedelta(seconds=40))  # unknown
     cpod_service.sweep_liveness(ft.ctx, utcnow() + timedelta(seconds=200))  # offline → requeued
     assert ft.get(fine_tune["id"])["status"] == "queued"
+    lost = ft.messages(fine_tune["id"])[0]
+    assert lost.startswith("Attempt 1 was lost") and "resumes from the checkpoint at step 3" in lost
     stale = ft.fetch(job_id, "model", attempt=1)
     assert stale.status_code == 409 and stale.json()["error"]["details"]["stop"] is True
 
@@ -348,3 +351,28 @@ def test_users_list_only_their_fine_tunes(ft: FineTunes) -> None:
     assert ft.client.get(f"{URL}/{made[0]}", headers=other).status_code == 404
     assert ft.client.post(f"{URL}/{made[0]}/cancel", headers=other).status_code == 404
     assert ft.client.get(f"{URL}/{made[0]}/events", headers=other).status_code == 404
+
+
+def test_eta_and_expected_cost_come_from_the_recent_step_rate(
+    clock: TestClock, make_client: Callable[..., TestClient]
+) -> None:
+    # Billing on (attempts are priced only then), its metering loop left to the test.
+    ft = FineTunes(make_client(billing_enabled=True, metering_interval_s=3600.0))
+    admin = make_admin(ft.client)
+    prices = {"prices": [{"product": PRODUCT, "price_per_hour_yuan": "7.20", "fee_percent": "10"}]}
+    assert ft.client.put("/api/v1/admin/prices", headers=admin, json=prices).status_code == 200
+    top_up = {"user_id": ft.user_id, "amount_yuan": "100", "note": "test"}
+    assert ft.client.post("/api/v1/admin/top-ups", headers=admin, json=top_up).status_code == 201
+    fine_tune, _ = ft.running()
+    started = ft.get(fine_tune["id"])
+    assert started["estimated_finish"] is None and started["cost"]["expected_total"] is None
+    job_id = fine_tune["job_id"]
+    first = _line("metrics", step=2, total_steps=10, loss=2.0)
+    ft.log(job_id, 1, 0, first)
+    clock.advance(10)  # 2 steps in 10 s: the 6 steps left take 30 s more
+    ft.log(job_id, 1, len(first), _line("metrics", step=4, total_steps=10, loss=1.8))
+    now = ft.get(fine_tune["id"])
+    assert now["estimated_finish"] == int(clock.now.timestamp()) + 30
+    # The rest of the run at 7.20 CNY per GPU-hour: 30 s of one GPU is 60000 micro-yuan.
+    assert now["cost"]["expected_total"] - now["cost"]["so_far"] == 60_000
+    assert now["progress"]["percent"] == 40.0

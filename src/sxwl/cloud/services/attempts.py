@@ -111,6 +111,8 @@ def requeue(session: Session, job: Job, why: str) -> None:
         job.node_names = []
         job.reason = f"queued again: {why}"
         add_event(session, job, "requeued", why)
+        if job.trainer is not None:
+            fine_tune_outputs.requeued(session, job, old_attempt, why)
         on_commit(session).wake_scheduler()
 
 

@@ -67,6 +67,17 @@ def artifact_recorded(session: Session, job: Job, attempt: int, path: str, size:
     job.inputs = [entry for entry in job.inputs if entry.get("name") != "resume"] + [resume]
 
 
+def requeued(session: Session, job: Job, attempt: int, why: str) -> None:
+    fine_tune = fine_tune_events.of_job(session, job.id)
+    if fine_tune is None:
+        return
+    resume = next((entry for entry in job.inputs if entry.get("name") == "resume"), None)
+    step = checkpoint_step(str(resume["object"]["path"])) if resume else None
+    then = f"it resumes from the checkpoint at step {step}" if step is not None else "it starts again"
+    message = f"Attempt {attempt} was lost ({why}); queued again, {then}"
+    fine_tune_events.add(session, fine_tune, message, attempt=attempt, level="warn")
+
+
 def at_end(job: Job, session: Session, state: JobState, reason: str | None) -> tuple[JobState, str | None]:
     """The fine-tune's part of its job ending in ``state``: on success the adapter is registered, and
     a job that wrote none has failed. Returns the state (and reason) the job ends in."""
