@@ -16,6 +16,7 @@ from sxwl.protocol.finetune import Progress, parse_progress
 # The most log bytes one append reads: an append is a few KiB, so this only bounds a backlog (the
 # first append after a cloud upgrade, say). What is left is read by the next append.
 MAX_READ = 1 << 20
+MAX_CHUNKS = 64  # and the most chunk rows it loads for that, whatever their size
 
 
 def absorb(session: Session, job: Job, attempt: int) -> None:
@@ -49,6 +50,7 @@ def _read(session: Session, job_id: str, attempt: int, offset: int) -> bytes:
             LogChunk.offset + func.length(LogChunk.data) > offset,
         )
         .order_by(LogChunk.offset)
+        .limit(MAX_CHUNKS)
     ).all()
     out = bytearray()
     position = offset
