@@ -376,3 +376,12 @@ def test_eta_and_expected_cost_come_from_the_recent_step_rate(
     # The rest of the run at 7.20 CNY per GPU-hour: 30 s of one GPU is 60000 micro-yuan.
     assert now["cost"]["expected_total"] - now["cost"]["so_far"] == 60_000
     assert now["progress"]["percent"] == 40.0
+
+
+def test_bad_cursors_name_the_parameter(ft: FineTunes) -> None:
+    made = ft.created()["id"]
+    events = ft.client.get(f"{URL}/{made}/events", headers=ft.user, params={"after": "ftevent-x"})
+    assert events.status_code == 422 and events.json()["error"]["details"][0]["field"] == "after"
+    checkpoints = ft.client.get(f"{URL}/{made}/checkpoints", headers=ft.user, params={"after": "ftckpt-no"})
+    assert checkpoints.status_code == 422 and checkpoints.json()["error"]["details"][0]["field"] == "after"
+    assert ft.client.get(URL, headers=ft.user, params={"after": "ftjob-none"}).status_code == 404
