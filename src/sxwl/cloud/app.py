@@ -16,7 +16,20 @@ from pydantic.json_schema import models_json_schema
 
 import sxwl
 from sxwl.cloud import errors, logs, metrics_route, web
-from sxwl.cloud.api import admin, agent, artifact_uploads, auth, billing, cpods, files, jobs, me, models
+from sxwl.cloud.api import (
+    admin,
+    agent,
+    agent_inputs,
+    artifact_uploads,
+    auth,
+    billing,
+    cpods,
+    files,
+    fine_tuning,
+    jobs,
+    me,
+    models,
+)
 from sxwl.cloud.api.deps import plain_parameters
 from sxwl.cloud.background import listener, liveness, metering, rate_events, scheduling
 from sxwl.cloud.body_rules import BodyRules
@@ -34,6 +47,7 @@ API_PREFIX = paths.API
 API_ROUTERS = (
     agent.router,
     artifact_uploads.router,
+    agent_inputs.router,
     auth.router,
     me.router,
     admin.router,
@@ -44,7 +58,7 @@ API_ROUTERS = (
 )
 # The OpenAI-compatible API (the `openai` client with base_url=<cloud>/v1): docs/finetune.md.
 OPENAI_PREFIX = "/v1"
-OPENAI_ROUTERS = (files.router, models.router)
+OPENAI_ROUTERS = (files.router, models.router, fine_tuning.router)
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
