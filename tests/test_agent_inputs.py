@@ -7,13 +7,9 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import io
 import os
-import tarfile
 import threading
 from collections.abc import Coroutine, Iterator
-from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -27,10 +23,11 @@ from sxwl.agent.runtimes.sandbox import detect
 from sxwl.protocol.finetune import CHECKPOINT_DIR, JobInput, ResolvedHyperparameters, TrainerRun, TrainerSpec
 from sxwl.protocol.models import Assignment
 from tests.support.agent import eventually
+from tests.support.input_server import JOB, Served, input_path, job_input, servers, tar_of
 from tests.test_jobs_process import World
 
+__all__ = ["servers"]  # the fixture
 T = TypeVar("T")
-JOB = "0" * 32
 TOKEN = "sxcp_test-token"
 
 
@@ -51,85 +48,6 @@ def run(coro: Coroutine[Any, Any, T]) -> T:
     if errors:
         raise errors[0]
     return result[0]
-
-
-@dataclass
-class Served:
-    """What a server answers per path, and the requests it saw (path, Authorization header)."""
-
-    bodies: dict[str, bytes] = field(default_factory=dict)
-    redirects: dict[str, str] = field(default_factory=dict)
-    seen: list[tuple[str, str | None]] = field(default_factory=list)
-    url: str = ""
-
-
-@pytest.fixture
-def servers() -> Iterator[tuple[Served, Served]]:
-    """The "cloud" (answers inputs, or redirects them) and the "store" on another port."""
-    made: list[ThreadingHTTPServer] = []
-    states = (Served(), Served())
-    for state in states:
-
-        class Handler(BaseHTTPRequestHandler):
-            served = state
-
-            def do_GET(self) -> None:
-                path = self.path.split("?")[0]
-                self.served.seen.append((self.path, self.headers.get("Authorization")))
-                if path in self.served.redirects:
-                    self.send_response(307)
-                    self.send_header("Location", self.served.redirects[path])
-                    self.send_header("Content-Length", "0")
-                    self.end_headers()
-                    return
-                body = self.served.bodies.get(path)
-                if body is None:
-                    payload = b'{"error": {"code": "not_found", "message": "no such input"}}'
-                    self.send_response(404)
-                    self.send_header("Content-Type", "application/json")
-                    self.send_header("Content-Length", str(len(payload)))
-                    self.end_headers()
-                    self.wfile.write(payload)
-                    return
-                self.send_response(200)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, format: str, *args: Any) -> None:
-                pass
-
-        server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        state.url = f"http://127.0.0.1:{server.server_address[1]}"
-        threading.Thread(target=server.serve_forever, daemon=True).start()
-        made.append(server)
-    yield states
-    for server in made:
-        server.shutdown()
-        server.server_close()
-
-
-def input_path(name: str) -> str:
-    return f"/api/v1/agent/jobs/{JOB}/inputs/{name}"
-
-
-def job_input(name: str, data: bytes, archive: bool = False) -> JobInput:
-    return JobInput(name=name, sha256=hashlib.sha256(data).hexdigest(), size=len(data), archive=archive)  # type: ignore[arg-type]
-
-
-def tar_of(members: dict[str, bytes], links: dict[str, str] | None = None) -> bytes:
-    buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w") as tar:
-        for name, data in members.items():
-            info = tarfile.TarInfo(name)
-            info.size = len(data)
-            tar.addfile(info, io.BytesIO(data))
-        for name, target in (links or {}).items():
-            info = tarfile.TarInfo(name)
-            info.type = tarfile.SYMTYPE
-            info.linkname = target
-            tar.addfile(info)
-    return buffer.getvalue()
 
 
 async def fetch(cloud: Served, root: Path, *items: JobInput) -> list[Path]:
