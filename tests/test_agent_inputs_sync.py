@@ -89,7 +89,8 @@ def test_an_attempt_starts_once_its_inputs_are_fetched(
 
     async def body(sync: JobSync[LocalJob]) -> str:
         await sync.handle(AssignmentsReply(assignments=[assignment()]))
-        assert [r.state for r in sync.reports()] == ["starting"]  # while its inputs are fetched
+        assert sync.reports() == []  # while its inputs are fetched: its GPUs stay counted as assigned
+        assert f"{JOB}:1" in sync.preparing
         await until(lambda: bool(sync.runtime.jobs))
         (job,) = sync.runtime.jobs.values()
         await until(lambda: bool(sync.runtime.poll()))
@@ -164,3 +165,36 @@ def test_an_attempt_left_fetching_by_a_restart_is_reported_lost(
         {"attempt": 3, "state": "lost", "reason": "the agent restarted while fetching the job's inputs"}
     ]
     eventually(lambda: not list((tmp_path / "state" / "cache" / ".pending").iterdir()), what="marker gone")
+
+
+def test_a_kubernetes_cpod_refuses_a_fine_tune(servers: tuple[Served, Served], tmp_path: Path) -> None:
+    """Fine-tunes run on local CPods in this release: the Kubernetes runtime ends such an attempt
+    failed with that reason, before fetching anything or calling its API server."""
+    from kubernetes_asyncio.client import ApiClient, Configuration
+
+    from sxwl.agent.runtimes.kubernetes import KubernetesRuntime
+
+    cloud, _ = servers
+    cloud.bodies[input_path("training_file")] = DATA
+
+    async def main() -> None:
+        configuration = Configuration()
+        configuration.host = "https://127.0.0.1:1"  # never called
+        async with ApiClient(configuration) as api:
+            client = CloudClient(cloud.url)
+            sync = JobSync(client, KubernetesRuntime(api, state_dir=tmp_path / "k8s"), TOKEN)
+            with_image = assignment().model_copy(update={"image": "python:3.11"})
+            await sync.handle(AssignmentsReply(assignments=[with_image]))
+            await client.close()
+
+    thread = threading.Thread(target=lambda: asyncio.run(main()))
+    thread.start()
+    thread.join()
+    assert cloud.reports == [
+        {
+            "attempt": 1,
+            "state": "failed",
+            "reason": "could not start: fine-tunes run on local CPods in this release",
+        }
+    ]
+    assert not any("/inputs/" in path for path, _ in cloud.seen)

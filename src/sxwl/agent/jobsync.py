@@ -46,16 +46,13 @@ class JobSync(Generic[J]):
         self._cache_sent: list[CachedInput] | None = None
 
     def reports(self) -> list[JobReport]:
-        """What the heartbeat says this CPod holds."""
-        running = [
+        """What the heartbeat says this CPod holds. Attempts still fetching their inputs are left
+        out: the cloud then keeps counting their GPUs as assigned and not yet reported (invariant 3,
+        docs/architecture.md), where a listed attempt's GPUs would have to show in ``used``."""
+        return [
             JobReport(job_id=j.job_id, attempt=j.attempt, state=j.outcome or "running")
             for j in self.runtime.jobs.values()
         ]
-        fetching = [
-            JobReport(job_id=job_id, attempt=int(attempt), state="starting")
-            for job_id, _, attempt in (key.rpartition(":") for key in self.preparing)
-        ]
-        return running + fetching
 
     def cache_report(self) -> list[CachedInput] | None:
         """The cache's entries when they changed since the last accepted heartbeat, else None."""
