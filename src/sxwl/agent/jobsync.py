@@ -25,6 +25,7 @@ log = logging.getLogger("sxwl.agent.jobs")
 LOG_CHUNK = 256 * 1024
 # Seconds between the tries of an input's fetch; after the last the attempt fails naming the input.
 FETCH_RETRY_S = (2.0, 10.0, 30.0)
+CACHE_REPORT_MAX = 10_000  # what a heartbeat may carry (protocol.Heartbeat.cache)
 
 
 class JobSync(Generic[J]):
@@ -37,7 +38,7 @@ class JobSync(Generic[J]):
         self.runtime = runtime
         self.token = token
         self.cache = cache
-        self.fetch_retry_s = FETCH_RETRY_S
+        self.fetch_retry_s: tuple[float, ...] = FETCH_RETRY_S
         # Attempts found dead at start-up, to report as lost (the runtime's own record type).
         self.lost: list[J] = []
         # Attempts whose inputs are being fetched, by key: not started yet, reported ``starting``.
@@ -58,7 +59,7 @@ class JobSync(Generic[J]):
         """The cache's entries when they changed since the last accepted heartbeat, else None."""
         if self.cache is None:
             return None
-        entries = self.cache.entries()
+        entries = self.cache.entries()[:CACHE_REPORT_MAX]
         return None if entries == self._cache_sent else entries
 
     def cache_reported(self, entries: list[CachedInput] | None) -> None:
@@ -153,8 +154,8 @@ class JobSync(Generic[J]):
     async def _report_unstarted(
         self, job_id: str, attempt: int, state: AgentJobState, reason: str | None
     ) -> bool:
-        """A report for an attempt that has no runtime record (yet); False when it is stale, which
-        also ends its preparation here."""
+        """A report for an attempt that has no runtime record (yet). True only for a ``starting``
+        the cloud took without asking for a stop: then the attempt is to be prepared."""
         try:
             reply = await self.client.report(
                 self.token, job_id, JobStatus(attempt=attempt, state=state, reason=reason)
@@ -162,16 +163,16 @@ class JobSync(Generic[J]):
         except Stale as exc:
             log.warning("job %s attempt %d is stale on the cloud (%s); not starting it", job_id, attempt, exc)
             reply = None
-        except Rejected as exc:
+        except Rejected as exc:  # the job ended meanwhile (cancelled, say): nothing to start
             log.warning("cloud refused a report for job %s: %s", job_id, exc)
-            return state == "starting"
-        if reply is None or state != "starting" or reply.stop:
-            if self.cache is not None:
-                self.cache.clear_pending(job_id, attempt)
-            if reply is not None and reply.stop:
-                await self._report_unstarted(job_id, attempt, "cancelled", "cancelled")
-            return False
-        return True
+            reply = None
+        if reply is not None and state == "starting" and not reply.stop:
+            return True
+        if self.cache is not None:
+            self.cache.clear_pending(job_id, attempt)
+        if reply is not None and state == "starting":  # cancelled before it started
+            await self._report_unstarted(job_id, attempt, "cancelled", "cancelled")
+        return False
 
     async def _prepare(self, assignment: Assignment) -> None:
         key = f"{assignment.job_id}:{assignment.attempt}"
