@@ -17,7 +17,7 @@ import httpx
 import pytest
 
 from sxwl.agent.client import CloudClient, Rejected
-from sxwl.agent.inputs import InputCache, InputError, materialise
+from sxwl.agent.inputs import InputCache, InputError, materialise, read_only_tree
 from sxwl.agent.runtimes.local import TRAINER_RUN_FILE, LocalRuntime
 from sxwl.agent.runtimes.sandbox import detect
 from sxwl.protocol.finetune import CHECKPOINT_DIR, JobInput, ResolvedHyperparameters, TrainerRun, TrainerSpec
@@ -180,17 +180,17 @@ def test_a_fine_tune_runs_the_agents_trainer_on_its_inputs_read_only(tmp_path: P
     the command run is ``python -m sxwl.trainer <run file>`` with every path as the job sees it."""
     cache = tmp_path / "state" / "cache"
     cache.mkdir(parents=True)
-    model = cache / "m.d"
-    model.mkdir()
-    (model / "config.json").write_bytes(b"{}")
+    # The model as a file, not a tree: the trainer then stops at its first check, before it loads
+    # the training libraries (this test needs none of them).
+    model = cache / "m"
+    model.write_bytes(b"not a model dir")
     data = cache / "t"
     data.write_bytes(b'{"messages": []}\n')
-    os.chmod(model / "config.json", 0o444)
+    os.chmod(model, 0o444)
     os.chmod(data, 0o444)
-    os.chmod(model, 0o555)  # noqa: S103 - read-only, as the cache keeps it
     runtime = LocalRuntime(tmp_path / "state", [], isolation=detect("auto"))
     runtime.accepted_owners = None
-    assignment = fine_tune([job_input("model", b"m", archive=True), job_input("training_file", b"t")])
+    assignment = fine_tune([job_input("model", b"m"), job_input("training_file", b"t")])
     job = runtime.start(assignment, {"model": model, "training_file": data})
     eventually(lambda: runtime.poll(), timeout=60, what="the trainer to end")
 
@@ -203,11 +203,11 @@ def test_a_fine_tune_runs_the_agents_trainer_on_its_inputs_read_only(tmp_path: P
     assert (work / "inputs" / "training_file").stat().st_ino == data.stat().st_ino
     log = runtime.log_path(job).read_text()
     # Whichever trainer this checkout has, it was the one run, on the run file: the real one reads it
-    # (and stops at the model dir without weights), and a checkout without it cannot import it.
+    # (and stops at a model_dir that is no dir), and a checkout without it cannot import it.
     assert "sxwl-trainer: error: model_dir" in log or "No module named sxwl.trainer" in log, log
     assert job.outcome == "failed"
     runtime.done(job)
-    assert data.read_bytes() == b'{"messages": []}\n' and (model / "config.json").exists()
+    assert data.read_bytes() == b'{"messages": []}\n' and model.read_bytes() == b"not a model dir"
 
 
 def test_a_sandboxed_job_cannot_change_its_inputs(tmp_path: Path) -> None:
@@ -219,12 +219,18 @@ def test_a_sandboxed_job_cannot_change_its_inputs(tmp_path: Path) -> None:
     data = cache / "t"
     data.write_bytes(b"original")
     os.chmod(data, 0o444)
+    tree = cache / "m.d"
+    (tree / "sub").mkdir(parents=True)
+    (tree / "sub" / "config.json").write_bytes(b"{}")
+    read_only_tree(tree)
     runtime = LocalRuntime(tmp_path / "state", [], isolation=isolation)
     script = (
         'f="$HOME/inputs/training_file"; cat "$f"; echo; '
         '(chmod 0666 "$f" && echo chmod-ok) 2>/dev/null || echo chmod-refused; '
         '(echo changed > "$f") 2>/dev/null && echo write-ok || echo write-refused; '
-        '(rm -f "$f") 2>/dev/null; test -e "$f" && echo still-there; test -e "$SXWL_OUTPUT_DIR" && echo done'
+        '(rm -f "$f") 2>/dev/null; test -e "$f" && echo still-there; '
+        '(touch "$HOME/inputs/model/sub/new") 2>/dev/null && echo add-ok || echo add-refused; '
+        'cat "$HOME/inputs/model/sub/config.json"; echo'
     )
     assignment = Assignment(
         job_id=JOB,
@@ -234,15 +240,23 @@ def test_a_sandboxed_job_cannot_change_its_inputs(tmp_path: Path) -> None:
         command=script,
         gpus_per_node=0,
         nodes=1,
-        inputs=[job_input("training_file", b"original")],
+        inputs=[job_input("training_file", b"original"), job_input("model", b"m", archive=True)],
     )
-    job = runtime.start(assignment, {"training_file": data})
+    job = runtime.start(assignment, {"training_file": data, "model": tree})
     eventually(lambda: runtime.poll(), timeout=60, what="the job to end")
     log = runtime.log_path(job).read_text()
-    assert log.split() == ["original", "chmod-refused", "write-refused", "still-there", "done"], log
+    assert log.split() == [
+        "original",
+        "chmod-refused",
+        "write-refused",
+        "still-there",
+        "add-refused",
+        "{}",
+    ], log
     assert data.read_bytes() == b"original" and data.stat().st_mode & 0o777 == 0o444
     runtime.done(job)
-    assert data.read_bytes() == b"original"
+    assert not (runtime.workdir(JOB, 1) / "work").exists()  # its read-only dirs were removed too
+    assert data.read_bytes() == b"original" and (tree / "sub" / "config.json").read_bytes() == b"{}"
 
 
 WRITES_A_CHECKPOINT = (
