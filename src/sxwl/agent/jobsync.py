@@ -207,11 +207,21 @@ class JobSync(Generic[J]):
     async def _end_preparing(
         self, assignment: Assignment, state: AgentJobState | None, reason: str | None
     ) -> None:
+        told = state is None
+        for tries in range(8):
+            if told:
+                break
+            assert state is not None
+            try:
+                await self._report_unstarted(assignment.job_id, assignment.attempt, state, reason)
+                told = True
+            except Unreachable as exc:  # the cloud is away: it must still learn, or the attempt waits
+                log.warning("job %s: the cloud did not take the report (%s)", assignment.job_id, exc)
+                await asyncio.sleep(min(60.0, 2.0**tries))
         self.preparing.pop(f"{assignment.job_id}:{assignment.attempt}", None)
-        if state is not None:
-            await self._report_unstarted(assignment.job_id, assignment.attempt, state, reason)
         assert self.cache is not None
-        self.cache.clear_pending(assignment.job_id, assignment.attempt)
+        if told:  # otherwise the marker stays: a restarted agent reports the attempt lost
+            self.cache.clear_pending(assignment.job_id, assignment.attempt)
 
     async def _fetch(self, assignment: Assignment, item: JobInput) -> Path:
         """The input in the cache, tried again after ``fetch_retry_s`` on any failure but a stale
