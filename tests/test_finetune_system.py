@@ -44,7 +44,10 @@ class FineTuneWorld(World):
     def __init__(self, root: Path, db_url: str) -> None:
         super().__init__(root, db_url)
         model_dir = root / MODEL
-        _python("import sys; from sxwl.trainer import tiny; tiny.build(__import__('pathlib').Path(sys.argv[1]))", str(model_dir))
+        _python(
+            "import sys; from sxwl.trainer import tiny; tiny.build(__import__('pathlib').Path(sys.argv[1]))",
+            str(model_dir),
+        )
         self.model_dir = model_dir
         env = {**os.environ, **self.env}
         registered = subprocess.run(
@@ -117,7 +120,9 @@ def test_a_fine_tune_from_the_openai_client_to_an_adapter_that_loads(ftworld: Fi
     model = ftworld.api.models.retrieve(done.fine_tuned_model)
     assert model.id == done.fine_tuned_model
     adapter = ftworld.root / "adapter.tar"
-    got = httpx.get(f"{ftworld.url}/api/v1/models/{model.id}/content", headers=ftworld.user, follow_redirects=True)
+    got = httpx.get(
+        f"{ftworld.url}/api/v1/models/{model.id}/content", headers=ftworld.user, follow_redirects=True
+    )
     assert got.status_code == 200
     adapter.write_bytes(got.content)
     with tarfile.open(adapter) as tar:
@@ -154,7 +159,10 @@ def test_a_lost_cpod_hands_the_fine_tune_to_another_which_resumes_from_its_check
     ftworld.online()
     training = ftworld.dataset(80)
     job = ftworld.api.fine_tuning.jobs.create(
-        model=MODEL, training_file=training, hyperparameters={"n_epochs": 6, "batch_size": 4}, extra_body={"gpus": 0}
+        model=MODEL,
+        training_file=training,
+        hyperparameters={"n_epochs": 6, "batch_size": 4},
+        extra_body={"gpus": 0},
     )
     first = eventually(
         lambda: list(ftworld.api.fine_tuning.jobs.checkpoints.list(job.id)) or None,
@@ -171,12 +179,16 @@ def test_a_lost_cpod_hands_the_fine_tune_to_another_which_resumes_from_its_check
     assert underlying["attempt"] == 2
     resumed = [m for m in messages if m.startswith("Resumed from checkpoint")]
     assert len(resumed) == 1, messages
-    assert f"step {saved_step}" in resumed[0] or any(f"step {s}" in resumed[0] for s in range(saved_step, 121))
+    assert f"step {saved_step}" in resumed[0] or any(
+        f"step {s}" in resumed[0] for s in range(saved_step, 121)
+    )
     steps = [c.step_number for c in ftworld.api.fine_tuning.jobs.checkpoints.list(job.id)]
     assert max(steps) == 120 and len(steps) == len(set(steps))  # 80 / 4 × 6, and no step saved twice
     log = httpx.get(
         f"{ftworld.url}/api/v1/jobs/{done.job_id}/logs", headers=ftworld.user, params={"attempt": 2}
     ).text
-    started = [json.loads(line.split(" ", 1)[1]) for line in log.splitlines() if line.startswith("::sxwl-progress::")]
+    started = [
+        json.loads(line.split(" ", 1)[1]) for line in log.splitlines() if line.startswith("::sxwl-progress::")
+    ]
     assert started[0]["kind"] == "resumed" and started[0]["step"] >= saved_step
     time.sleep(0)  # nothing else: the first attempt's late files are fenced (tests/test_fine_tunes_api.py)
