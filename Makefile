@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[dev,examples]'
+	$(BIN)/pip install --quiet -e '.[dev,examples,train]'
 	touch $(STAMP)
 
 run: $(STAMP)

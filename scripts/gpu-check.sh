@@ -3,10 +3,11 @@
 # WITHOUT network access: everything it installs is carried over in a directory.
 #
 # Usage:
-#   scripts/gpu-check.sh prepare DIR [--python-version 3.11]
+#   scripts/gpu-check.sh prepare DIR [--python-version 3.11] [--train]
 #       On a machine with network access, in a checkout of this project: builds the sxwl wheel and
 #       downloads the wheels of all its runtime dependencies for Linux x86_64, CPython 3.11, into
 #       DIR/wheels, and copies this script to DIR/gpu-check.sh. Carry DIR to the GPU machine.
+#       --train: the `train` extra's wheels too (torch with CUDA: a few GB), for `trainer`.
 #
 #   DIR/gpu-check.sh run DIR [--require-gpu] [--python PYTHON] [--keep]
 #       On the GPU machine (no network needed): creates DIR/venv with PYTHON (python3.11, else
@@ -14,6 +15,15 @@
 #
 #   scripts/gpu-check.sh run --use-venv PATH [--require-gpu] [--keep]
 #       The same check with an existing virtualenv where sxwl is installed (e.g. the checkout's .venv).
+#
+#   DIR/gpu-check.sh trainer DIR [--python PYTHON] [gpucheck options]
+#   scripts/gpu-check.sh trainer --use-venv PATH [gpucheck options]
+#       The fine-tune trainer on this machine's GPU: sets up the venv as `run` does (DIR prepared
+#       with `prepare DIR --train`, which adds the `train` extra: torch, transformers, peft...), then
+#       runs `python -m sxwl.trainer.gpucheck`: a Llama of about 30M parameters built offline, LoRA
+#       fine-tuned by `python -m sxwl.trainer` with CUDA; prints torch.cuda.get_device_name(), steps/s
+#       and tokens/s. Exit status 1 without CUDA or when the run fails. Its options: --examples N,
+#       --batch-size N, --epochs N, --keep WORKDIR.
 #
 #   DIR/gpu-check.sh k8s DIR --image IMAGE [--python PYTHON] [gpu-check-k8s.sh options]
 #   scripts/gpu-check.sh k8s --use-venv PATH --image IMAGE [gpu-check-k8s.sh options]
@@ -57,10 +67,11 @@ usage() {
 # ---- prepare ---------------------------------------------------------------------------------------
 
 prepare() {
-  local dir="" pyver="3.11"
+  local dir="" pyver="3.11" train=0
   while [ $# -gt 0 ]; do
     case $1 in
       --python-version) [ $# -ge 2 ] || usage; pyver=$2; shift 2 ;;
+      --train) train=1; shift ;;
       -h | --help) usage ;;
       -*) warn "unknown option $1"; usage ;;
       *) [ -z "$dir" ] || usage; dir=$1; shift ;;
@@ -94,6 +105,14 @@ prepare() {
     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
     --platform linux_x86_64 --platform any \
     "$wheel"
+  if [ "$train" -eq 1 ]; then
+    say "downloading the train extra's wheels (torch, transformers, peft, ...)"
+    "$tmp/build-venv/bin/pip" download --quiet --dest "$dir/wheels" --only-binary=:all: \
+      --implementation cp --python-version "$pyver" --abi "$abi" --abi abi3 --abi none \
+      --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+      --platform linux_x86_64 --platform any \
+      "sxwl[train] @ file://$wheel"
+  fi
   cp "$SCRIPT_PATH" "$dir/gpu-check.sh"
   cp "$(dirname "$SCRIPT_PATH")/gpu-check-k8s.sh" "$dir/gpu-check-k8s.sh"
   chmod +x "$dir/gpu-check.sh" "$dir/gpu-check-k8s.sh"
@@ -193,7 +212,12 @@ setup_venv() {
       rm -rf "$VENV"
       "$python" -m venv "$VENV" ||
         die "$python -m venv failed (on Debian or Ubuntu, install the python3.11-venv package)"
-      "$VENV/bin/pip" install --quiet --no-index --find-links "$dir/wheels" sxwl ||
+      local what=sxwl
+      # The train extra when `prepare --train` brought its wheels.
+      if [ -n "$(find "$dir/wheels" -maxdepth 1 -name 'torch-*.whl' | head -n 1)" ]; then
+        what="sxwl[train]"
+      fi
+      "$VENV/bin/pip" install --quiet --no-index --find-links "$dir/wheels" "$what" ||
         die "installing from $dir/wheels failed: prepare it for this Python ($version) and platform"
       touch "$marker"
     fi
@@ -405,6 +429,32 @@ k8s() {
   exec "$(dirname "$SCRIPT_PATH")/gpu-check-k8s.sh" --venv "$VENV" "${rest[@]}"
 }
 
+# ---- trainer -----------------------------------------------------------------------------------------
+
+trainer() {
+  local dir="" use_venv="" python="" rest=()
+  if [ $# -gt 0 ] && [[ $1 != -* ]]; then
+    dir=$1
+    shift
+  fi
+  while [ $# -gt 0 ]; do
+    case $1 in
+      --use-venv) [ $# -ge 2 ] || usage; use_venv=$2; shift 2 ;;
+      --python) [ $# -ge 2 ] || usage; python=$2; shift 2 ;;
+      -h | --help) usage ;;
+      *) rest+=("$1"); shift ;;  # sxwl.trainer.gpucheck's own options: it judges them
+    esac
+  done
+  [ -n "$dir" ] || [ -n "$use_venv" ] || usage
+  setup_venv "$dir" "$use_venv" "$python"
+  "$VENV/bin/python" -c 'import torch, transformers, peft' 2>/dev/null ||
+    die "$VENV lacks the train extra (torch, transformers, peft): prepare DIR with --train, or pip install 'sxwl[train]'"
+  if command -v nvidia-smi >/dev/null; then
+    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv || true
+  fi
+  exec "$VENV/bin/python" -m sxwl.trainer.gpucheck "${rest[@]}"
+}
+
 # ---- main ------------------------------------------------------------------------------------------
 
 [ $# -ge 1 ] || usage
@@ -414,6 +464,7 @@ case $command in
   prepare) prepare "$@" ;;
   run) run "$@" ;;
   k8s) k8s "$@" ;;
+  trainer) trainer "$@" ;;
   -h | --help | help) usage ;;
   *) warn "unknown command $command"; usage ;;
 esac

@@ -7,7 +7,7 @@ import hashlib
 import re
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import httpx
 
@@ -79,20 +79,8 @@ class CloudClient:
             response = await self._http.request(method, path, headers=headers, **kwargs)
         except httpx.HTTPError as exc:
             raise Unreachable(f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__) from None
-        if response.status_code >= 500 or response.status_code == 429:
-            raise Unreachable(f"HTTP {response.status_code}")
-        if not response.is_error:
-            return response
-        error = _error(response)
-        message = f"{error.get('message', response.text[:200])} (HTTP {response.status_code})"
-        code = str(error.get("code", response.status_code))
-        if response.status_code == 401 or code == "unsupported_protocol":
-            raise Refused(message, code)
-        if code == "stale_attempt":
-            raise Stale(message)
-        if code == "log_gap":
-            raise LogGap(int(error["details"]["next_offset"]))
-        raise Rejected(message)
+        _raise_for(response)
+        return response
 
     async def register(self, access_key: str, request: RegisterRequest) -> RegisterReply:
         try:
@@ -182,6 +170,31 @@ class CloudClient:
             "POST", paths.url(paths.UPLOAD_DONE, job_id=job_id), token, params=params, json=upload
         )
 
+    async def fetch_input(
+        self, token: str, job_id: str, attempt: int, name: str, dest: Path
+    ) -> tuple[int, str]:
+        """Streams one of the attempt's inputs into ``dest``; returns its size and sha256. The cloud
+        answers with the bytes or a 307 to the object store's presigned URL, which httpx follows
+        without our Authorization header (it drops it on a redirect to another origin), so the CPod
+        token never reaches the store."""
+        path = paths.url(paths.JOB_INPUT, job_id=job_id, name=name)
+        headers = {"Authorization": f"Bearer {token}"}
+        digest, size = hashlib.sha256(), 0
+        try:
+            async with self._http.stream(
+                "GET", path, headers=headers, params={"attempt": attempt}, follow_redirects=True
+            ) as response:
+                if response.is_error:
+                    await response.aread()
+                    _raise_for(response)
+                with dest.open("wb") as handle:
+                    async for chunk in response.aiter_bytes(1024 * 1024):
+                        await asyncio.to_thread(_write_and_hash, handle, digest, chunk)
+                        size += len(chunk)
+        except httpx.HTTPError as exc:
+            raise Unreachable(f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__) from None
+        return size, digest.hexdigest()
+
     async def _put_to_store(self, url: str, headers: dict[str, str], file: Path) -> None:
         """The presigned PUT: no token of ours goes with it, and the headers are the signed ones
         (their Content-Length keeps httpx from a chunked body, which S3 refuses)."""
@@ -208,6 +221,11 @@ async def _chunks(file: Path) -> AsyncIterator[bytes]:
         handle.close()
 
 
+def _write_and_hash(handle: BinaryIO, digest: hashlib._Hash, chunk: bytes) -> None:
+    handle.write(chunk)
+    digest.update(chunk)
+
+
 def _size_and_sha256(file: Path) -> tuple[int, str]:
     digest, size = hashlib.sha256(), 0
     with file.open("rb") as handle:
@@ -215,6 +233,24 @@ def _size_and_sha256(file: Path) -> tuple[int, str]:
             digest.update(chunk)
             size += len(chunk)
     return size, digest.hexdigest()
+
+
+def _raise_for(response: httpx.Response) -> None:
+    """The typed failure an answer stands for, if it is one (its body must have been read)."""
+    if response.status_code >= 500 or response.status_code == 429:
+        raise Unreachable(f"HTTP {response.status_code}")
+    if not response.is_error:
+        return
+    error = _error(response)
+    message = f"{error.get('message', response.text[:200])} (HTTP {response.status_code})"
+    code = str(error.get("code", response.status_code))
+    if response.status_code == 401 or code == "unsupported_protocol":
+        raise Refused(message, code)
+    if code == "stale_attempt":
+        raise Stale(message)
+    if code == "log_gap":
+        raise LogGap(int(error["details"]["next_offset"]))
+    raise Rejected(message)
 
 
 def _error(response: httpx.Response) -> dict[str, Any]:

@@ -7,32 +7,64 @@ is stale."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
+import os
+from pathlib import Path
 from typing import Generic
 
-from sxwl.agent.client import CloudClient, LogGap, Rejected, Stale
+from sxwl.agent.client import CloudClient, LogGap, Rejected, Stale, Unreachable
+from sxwl.agent.inputs import InputCache, InputError
 from sxwl.agent.runtimes.base import J, Runtime
-from sxwl.protocol import AgentJobState, AssignmentsReply, JobReport, JobStatus
+from sxwl.protocol import AgentJobState, Assignment, AssignmentsReply, JobReport, JobStatus
+from sxwl.protocol.finetune import CHECKPOINT_DIR, CachedInput, JobInput
 from sxwl.protocol.models import REASON_MAX_CHARS
 
 log = logging.getLogger("sxwl.agent.jobs")
 LOG_CHUNK = 256 * 1024
+# Seconds between the tries of an input's fetch; after the last the attempt fails naming the input.
+FETCH_RETRY_S = (2.0, 10.0, 30.0)
+CACHE_REPORT_MAX = 10_000  # what a heartbeat may carry (protocol.Heartbeat.cache)
 
 
 class JobSync(Generic[J]):
-    def __init__(self, client: CloudClient, runtime: Runtime[J], token: str) -> None:
+    def __init__(
+        self, client: CloudClient, runtime: Runtime[J], token: str, cache: InputCache | None = None
+    ) -> None:
+        """``cache``: where the attempts' inputs are fetched to; None where the runtime takes none
+        (Kubernetes: it refuses assignments with inputs itself)."""
         self.client = client
         self.runtime = runtime
         self.token = token
+        self.cache = cache
+        self.fetch_retry_s: tuple[float, ...] = FETCH_RETRY_S
         # Attempts found dead at start-up, to report as lost (the runtime's own record type).
         self.lost: list[J] = []
+        # Attempts whose inputs are being fetched, by key: not started yet, reported ``starting``.
+        self.preparing: dict[str, asyncio.Task[None]] = {}
+        self._uploads: dict[str, asyncio.Task[None]] = {}  # a running attempt's checkpoint upload
+        self._cache_sent: list[CachedInput] | None = None
 
     def reports(self) -> list[JobReport]:
-        """What the heartbeat says this CPod holds."""
+        """What the heartbeat says this CPod holds. Attempts still fetching their inputs are left
+        out: the cloud then keeps counting their GPUs as assigned and not yet reported (invariant 3,
+        docs/architecture.md), where a listed attempt's GPUs would have to show in ``used``."""
         return [
             JobReport(job_id=j.job_id, attempt=j.attempt, state=j.outcome or "running")
             for j in self.runtime.jobs.values()
         ]
+
+    def cache_report(self) -> list[CachedInput] | None:
+        """The cache's entries when they changed since the last accepted heartbeat, else None."""
+        if self.cache is None:
+            return None
+        entries = self.cache.entries()[:CACHE_REPORT_MAX]
+        return None if entries == self._cache_sent else entries
+
+    def cache_reported(self, entries: list[CachedInput] | None) -> None:
+        if entries is not None:
+            self._cache_sent = entries
 
     async def _report(
         self,
@@ -67,6 +99,11 @@ class JobSync(Generic[J]):
             key = f"{assignment.job_id}:{assignment.attempt}"
             if key not in self.runtime.jobs and self.runtime.knows(assignment.job_id, assignment.attempt):
                 continue  # handled before a restart; never start an attempt twice
+            if key in self.preparing:
+                continue
+            if assignment.inputs and self.cache is not None and key not in self.runtime.jobs:
+                await self._begin_fetching(assignment)
+                continue
             try:
                 job = self.runtime.start(assignment)
             except (RuntimeError, OSError) as exc:
@@ -81,6 +118,18 @@ class JobSync(Generic[J]):
                 job.reported_state = "starting"
                 self.runtime.save(job)
         for command in reply.commands:
+            fetching = self.preparing.pop(f"{command.job_id}:{command.attempt}", None)
+            if fetching is not None:
+                # Never started: end the fetch, and say so instead of starting the job.
+                fetching.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await fetching
+                await self._report_unstarted(
+                    command.job_id,
+                    command.attempt,
+                    "cancelled" if command.cancel else "failed",
+                    command.reason or "stopped by the cloud",
+                )
             self.runtime.stop(
                 command.job_id,
                 command.attempt,
@@ -89,6 +138,122 @@ class JobSync(Generic[J]):
                 grace_s=command.grace_s,
             )
             await self.client.ack(self.token, command.id)
+
+    # ---- attempts with inputs ------------------------------------------------------------------
+
+    async def _begin_fetching(self, assignment: Assignment) -> None:
+        """Reports the attempt starting (so the cloud stops handing it out) and fetches its inputs
+        in a task of its own: a big model never holds up other jobs' assignments or reports."""
+        assert self.cache is not None
+        await asyncio.to_thread(self.cache.mark_pending, assignment.job_id, assignment.attempt)
+        if not await self._report_unstarted(assignment.job_id, assignment.attempt, "starting", None):
+            return
+        key = f"{assignment.job_id}:{assignment.attempt}"
+        self.preparing[key] = asyncio.create_task(self._prepare(assignment), name=f"inputs {key}")
+
+    async def _report_unstarted(
+        self, job_id: str, attempt: int, state: AgentJobState, reason: str | None
+    ) -> bool:
+        """A report for an attempt that has no runtime record (yet). True only for a ``starting``
+        the cloud took without asking for a stop: then the attempt is to be prepared."""
+        try:
+            reply = await self.client.report(
+                self.token, job_id, JobStatus(attempt=attempt, state=state, reason=reason)
+            )
+        except Stale as exc:
+            log.warning("job %s attempt %d is stale on the cloud (%s); not starting it", job_id, attempt, exc)
+            reply = None
+        except Rejected as exc:  # the job ended meanwhile (cancelled, say): nothing to start
+            log.warning("cloud refused a report for job %s: %s", job_id, exc)
+            reply = None
+        if reply is not None and state == "starting" and not reply.stop:
+            return True
+        if self.cache is not None:
+            self.cache.clear_pending(job_id, attempt)
+        if reply is not None and state == "starting":  # cancelled before it started
+            await self._report_unstarted(job_id, attempt, "cancelled", "cancelled")
+        return False
+
+    async def _prepare(self, assignment: Assignment) -> None:
+        key = f"{assignment.job_id}:{assignment.attempt}"
+        try:
+            try:
+                inputs: dict[str, Path] = {
+                    i.name: await self._fetch(assignment, i) for i in assignment.inputs
+                }
+            except InputError as exc:
+                await self._end_preparing(assignment, "failed", str(exc))
+                return
+            except Stale:
+                await self._end_preparing(assignment, None, None)
+                return
+            try:
+                job = self.runtime.start(assignment, inputs)
+            except (RuntimeError, OSError) as exc:
+                log.error("cannot start job %s: %s", assignment.job_id, exc)
+                await self._end_preparing(assignment, "failed", f"could not start: {exc}")
+                return
+            job.reported_state = "starting"
+            self.runtime.save(job)
+            assert self.cache is not None
+            self.cache.clear_pending(assignment.job_id, assignment.attempt)
+        except (Unreachable, Rejected) as exc:
+            # The failure report itself did not arrive: the cloud keeps the attempt until it is
+            # requeued; a restarted agent reports it lost (its pending marker stays).
+            log.warning("job %s: the cloud did not take the report (%s)", assignment.job_id, exc)
+        finally:
+            self.preparing.pop(key, None)
+
+    async def _end_preparing(
+        self, assignment: Assignment, state: AgentJobState | None, reason: str | None
+    ) -> None:
+        told = state is None
+        for tries in range(8):
+            if told:
+                break
+            assert state is not None
+            try:
+                await self._report_unstarted(assignment.job_id, assignment.attempt, state, reason)
+                told = True
+            except Unreachable as exc:  # the cloud is away: it must still learn, or the attempt waits
+                log.warning("job %s: the cloud did not take the report (%s)", assignment.job_id, exc)
+                await asyncio.sleep(min(60.0, 2.0**tries))
+        self.preparing.pop(f"{assignment.job_id}:{assignment.attempt}", None)
+        assert self.cache is not None
+        if told:  # otherwise the marker stays: a restarted agent reports the attempt lost
+            self.cache.clear_pending(assignment.job_id, assignment.attempt)
+
+    async def _fetch(self, assignment: Assignment, item: JobInput) -> Path:
+        """The input in the cache, tried again after ``fetch_retry_s`` on any failure but a stale
+        attempt; the last failure names the input."""
+        assert self.cache is not None
+        for delay in (*self.fetch_retry_s, None):
+            try:
+                return await self.cache.fetch(self.token, assignment.job_id, assignment.attempt, item)
+            except (InputError, Unreachable, Rejected, OSError) as exc:
+                problem = str(exc) if isinstance(exc, InputError) else f"input {item.name}: {exc}"
+                if delay is None:
+                    raise InputError(f"could not fetch {problem}") from None
+                log.warning("job %s: %s; trying again in %.0f s", assignment.job_id, problem, delay)
+                await asyncio.sleep(delay)
+        raise AssertionError("unreachable")
+
+    async def report_left_pending(self) -> None:
+        """Attempts an earlier run of the agent was fetching inputs for were never started: lost."""
+        if self.cache is None:
+            return
+        for pending in await asyncio.to_thread(self.cache.left_pending):
+            if not self.runtime.knows(pending.job_id, pending.attempt):
+                reason = "the agent restarted while fetching the job's inputs"
+                with contextlib.suppress(Stale, Rejected):
+                    await self.client.report(
+                        self.token,
+                        pending.job_id,
+                        JobStatus(attempt=pending.attempt, state="lost", reason=reason),
+                    )
+            self.cache.clear_pending(pending.job_id, pending.attempt)
+
+    # ---- supervision ---------------------------------------------------------------------------
 
     async def supervise_once(self) -> None:
         """One pass: report lost and running attempts, ship output, finalise what ended."""
@@ -105,17 +270,65 @@ class JobSync(Generic[J]):
         for job in list(self.runtime.jobs.values()):
             try:
                 await self._ship_log(job)
+                uploading = self._uploads.get(job.key)
+                if uploading is not None and uploading.done():
+                    self._uploads.pop(job.key)
+                    uploading = None
                 if job.fenced and job.outcome is not None:
-                    self.runtime.done(job)
+                    if uploading is None:
+                        self.runtime.done(job)
                 elif job.outcome is not None:
-                    await self._finalise(job)
-                elif (
-                    job.reported_state != "running" and not job.fenced and await self._report(job, "running")
+                    if uploading is None:  # a checkpoint still on its way is not sent twice
+                        await self._finalise(job)
+                elif not job.fenced and uploading is None:
+                    self._upload_checkpoints(job)
+                if (
+                    job.outcome is None
+                    and job.reported_state != "running"
+                    and not job.fenced
+                    and await self._report(job, "running")
                 ):
                     job.reported_state = "running"
                     self.runtime.save(job)
             except Rejected as exc:
                 log.warning("cloud refused a report for job %s: %s", job.job_id, exc)
+
+    def _upload_checkpoints(self, job: J) -> None:
+        """Starts uploading the checkpoints that appeared in ``<output>/checkpoints`` (one listing per
+        pass): the trainer renames each in complete, so a name there is a finished file. Uploaded in
+        a task, so a big one holds up no report; each is recorded once it is sent."""
+        output = self.runtime.output_dir(job)
+        if output is None:
+            return
+        try:
+            names = sorted(
+                e.name
+                for e in os.scandir(output / CHECKPOINT_DIR)
+                if not e.name.startswith(".") and e.is_file(follow_symlinks=False)
+            )
+        except OSError:
+            return
+        new = [
+            f"{CHECKPOINT_DIR}/{n}" for n in names if f"{CHECKPOINT_DIR}/{n}" not in job.artifacts_uploaded
+        ]
+        if new:
+            self._uploads[job.key] = asyncio.create_task(
+                self._send(job, output, new), name=f"checkpoints {job.key}"
+            )
+
+    async def _send(self, job: J, output: Path, relatives: list[str]) -> None:
+        for relative in relatives:
+            try:
+                await self.client.upload_artifact(
+                    self.token, job.job_id, job.attempt, relative, output / relative
+                )
+            except Rejected as exc:
+                job.artifact_problems.append(f"artifact {relative} refused: {exc}")
+            except (Unreachable, Stale, OSError) as exc:
+                log.warning("checkpoint %s of job %s not uploaded yet: %s", relative, job.job_id, exc)
+                return  # tried again next pass
+            job.artifacts_uploaded.append(relative)
+            self.runtime.save(job)
 
     async def _ship_log(self, job: J) -> None:
         path = self.runtime.log_path(job)

@@ -15,6 +15,7 @@ from typing import Generic, Protocol, TypeVar
 
 import sxwl
 from sxwl.agent.client import CloudClient, Refused, Rejected, Unreachable
+from sxwl.agent.inputs import InputCache
 from sxwl.agent.jobsync import JobSync
 from sxwl.agent.runtimes.base import J, Runtime
 from sxwl.agent.runtimes.sandbox import Isolation
@@ -205,16 +206,18 @@ class Agent(Generic[J]):
         nodes = self._nodes() if self._inventory_in_loop else await asyncio.to_thread(self._nodes)
         for _ in range(2):
             self.seq += 1
+            # The input cache only when it changed: the cloud keeps what an accepted beat said.
+            cache = sync.cache_report()
+            beat = Heartbeat(seq=self.seq, nodes=nodes, jobs=sync.reports(), cache=cache)
             reply = await self._retrying(
                 "heartbeat",
-                partial(
-                    self.client.heartbeat, token, Heartbeat(seq=self.seq, nodes=nodes, jobs=sync.reports())
-                ),
+                partial(self.client.heartbeat, token, beat),
                 # Retry at least once per interval, so a returning cloud hears from us in time.
                 cap=max(self.interval, BACKOFF_BASE_S),
             )
             self.interval = reply.heartbeat_interval_s
             if reply.accepted:
+                sync.cache_reported(cache)
                 return
             # The cloud holds a newer sequence number (say, from before a restart): continue after it.
             self.seq = reply.last_seq
@@ -263,8 +266,15 @@ class Agent(Generic[J]):
                 await start()
             saved = await self.registration()
             await self.report_isolation(saved.cpod_token)
-            sync = JobSync(self.client, self.runtime, saved.cpod_token)
+            # Local CPods keep fine-tunes' inputs in the state dir; Kubernetes ones take none.
+            cache = (
+                InputCache(self.config.state_dir / "cache", self.client)
+                if self.config.runtime == "local"
+                else None
+            )
+            sync = JobSync(self.client, self.runtime, saved.cpod_token, cache)
             sync.lost = await _resolved(self.runtime.adopt())
+            await self._retrying("reports of unstarted attempts", sync.report_left_pending)
             tasks = [
                 asyncio.create_task(self._heartbeats(saved.cpod_token, sync), name="heartbeats"),
                 asyncio.create_task(self._assignments(saved.cpod_token, sync), name="assignments"),

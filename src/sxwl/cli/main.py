@@ -12,7 +12,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from sxwl.cli import admin_money, billing, client, finetune, jobs, server
+from sxwl.cli import admin_models, admin_money, billing, client, finetune, jobs, server
 from sxwl.cli.client import CliError, Credentials
 from sxwl.cloud.logs import LogFormat
 
@@ -34,6 +34,7 @@ app.add_typer(key_app, name="access-key")
 app.add_typer(billing.app, name="billing")
 app.command("earnings")(billing.earnings)
 admin_money.register(admin_app)
+admin_models.register(admin_app)
 out = Console()
 
 DataDir = Annotated[
@@ -91,7 +92,7 @@ def up(port: Port = 8000, data_dir: DataDir = Path(".sxwl"), log_format: LogForm
     provider's CPod; print the console URL and the logins."""
     settings = server.settings_for(data_dir, port, log_format=log_format)
     demo = server.ensure_demo_accounts(settings)
-    server.print_banner(settings.public_url, demo.logins, demo.user_balance)
+    server.print_banner(demo, settings.public_url)
     agent = server.start_local_agent(settings, demo.provider_access_key)
     # uvicorn re-raises SIGTERM after its shutdown; turning it into SystemExit lets `finally` stop the agent.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))

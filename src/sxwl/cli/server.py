@@ -21,7 +21,7 @@ from rich.table import Table
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from sxwl.cli import demo_money, single_server
+from sxwl.cli import demo_finetune, demo_money, single_server
 from sxwl.cli.supervisor import Supervisor, Worker
 from sxwl.cloud import logs
 from sxwl.cloud.app import create_app
@@ -134,6 +134,7 @@ class Demo:
     logins: list[tuple[str, Role, str]]
     provider_access_key: str
     user_balance: int  # micro-yuan
+    finetune_missing: str | None = None  # why the fine-tuning demo is not ready, if it is not
 
 
 def ensure_demo_accounts(settings: Settings) -> Demo:
@@ -160,8 +161,9 @@ def ensure_demo_accounts(settings: Settings) -> Demo:
         demo_money.ensure_demo_prices(session, made[Role.ADMIN], demo_money.local_gpu_products())
         balance = demo_money.ensure_demo_credit(session, made[Role.ADMIN], made[Role.USER])
         submit_demo_job(ctx, session, made[Role.USER])
+    missing = demo_finetune.ensure_demo_finetune(ctx, made[Role.USER])
     ctx.db.dispose()
-    return Demo(logins, key, balance)
+    return Demo(logins, key, balance, missing)
 
 
 EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "tiny-lm"
@@ -224,17 +226,24 @@ def stop_process(proc: subprocess.Popen[bytes], grace_s: float = 10) -> None:
             proc.wait()
 
 
-def print_banner(url: str, logins: list[tuple[str, Role, str]], user_balance: int) -> None:
+def print_banner(demo: Demo, url: str) -> None:
     console = Console(stderr=True)
     table = Table(title="Demo logins (passwords are new on every start)", title_justify="left")
     table.add_column("role")
     table.add_column("email")
     table.add_column("password")
-    for email, role, password in logins:
+    for email, role, password in demo.logins:
         table.add_row(role.value, email, password)
     console.print(f"\n[bold green]算想云 console:[/] [link={url}]{url}[/link]\n")
     console.print(table)
     console.print(
-        f"The demo user's balance: [bold]{yuan_text(user_balance)} CNY[/]; this machine runs as the demo "
-        "provider's CPod (agent log: [bold]agent.log[/] in the data dir).\n"
+        f"The demo user's balance: [bold]{yuan_text(demo.user_balance)} CNY[/]; this machine runs as the "
+        "demo provider's CPod (agent log: [bold]agent.log[/] in the data dir).\n"
     )
+    if demo.finetune_missing:
+        console.print(f"[yellow]No fine-tuning demo:[/] {demo.finetune_missing}\n")
+    else:
+        console.print(
+            f"Fine-tuning: sign in as the demo user, open 微调 / Fine-tuning and start one on the "
+            f"[bold]{demo_finetune.DEMO_MODEL}[/] model with [bold]{demo_finetune.DEMO_DATASET}[/].\n"
+        )

@@ -16,7 +16,20 @@ from pydantic.json_schema import models_json_schema
 
 import sxwl
 from sxwl.cloud import errors, logs, metrics_route, web
-from sxwl.cloud.api import admin, agent, artifact_uploads, auth, billing, cpods, jobs, me
+from sxwl.cloud.api import (
+    admin,
+    agent,
+    agent_inputs,
+    artifact_uploads,
+    auth,
+    billing,
+    cpods,
+    files,
+    fine_tuning,
+    jobs,
+    me,
+    models,
+)
 from sxwl.cloud.api.deps import plain_parameters
 from sxwl.cloud.background import listener, liveness, metering, rate_events, scheduling
 from sxwl.cloud.body_rules import BodyRules
@@ -34,13 +47,18 @@ API_PREFIX = paths.API
 API_ROUTERS = (
     agent.router,
     artifact_uploads.router,
+    agent_inputs.router,
     auth.router,
     me.router,
     admin.router,
     cpods.router,
     jobs.router,
     billing.router,
+    models.api_router,
 )
+# The OpenAI-compatible API (the `openai` client with base_url=<cloud>/v1): docs/finetune.md.
+OPENAI_PREFIX = "/v1"
+OPENAI_ROUTERS = (files.router, models.router, fine_tuning.router)
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
@@ -88,6 +106,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     for router in API_ROUTERS:
         api.include_router(router)
     app.include_router(api)
+    openai_api = APIRouter(prefix=OPENAI_PREFIX, dependencies=[Depends(plain_parameters)])
+    for router in OPENAI_ROUTERS:
+        openai_api.include_router(router)
+    app.include_router(openai_api)
 
     heartbeat_path = paths.url(paths.HEARTBEAT)
     registry = CollectorRegistry()
@@ -111,7 +133,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     notifier_counts = metrics_route.install(app, ctx, registry)
 
     web.install(app)
-    rules = BodyRules([(API_PREFIX, router) for router in API_ROUTERS], settings)
+    mounted = [(API_PREFIX, router) for router in API_ROUTERS] + [(OPENAI_PREFIX, r) for r in OPENAI_ROUTERS]
+    rules = BodyRules(mounted, settings)
     app.add_middleware(BodyLimit, rule_for=rules.rule_for)
     app.add_middleware(RequestContext, metrics=metrics, quiet_paths=frozenset({heartbeat_path}))
     document_bodies(app, agent.DOCUMENTED_BODIES)

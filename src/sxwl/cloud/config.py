@@ -95,6 +95,9 @@ class Settings(BaseSettings):
     log_chunk_max_bytes: int = Field(default=512 * 1024, ge=1)
     log_read_max_bytes: int = Field(default=1024 * 1024, ge=1)
     artifact_max_bytes: int = Field(default=1024 * 1024 * 1024, ge=1)
+    # Fine-tuning: one uploaded training file (JSONL), one base model's archive (docs/finetune.md).
+    file_max_bytes: int = Field(default=512 * 1024 * 1024, ge=1)
+    model_max_bytes: int = Field(default=20 * 1024**3, ge=1)
 
     max_page_size: int = Field(default=200, ge=1)
 

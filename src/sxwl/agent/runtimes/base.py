@@ -67,9 +67,10 @@ class Runtime(Protocol[J]):
         """This attempt was started here before (perhaps before a restart): never start it twice."""
         ...
 
-    def start(self, assignment: Assignment) -> J:
+    def start(self, assignment: Assignment, inputs: Mapping[str, Path] | None = None) -> J:
         """Starts the attempt once; raises RuntimeError or OSError (with a reason for the cloud) when
-        it cannot."""
+        it cannot. ``inputs``: where the agent's cache holds each of ``assignment.inputs``, by name
+        (fetched before; a runtime that cannot take inputs refuses an assignment that has any)."""
         ...
 
     def stop(

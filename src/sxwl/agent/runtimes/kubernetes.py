@@ -137,12 +137,14 @@ class KubernetesRuntime(AttemptDirs[KubeJob]):
     def knows(self, job_id: str, attempt: int) -> bool:
         return f"{job_id}:{attempt}" in self.jobs or self.workdir(job_id, attempt).exists()
 
-    def start(self, assignment: Assignment) -> KubeJob:
+    def start(self, assignment: Assignment, inputs: Mapping[str, Path] | None = None) -> KubeJob:
         """Records the attempt; its Job is created by the next ``refresh``. Refuses (RuntimeError)
         what cannot run as a Kubernetes workload."""
         key = f"{assignment.job_id}:{assignment.attempt}"
         if key in self.jobs:
             return self.jobs[key]
+        if assignment.inputs or assignment.trainer is not None:  # pods would need them in a volume
+            raise RuntimeError("fine-tunes run on local CPods in this release")
         if not assignment.image:
             raise RuntimeError(
                 "the job has no container image; a Kubernetes CPod runs every job as a container"

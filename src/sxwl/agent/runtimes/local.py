@@ -14,18 +14,23 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+import sxwl
+from sxwl.agent.inputs import READ_ONLY_DIR, materialise, writable_tree
 from sxwl.agent.runtimes.base import RECORD_FILE, AttemptDirs, AttemptRecord, Outcome
 from sxwl.agent.runtimes.launcher import EXIT_FILE, REASON_FD, REASON_FILE
 from sxwl.agent.runtimes.sandbox import UID_BASE, UID_COUNT, Isolation, SandboxPaths, job_argv
 from sxwl.protocol import Assignment, Node
+from sxwl.protocol.finetune import TrainerRun, TrainerSpec
 
 log = logging.getLogger("sxwl.agent.local")
 
 __all__ = ["INHERITED_ENV", "LocalJob", "LocalRuntime", "Outcome", "process_start_time"]
 # Variables a job inherits from the agent's environment; everything else (the accessKey, say) stays out.
+TRAINER_RUN_FILE = "trainer-run.json"
 INHERITED_ENV = ("PATH", "LANG", "LC_ALL", "TZ", "LD_LIBRARY_PATH", "CUDA_HOME", "NVIDIA_DRIVER_CAPABILITIES")
 
 
@@ -48,6 +53,39 @@ def process_start_time(pid: int) -> str | None:
     except (OSError, IndexError):
         return None
     return fields[19] if fields[0] != "Z" else None
+
+
+def place_inputs(inputs: Mapping[str, Path], placed: Path) -> None:
+    """``placed/<name>`` for each cached input: the job sees these, never the cache (the sandbox
+    hides the state dir), and cannot change them (read-only files, dir and mount)."""
+    placed.mkdir(mode=0o755)
+    for name, source in sorted(inputs.items()):
+        materialise(source, placed / name)
+    os.chmod(placed, READ_ONLY_DIR)
+
+
+def trainer_command(spec: TrainerSpec, placed: Path, paths: SandboxPaths) -> list[str]:
+    """Writes the ``TrainerRun`` (every path as the job sees it) into the work dir and returns the
+    command that runs the agent's own trainer on it."""
+
+    def where(name: str) -> str | None:
+        return str(placed / name) if (placed / name).exists() else None
+
+    model_dir, training_file = where("model"), where("training_file")
+    if model_dir is None or training_file is None:
+        raise RuntimeError("a fine-tune needs the inputs model and training_file")
+    run = TrainerRun(
+        **spec.model_dump(),
+        model_dir=model_dir,
+        training_file=training_file,
+        validation_file=where("validation_file"),
+        resume_from=where("resume"),
+        output_dir=str(paths.output),
+    )
+    run_file = paths.work / TRAINER_RUN_FILE
+    run_file.write_text(run.model_dump_json())
+    os.chmod(run_file, 0o444)
+    return [sys.executable, "-m", "sxwl.trainer", str(run_file)]
 
 
 NOT_ISOLATED = (
@@ -129,11 +167,16 @@ class LocalRuntime(AttemptDirs[LocalJob]):
     def knows(self, job_id: str, attempt: int) -> bool:
         return self.workdir(job_id, attempt).exists()
 
-    def start(self, assignment: Assignment) -> LocalJob:
-        """Starts the attempt once: a second delivery of the same assignment does nothing."""
+    def start(self, assignment: Assignment, inputs: Mapping[str, Path] | None = None) -> LocalJob:
+        """Starts the attempt once: a second delivery of the same assignment does nothing. Its
+        ``inputs`` (cached paths by name) appear in its work dir as ``inputs/<name>``; a fine-tune
+        (``assignment.trainer``) runs the agent's trainer on them instead of ``command``."""
         key = f"{assignment.job_id}:{assignment.attempt}"
         if key in self.jobs:
             return self.jobs[key]
+        missing = sorted({i.name for i in assignment.inputs} - set(inputs or {}))
+        if missing:
+            raise RuntimeError(f"input {missing[0]} was not fetched")
         if self.accepted_owners is not None and assignment.owner_id not in self.accepted_owners:
             raise RuntimeError(NOT_ISOLATED)
         free = self.free_gpus()
@@ -142,13 +185,22 @@ class LocalRuntime(AttemptDirs[LocalJob]):
         gpus = free[: assignment.gpus_per_node]
         uid = self._free_uid() if self.isolation.own_uids else None
         workdir = self.workdir(assignment.job_id, assignment.attempt)
-        paths = SandboxPaths(hidden=(self.state_dir,), work=workdir / "work", output=workdir / "output")
+        work = workdir / "work"
+        placed = work / "inputs"
+        paths = SandboxPaths(
+            hidden=(self.state_dir,),
+            work=work,
+            output=workdir / "output",
+            readonly=(placed,) if inputs else (),
+        )
         self.root.mkdir(mode=0o700, parents=True, exist_ok=True)
         workdir.mkdir(mode=0o700)
         for own in (paths.work, paths.output):
             own.mkdir(mode=0o700)
             if uid is not None:
                 os.chown(own, uid, uid)
+        if inputs:
+            place_inputs(inputs, placed)
         command = (
             ["/bin/sh", "-c", assignment.command]
             if isinstance(assignment.command, str)
@@ -156,6 +208,9 @@ class LocalRuntime(AttemptDirs[LocalJob]):
         )
         env = {k: os.environ[k] for k in INHERITED_ENV if k in os.environ}
         env.update(assignment.env)
+        if assignment.trainer is not None:
+            command = trainer_command(assignment.trainer, placed, paths)
+            env["PYTHONPATH"] = str(Path(sxwl.__file__).resolve().parent.parent)  # the agent's own sxwl
         env.update(
             HOME=str(paths.work),
             PYTHONUNBUFFERED="1",
@@ -283,6 +338,7 @@ class LocalRuntime(AttemptDirs[LocalJob]):
             if entry.name == RECORD_FILE:
                 continue
             if entry.is_dir() and not entry.is_symlink():
+                writable_tree(entry)  # the read-only inputs' dirs (their files are the cache's: kept)
                 shutil.rmtree(entry, ignore_errors=True)
             else:
                 entry.unlink(missing_ok=True)

@@ -125,6 +125,8 @@ class SandboxPaths:
     hidden: tuple[Path, ...]  # invisible inside: the agent's state dir (every attempt's files)
     work: Path
     output: Path
+    # Read-only inside, though below ``work``: the attempt's inputs, hard links of the agent's cache.
+    readonly: tuple[Path, ...] = ()
 
 
 def interpreter_binds() -> list[str]:
@@ -184,5 +186,7 @@ def job_argv(
     for parent in _parents_inside(paths.hidden, (paths.work, paths.output)):
         box += ["--perms", "0755", "--dir", str(parent)]
     box += ["--bind", str(paths.work), str(paths.work), "--bind", str(paths.output), str(paths.output)]
+    for path in paths.readonly:
+        box += ["--ro-bind", str(path), str(path)]
     box += device_binds(gpus, dev_dir)
     return [*box, "--chdir", str(paths.work), "--", *shim, *command]

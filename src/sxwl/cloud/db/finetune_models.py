@@ -36,6 +36,7 @@ class DataFile(Base):
     examples: Mapped[int] = mapped_column(Integer, default=0)
     # [{line, message}], the first ones found (bounded); empty when the file is valid.
     problems: Mapped[list[dict[str, Any]]] = mapped_column(JSON, default=list)
+    problem_count: Mapped[int] = mapped_column(Integer, default=0)  # all of them, past those kept
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from sqlalchemy import select, update
 from sqlalchemy.exc import IntegrityError
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, object_session
 
 from sxwl.cloud import metrics
 from sxwl.cloud.db.models import (
@@ -22,6 +22,7 @@ from sxwl.cloud.db.models import (
 from sxwl.cloud.db.types import utcnow
 from sxwl.cloud.errors import AppError
 from sxwl.cloud.notify import on_commit
+from sxwl.cloud.services import fine_tune_outputs
 from sxwl.cloud.services.job_events import add_event
 
 # What an agent may report after each state; terminal states never change (invariant 4, docs/architecture.md).
@@ -62,6 +63,9 @@ def stop_command(
 
 
 def finish(job: Job, state: JobState, exit_code: int | None = None, reason: str | None = None) -> None:
+    session = object_session(job)
+    if job.trainer is not None and session is not None:  # a fine-tune: its adapter decides success
+        state, reason = fine_tune_outputs.at_end(job, session, state, reason)
     job.state = state
     job.finished_at = utcnow()
     job.exit_code = exit_code
@@ -107,6 +111,8 @@ def requeue(session: Session, job: Job, why: str) -> None:
         job.node_names = []
         job.reason = f"queued again: {why}"
         add_event(session, job, "requeued", why)
+        if job.trainer is not None:
+            fine_tune_outputs.requeued(session, job, old_attempt, why)
         on_commit(session).wake_scheduler()
 
 
@@ -173,6 +179,7 @@ def report_status(
             reason = f"exit code {exit_code}"
         close_attempt(session, job, state.value, reported=True)
         finish(job, state, exit_code, reason)
+        state, reason = job.state, job.reason
         on_commit(session).wake_scheduler()
     else:
         if job.state == JobState.ASSIGNED:  # the agent's first word on this attempt
@@ -191,6 +198,8 @@ def report_status(
 def record_artifact(session: Session, job: Job, attempt: int, path: str, size: int, sha256: str) -> None:
     """One row per (job, path): a later upload of the path replaces the record, also when two uploads
     of it are recorded at the same moment (the unique index refuses the second insert)."""
+    if job.trainer is not None:
+        fine_tune_outputs.artifact_recorded(session, job, attempt, path, size, sha256)
     existing = session.scalar(select(Artifact).where(Artifact.job_id == job.id, Artifact.path == path))
     if existing is None:
         try:

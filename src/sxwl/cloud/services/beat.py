@@ -8,8 +8,10 @@ from pydantic import TypeAdapter
 
 from sxwl.cloud.db.types import EncodedJSON
 from sxwl.protocol import Heartbeat, Node
+from sxwl.protocol.finetune import CachedInput
 
 NODES = TypeAdapter(list[Node])
+CACHE = TypeAdapter(list[CachedInput])
 
 
 @dataclass(frozen=True)
@@ -22,6 +24,8 @@ class Beat:
     node_count: int
     reported_jobs: list[str]
     claimed_cpod_id: str | None = None
+    # The inputs the CPod holds, encoded; None: this beat did not report them (kept as stored).
+    cache: EncodedJSON | None = None
 
     @classmethod
     def of(cls, token: str, hb: Heartbeat) -> Beat:
@@ -32,4 +36,5 @@ class Beat:
             node_count=len(hb.nodes),
             reported_jobs=[f"{j.job_id}:{j.attempt}" for j in hb.jobs],
             claimed_cpod_id=hb.cpod_id,
+            cache=None if hb.cache is None else EncodedJSON(CACHE.dump_json(hb.cache).decode()),
         )

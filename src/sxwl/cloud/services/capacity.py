@@ -2,12 +2,13 @@
 not reported yet (invariant 3, docs/architecture.md), kept in memory between scheduling passes.
 
 Re-reading every CPod's node snapshot and every active job's placement made up most of a small
-pass. The cache holds only facts that never change under their key: a CPod's nodes and reported
-jobs for one heartbeat version (``last_seq``, ``last_heartbeat_at``), and the placement of one job
-attempt. Each pass, under the scheduler lock, checks the keys against the database (the CPods'
-versions and the active job attempts, small columns only) and reads the rows behind new keys. What
-another replica or process assigned, finished or requeued is therefore seen by the next pass as
-exactly as a full re-read would see it; freshness does not rest on wake-ups or timers.
+pass. The cache holds only facts that never change under their key: a CPod's nodes, reported
+jobs and cached inputs for one heartbeat version (``last_seq``, ``last_heartbeat_at``), and the
+placement of one job attempt. Each pass, under the scheduler lock, checks the keys against the
+database (the CPods' versions and the active job attempts, small columns only) and reads the rows
+behind new keys. What another replica or process assigned, finished or requeued is therefore
+seen by the next pass as exactly as a full re-read would see it; freshness does not rest on
+wake-ups or timers.
 """
 
 from __future__ import annotations
@@ -58,6 +59,7 @@ class _Snapshot:
     version: Version
     nodes: list[dict[str, Any]]
     reported: frozenset[str]  # "<job_id>:<attempt>" the agent said it holds
+    cached: frozenset[str]  # the sha256 of the inputs the CPod keeps fetched
 
     @property
     def takes_only(self) -> frozenset[str] | None:
@@ -140,11 +142,17 @@ class CapacityCache:
             c for c, v in versions.items() if c not in self._snapshots or self._snapshots[c].version != v
         ]
         for chunk in _chunks(changed):
-            for cpod_id, nodes, reported in connection.execute(
-                select(CPod.id, CPod.nodes, CPod.reported_jobs).where(CPod.id.in_(chunk))
+            for cpod_id, nodes, reported, cached in connection.execute(
+                select(CPod.id, CPod.nodes, CPod.reported_jobs, CPod.cached_inputs).where(CPod.id.in_(chunk))
             ):
                 # The version read above: a heartbeat in between is seen (and re-read) next pass.
-                self._snapshots[cpod_id] = _Snapshot(versions[cpod_id], nodes, frozenset(reported))
+                # Only a heartbeat changes the cache, so it too never changes under the version.
+                self._snapshots[cpod_id] = _Snapshot(
+                    versions[cpod_id],
+                    nodes,
+                    frozenset(reported),
+                    frozenset(entry["sha256"] for entry in cached or ()),
+                )
                 self._dirty.add(cpod_id)
 
     def _refresh_holds(self, connection: Connection) -> None:
@@ -175,7 +183,9 @@ class CapacityCache:
                 hold = self._holds[(job_id, attempt)]
                 for name in hold.node_names:
                     unreported[name] += hold.gpus_per_node
-        entry = CPodCapacity(cpod_id, runtime=snapshot.version[2], takes_only=snapshot.takes_only)
+        entry = CPodCapacity(
+            cpod_id, runtime=snapshot.version[2], takes_only=snapshot.takes_only, cached=snapshot.cached
+        )
         for node in snapshot.nodes:
             gpu = node.get("gpu") or {}
             allocatable = int(gpu.get("allocatable", 0))

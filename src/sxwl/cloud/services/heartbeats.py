@@ -12,7 +12,7 @@ from sqlalchemy.orm import Session
 
 from sxwl.cloud.context import CloudContext
 from sxwl.cloud.db.models import CPod, CPodStatus, JobAttempt
-from sxwl.cloud.db.types import utcnow
+from sxwl.cloud.db.types import EncodedJSON, utcnow
 from sxwl.cloud.errors import AppError
 from sxwl.cloud.groupcommit import GroupCommit
 from sxwl.cloud.notify import on_commit
@@ -37,6 +37,14 @@ _APPLY = (
         status=CPodStatus.ONLINE.value,
         reported_jobs=bindparam("b_reported", type_=_CPODS.c.reported_jobs.type),
     )
+)
+# Most beats carry no cache (agents report it when it changed), so it is not part of _APPLY: a beat
+# that carries one adds this statement, matching only a row that now holds the batch's last beat of
+# that CPod (a newer beat written by another replica meanwhile wins, and this batch's is refused).
+_CACHE = (
+    update(_CPODS)
+    .where(_CPODS.c.id == bindparam("b_id"), _CPODS.c.last_seq == bindparam("b_seq"))
+    .values(cached_inputs=bindparam("b_cache", type_=_CPODS.c.cached_inputs.type))
 )
 _ATTEMPTS: Table = JobAttempt.__table__  # type: ignore[assignment]
 _PROVEN = (
@@ -106,6 +114,7 @@ def apply(session: Session, beats: Sequence[Beat]) -> list[Outcome]:
     rows: list[dict[str, object]] = []
     came_online: list[int] = []  # indexes of the beats that bring their CPod online
     dropped: list[dict[str, object]] = []  # attempts a beat no longer lists: their last proof
+    caches: dict[str, EncodedJSON] = {}  # per CPod, the last cache an accepted beat reported
     wake = False
     for beat in beats:
         holder = holders.get(hashes.get(beat.token, ""))
@@ -140,6 +149,8 @@ def apply(session: Session, beats: Sequence[Beat]) -> list[Outcome]:
                     dropped.append(
                         {"b_job": job_id, "b_attempt": int(attempt), "b_at": holder.last_heartbeat_at}
                     )
+        if beat.cache is not None:
+            caches[holder.cpod_id] = beat.cache
         holder.status, holder.last_seq, holder.reported_jobs = CPodStatus.ONLINE, beat.seq, beat.reported_jobs
         holder.last_heartbeat_at = now
         outcomes.append(_reply(holder, accepted=True))
@@ -147,6 +158,15 @@ def apply(session: Session, beats: Sequence[Beat]) -> list[Outcome]:
         # In the order of the ids, as the liveness sweep does: neither waits on the other's rows.
         rows.sort(key=lambda row: str(row["b_id"]))
         applied = session.connection().execute(_APPLY, rows).rowcount
+        if caches:  # before _recheck, which moves the holders to what another replica wrote
+            seqs = {h.cpod_id: h.last_seq for h in holders.values()}
+            session.connection().execute(
+                _CACHE,
+                [
+                    {"b_id": cpod_id, "b_seq": seqs[cpod_id], "b_cache": cache}
+                    for cpod_id, cache in sorted(caches.items())
+                ],
+            )
         if applied != len(rows):
             _recheck(session, beats, outcomes, holders, hashes)
         if dropped:

@@ -13,6 +13,7 @@ from sxwl.cloud.context import CloudContext
 from sxwl.cloud.db.models import TERMINAL_STATES, Job, LogChunk
 from sxwl.cloud.errors import AppError
 from sxwl.cloud.notify import on_commit
+from sxwl.cloud.services import fine_tune_progress
 
 
 def log_size(session: Session, job_id: str, attempt: int) -> int:
@@ -44,6 +45,8 @@ def append_log(session: Session, job: Job, attempt: int, offset: int, data: byte
             pass  # the same bytes arrived twice at once; the first one is kept
         else:
             on_commit(session).wake_job(job.id)
+            if job.trainer is not None:
+                fine_tune_progress.absorb(session, job, attempt)
     return size + len(fresh)
 
 

@@ -1,4 +1,8 @@
-"""Where a job fits: pure code over free capacity, so it can be tested without a database."""
+"""Where a job fits: pure code over free capacity, so it can be tested without a database.
+
+A job with inputs prefers, among the placements that fit, a CPod that already holds most of their
+bytes (docs/finetune-locality.md); fitting always comes first, and which job is placed next is the
+scheduler's fair order, never this module's."""
 
 from __future__ import annotations
 
@@ -25,11 +29,14 @@ class CPodCapacity:
     runtime: str = "kubernetes"  # "local": jobs are processes, a container image cannot be run
     # The owners whose jobs it may run (a CPod without isolation); None: anyone's.
     takes_only: frozenset[str] | None = None
+    cached: frozenset[str] = frozenset()  # the sha256 of the inputs its agent keeps fetched
 
     def refuses(self, need: Need) -> str | None:
         """Why this CPod can never take ``need``'s job, whatever is free."""
         if need.image and self.runtime == "local":
             return "image"
+        if self.runtime != "local" and need.local_only:
+            return "runtime"
         if self.takes_only is not None and need.owner_id not in self.takes_only:
             return "isolation"
         return None
@@ -45,6 +52,15 @@ class Need:
     # Set when some CPod takes only some owners' jobs; otherwise left out, so that jobs of the same
     # shape from different owners share one answer within a pass.
     owner_id: str | None = None
+    # What the job fetches onto its CPod, (sha256, size) once per content, sorted so that jobs with
+    # the same inputs share one answer within a pass; and whether it runs the fine-tune trainer.
+    inputs: tuple[tuple[str, int], ...] = ()
+    trainer: bool = False
+
+    @property
+    def local_only(self) -> bool:
+        """Only the local runtime fetches inputs and runs the trainer so far (not Kubernetes)."""
+        return self.trainer or bool(self.inputs)
 
     def describe(self) -> str:
         gpus = (
@@ -81,7 +97,9 @@ class Pool:
     def __init__(self, cpods: Iterable[CPodCapacity] = ()) -> None:
         self.cpods = {c.id: c for c in cpods}
         self._index: dict[str | None, list[Entry]] = {}
+        self._holders: dict[str, set[str]] = {}  # sha256 -> the CPods that keep it cached
         for cpod in self.cpods.values():
+            self._hold(cpod)
             for node in cpod.nodes:
                 if node.ready:
                     self._index.setdefault(node.product, []).append((node.free, cpod.id, node.name))
@@ -98,15 +116,25 @@ class Pool:
         """Adds a CPod, or replaces what the pool knew of it."""
         self.remove(cpod.id)
         self.cpods[cpod.id] = cpod
+        self._hold(cpod)
         for node in cpod.nodes:
             if node.ready:
                 insort(self._index.setdefault(node.product, []), (node.free, cpod.id, node.name))
 
     def remove(self, cpod_id: str) -> None:
         cpod = self.cpods.pop(cpod_id, None)
+        for sha256 in cpod.cached if cpod else ():
+            holders = self._holders[sha256]
+            holders.discard(cpod_id)
+            if not holders:
+                del self._holders[sha256]
         for node in cpod.nodes if cpod else ():
             if node.ready:
                 self._drop(node, cpod_id)
+
+    def _hold(self, cpod: CPodCapacity) -> None:
+        for sha256 in cpod.cached:
+            self._holders.setdefault(sha256, set()).add(cpod.id)
 
     def _drop(self, node: NodeCapacity, cpod_id: str) -> None:
         entries = self._index[node.product]
@@ -116,18 +144,17 @@ class Pool:
         """Best fit: among the CPods (or the pinned one) with enough fitting nodes, the choice that
         leaves the fewest GPUs stranded on the chosen nodes, so big jobs still find whole nodes later;
         ties go to the lowest CPod id and node names. ``products``: the GPU products a GPU job may
-        get (those with a price); None: any."""
+        get (those with a price); None: any. A job with inputs goes to the fitting CPod that holds
+        the most bytes of them, if any holds some; best fit decides among equal holders."""
         if need.cpod_id is not None:
             cpod = self.cpods.get(need.cpod_id)
             if cpod is None or cpod.refuses(need):
                 return None
-            entries: Iterable[Entry] = sorted(
-                (n.free, cpod.id, n.name)
-                for n in cpod.nodes
-                if _fits(n, need, free=True) and _allowed(n.product, need, products)
-            )
+            entries: Iterable[Entry] = self._fitting_on([cpod.id], need, products)
         else:
             refused = {c.id for c in self.cpods.values() if c.refuses(need)}
+            if need.inputs and (near := self._near_data(need, products, refused)) is not None:
+                return near
             entries = self._fitting(need, products)
             if refused:
                 entries = (entry for entry in entries if entry[1] not in refused)
@@ -137,6 +164,35 @@ class Pool:
         """The GPU product of a placement's nodes (one product per placement: nodes fit by it)."""
         names = set(placement.node_names)
         return next((n.product for n in self.cpods[placement.cpod_id].nodes if n.name in names), None)
+
+    def _fitting_on(
+        self, cpod_ids: Iterable[str], need: Need, products: frozenset[str] | None
+    ) -> list[Entry]:
+        """The fitting nodes of these CPods, in best-fit order (a scan: meant for a few CPods)."""
+        return sorted(
+            (n.free, cpod_id, n.name)
+            for cpod_id in cpod_ids
+            for n in self.cpods[cpod_id].nodes
+            if _fits(n, need, free=True) and _allowed(n.product, need, products)
+        )
+
+    def _near_data(self, need: Need, products: frozenset[str] | None, refused: set[str]) -> Placement | None:
+        """The best fit among the CPods holding the most bytes of ``need``'s inputs that still fit
+        it, trying fewer bytes held when none of those fits; None when no holder fits at all. Only
+        the holders are looked at, through the index by sha256, never every CPod."""
+        held: dict[str, int] = {}
+        for sha256, size in need.inputs:
+            for cpod_id in self._holders.get(sha256, ()):
+                if size and cpod_id not in refused:
+                    held[cpod_id] = held.get(cpod_id, 0) + size
+        by_bytes: dict[int, list[str]] = {}
+        for cpod_id, total in held.items():
+            by_bytes.setdefault(total, []).append(cpod_id)
+        for total in sorted(by_bytes, reverse=True):
+            placement = _best(self._fitting_on(by_bytes[total], need, products), need)
+            if placement is not None:
+                return placement
+        return None
 
     def _fitting(self, need: Need, products: frozenset[str] | None) -> Iterator[Entry]:
         """The index entries that fit ``need``, in best-fit order."""
@@ -202,6 +258,14 @@ def why_not(need: Need, cpods: Iterable[CPodCapacity], pinned_online: bool | Non
             f"the CPods that offer {need.describe()} run jobs as local processes and cannot run a "
             "container image: submit the job without image, or wait for a Kubernetes CPod"
         )
+    if "runtime" in refusals:
+        kubernetes = (
+            f"the CPods that offer {need.describe()} run jobs on Kubernetes, which cannot fetch a "
+            "job's inputs or run a fine-tune yet"
+        )
+        if "isolation" not in refusals:
+            return f"{kubernetes}: wait for a CPod with the local runtime"
+        return f"{kubernetes}, or take only the jobs of their provider and of the accounts it trusts"
     return (
         f"the CPods that offer {need.describe()} run jobs without isolation and take only the jobs "
         "of their provider and of the accounts it trusts"

@@ -10,7 +10,7 @@ from collections import defaultdict
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Protocol, TypeVar, cast
+from typing import Any, Protocol, TypeVar, cast
 
 from sqlalchemy import Table, bindparam, insert, select, text, update
 from sqlalchemy.orm import Session
@@ -49,6 +49,8 @@ class Queued:
     nodes: int
     pinned_cpod_id: str | None
     image: str | None
+    inputs: list[dict[str, Any]]  # protocol.finetune.JobInput, as Job.inputs stores them
+    trainer: dict[str, Any] | None
 
 
 _QUEUED_COLUMNS = (
@@ -63,6 +65,8 @@ _QUEUED_COLUMNS = (
     Job.nodes,
     Job.pinned_cpod_id,
     Job.image,
+    Job.inputs,
+    Job.trainer,
 )
 
 
@@ -191,6 +195,8 @@ def _decide(
             job.pinned_cpod_id,
             image=bool(job.image),
             owner_id=job.owner_id if restricted else None,
+            inputs=_input_sizes(job.inputs),
+            trainer=job.trainer is not None,
         )
         total = job.gpus_per_node * job.nodes
         limit = limits.get(job.owner_id) or ctx.settings.default_user_max_gpus
@@ -220,6 +226,13 @@ def _decide(
         resource = PriceResource.GPU if job.gpus_per_node else PriceResource.CPU
         writes.priced[job.id] = (resource, product, rate)
     return writes
+
+
+def _input_sizes(inputs: list[dict[str, Any]]) -> tuple[tuple[str, int], ...]:
+    """(sha256, size) once per content: an input listed under two names is held, or not, once."""
+    if not inputs:  # most jobs: nothing more to do
+        return ()
+    return tuple(sorted({str(i["sha256"]): int(i["size"]) for i in inputs}.items()))
 
 
 def _unpriced(job: Queued, book: PriceBook) -> str | None:

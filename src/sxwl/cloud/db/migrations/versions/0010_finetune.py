@@ -36,6 +36,7 @@ def upgrade() -> None:
         sa.Column("format", sa.String(24)),
         sa.Column("examples", sa.Integer(), nullable=False),
         sa.Column("problems", sa.JSON(), nullable=False),
+        sa.Column("problem_count", sa.Integer(), nullable=False, server_default="0"),
         sa.Column("created_at", _WHEN, nullable=False),
     )
     op.create_index("ix_data_files_owner_created", "data_files", ["owner_id", "created_at"])

@@ -1,0 +1,199 @@
+"""The CPod's input cache (docs/agent.md, "Inputs and the cache"): what fine-tunes fetch from the
+cloud (a base model, a training file, a checkpoint), kept under the state dir by sha256 so that the
+next attempt needing the same bytes finds them here, and the cloud can prefer this CPod for it.
+
+Layout under ``root``: ``<sha256>`` a verified file, ``<sha256>.d/`` an unpacked archive, both
+read-only (0444 files, 0555 dirs: attempts get hard links of them, never a writable copy);
+``.tmp/`` downloads and unpacks in progress; ``.pending/`` one marker per attempt whose inputs are
+being fetched, so that a restarted agent reports such an attempt lost instead of leaving it
+``starting`` on the cloud forever."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import os
+import shutil
+import stat
+import tarfile
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+from sxwl.agent.client import CloudClient
+from sxwl.protocol.finetune import CachedInput, JobInput
+
+READ_ONLY_FILE = 0o444
+READ_ONLY_DIR = 0o555
+
+
+class InputError(Exception):
+    """An input that arrived wrong (its sha256 or size) or cannot be unpacked."""
+
+
+def unpacks(item: JobInput) -> bool:
+    """Whether the attempt gets the archive's tree rather than the file. The ``resume`` checkpoint
+    stays a tar: the trainer takes ``resume_from`` as the tar it wrote and unpacks it itself."""
+    return item.archive and item.name != "resume"
+
+
+@dataclass(frozen=True)
+class Pending:
+    job_id: str
+    attempt: int
+
+
+class InputCache:
+    def __init__(self, root: Path, client: CloudClient) -> None:
+        self.root = root
+        self.client = client
+        self._locks: dict[str, asyncio.Lock] = {}
+        self._sizes: dict[str, int] | None = None  # sha256 -> bytes held, read from disk once
+
+    # ---- fetching --------------------------------------------------------------------------------
+
+    async def fetch(self, token: str, job_id: str, attempt: int, item: JobInput) -> Path:
+        """The cached path of ``item`` (a file, or the unpacked tree of an archive), downloaded once:
+        concurrent attempts needing the same sha256 wait for the first one's download."""
+        lock = self._locks.setdefault(item.sha256, asyncio.Lock())
+        async with lock:
+            unpack = unpacks(item)
+            final = self._tree(item.sha256) if unpack else self._file(item.sha256)
+            if final.exists():
+                return final
+            await asyncio.to_thread(self._ensure_dirs)
+            temp = self.root / ".tmp" / f"{item.sha256}.{uuid.uuid4().hex}"
+            try:
+                size, digest = await self.client.fetch_input(token, job_id, attempt, item.name, temp)
+                if digest != item.sha256 or size != item.size:
+                    raise InputError(
+                        f"input {item.name}: got {size} bytes with sha256 {digest}, "
+                        f"expected {item.size} bytes with sha256 {item.sha256}"
+                    )
+                if unpack:
+                    await asyncio.to_thread(self._unpack, item, temp, final)
+                else:
+                    os.chmod(temp, READ_ONLY_FILE)
+                    os.replace(temp, final)
+            finally:
+                with contextlib.suppress(FileNotFoundError):
+                    temp.unlink()
+            self._remember(item.sha256, item.size)
+            return final
+
+    def _unpack(self, item: JobInput, tar: Path, final: Path) -> None:
+        staging = tar.with_name(tar.name + ".d")
+        try:
+            with tarfile.open(tar) as archive:
+                archive.extractall(staging, filter=_members_filter)  # noqa: S202 - the filter checks each member
+        except (OSError, tarfile.TarError) as exc:
+            writable_tree(staging)
+            shutil.rmtree(staging, ignore_errors=True)
+            raise InputError(f"input {item.name}: cannot unpack the archive: {exc}") from None
+        read_only_tree(staging)
+        os.replace(staging, final)
+
+    # ---- what the heartbeat reports -------------------------------------------------------------
+
+    def entries(self) -> list[CachedInput]:
+        if self._sizes is None:
+            self._sizes = self._scan()
+        return [CachedInput(sha256=sha, size=size) for sha, size in sorted(self._sizes.items())]
+
+    def _remember(self, sha256: str, size: int) -> None:
+        if self._sizes is None:
+            self._sizes = self._scan()
+        self._sizes[sha256] = size
+
+    def _scan(self) -> dict[str, int]:
+        sizes: dict[str, int] = {}
+        if not self.root.is_dir():
+            return sizes
+        for entry in self.root.iterdir():
+            sha = entry.name.removesuffix(".d")
+            if entry.name.startswith(".") or len(sha) != 64:
+                continue
+            if entry.is_dir():
+                held = sum(f.stat().st_size for f in entry.rglob("*") if f.is_file() and not f.is_symlink())
+            else:
+                held = entry.stat().st_size
+            sizes[sha] = max(sizes.get(sha, 0), held)
+        return sizes
+
+    # ---- attempts being prepared ----------------------------------------------------------------
+
+    def mark_pending(self, job_id: str, attempt: int) -> None:
+        self._ensure_dirs()
+        (self.root / ".pending" / f"{job_id}-{attempt}").touch()
+
+    def clear_pending(self, job_id: str, attempt: int) -> None:
+        (self.root / ".pending" / f"{job_id}-{attempt}").unlink(missing_ok=True)
+
+    def left_pending(self) -> list[Pending]:
+        """Attempts a previous run of the agent was still fetching inputs for."""
+        found: list[Pending] = []
+        directory = self.root / ".pending"
+        for marker in sorted(directory.iterdir()) if directory.is_dir() else []:
+            job_id, _, attempt = marker.name.rpartition("-")
+            if job_id and attempt.isdigit():
+                found.append(Pending(job_id, int(attempt)))
+        return found
+
+    # ---- layout ---------------------------------------------------------------------------------
+
+    def _file(self, sha256: str) -> Path:
+        return self.root / sha256
+
+    def _tree(self, sha256: str) -> Path:
+        return self.root / f"{sha256}.d"
+
+    def _ensure_dirs(self) -> None:
+        for directory in (self.root, self.root / ".tmp", self.root / ".pending"):
+            directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+
+
+def _members_filter(member: tarfile.TarInfo, dest: str) -> tarfile.TarInfo:
+    """Python's "data" filter (no absolute paths or ``..`` leaving the tree, no devices, no setuid
+    bits), and no links at all: a model or dataset needs none, and a hard-linked tree handed to
+    attempts must not point anywhere."""
+    if member.issym() or member.islnk():
+        raise tarfile.FilterError(f"{member.name!r} is a link")
+    if member.name.startswith("/"):  # "data" would make it relative; an archive like that is wrong
+        raise tarfile.FilterError(f"{member.name!r} is an absolute path")
+    return tarfile.data_filter(member, dest)
+
+
+def read_only_tree(root: Path) -> None:
+    for path in sorted(root.rglob("*"), reverse=True):  # children first: a 0555 dir stays walkable
+        if not path.is_symlink():
+            os.chmod(path, READ_ONLY_DIR if path.is_dir() else READ_ONLY_FILE)
+    os.chmod(root, READ_ONLY_DIR)
+
+
+def writable_tree(root: Path) -> None:
+    """Makes the dirs below ``root`` writable again so it can be removed (files keep their modes:
+    they may be hard links of the cache's)."""
+    if not root.exists() or root.is_symlink():
+        return
+    for path in [root, *root.rglob("*")]:
+        if path.is_dir() and not path.is_symlink():
+            os.chmod(path, stat.S_IMODE(path.stat().st_mode) | stat.S_IRWXU)
+
+
+def materialise(source: Path, dest: Path) -> None:
+    """``dest`` as the attempt's own entry for a cached file or tree: hard links of the cached files
+    (no bytes copied), or copies where the attempt's dir is on another file system. Read-only."""
+    if source.is_dir():
+        dest.mkdir(mode=0o755)
+        for child in sorted(source.iterdir()):
+            materialise(child, dest / child.name)
+        os.chmod(dest, READ_ONLY_DIR)
+        return
+    try:
+        os.link(source, dest)
+    except OSError as exc:
+        if exc.errno not in (errno.EXDEV, errno.EPERM, errno.EMLINK):
+            raise
+        shutil.copyfile(source, dest)
+        os.chmod(dest, READ_ONLY_FILE)

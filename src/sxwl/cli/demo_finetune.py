@@ -1,0 +1,71 @@
+"""What `sxwl up` prepares for fine-tuning (docs/finetune.md): a tiny base model of a real
+architecture, built offline and registered as public, and a sample chat dataset in the demo user's
+files, so a new user can start a fine-tune from the console at once and watch it finish on CPUs."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import tempfile
+from collections.abc import Coroutine
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import TypeVar
+
+from sqlalchemy import select
+
+from sxwl.cloud.context import CloudContext
+from sxwl.cloud.db.finetune_models import CatalogModel, DataFile
+from sxwl.cloud.db.models import User
+from sxwl.cloud.services import datasets, model_catalog
+from sxwl.cloud.services.model_archive import pack_directory
+
+DEMO_MODEL = "tiny-llama"
+DEMO_DATASET = "sample-translate.jsonl"
+T = TypeVar("T")
+
+
+def training_installed() -> bool:
+    """The trainer's libraries (the `train` extra) are there: the tiny model needs them to be built,
+    and the local agent to fine-tune it."""
+    return all(importlib.util.find_spec(name) is not None for name in ("torch", "transformers", "peft"))
+
+
+def _run(coroutine: Coroutine[object, object, T]) -> T:
+    # In a thread of its own: the caller may already run an event loop.
+    with ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, coroutine).result()
+
+
+def ensure_demo_finetune(ctx: CloudContext, user: User) -> str | None:
+    """Registers the demo model and the demo user's sample dataset once per data dir. Returns what
+    is missing for the demo, or None when it is ready."""
+    if not training_installed():
+        return "fine-tuning needs the training extra: pip install -e '.[train]'"
+    from sxwl.trainer import tiny  # the training libraries load only when they are installed
+
+    with ctx.db.session() as session:
+        has_model = session.get(CatalogModel, DEMO_MODEL) is not None
+        has_file = (
+            session.scalar(
+                select(DataFile.id).where(DataFile.owner_id == user.id, DataFile.filename == DEMO_DATASET)
+            )
+            is not None
+        )
+    with tempfile.TemporaryDirectory(prefix="sxwl-demo-") as scratch:
+        root = Path(scratch)
+        if not has_model:
+            archive = root / "model.tar"
+            pack_directory(tiny.build(root / DEMO_MODEL), archive)
+            with archive.open("rb") as handle:
+                _run(model_catalog.register_public(ctx, name=DEMO_MODEL, archive=handle))
+        if not has_file:
+            dataset = tiny.sample_dataset(root / DEMO_DATASET, n=40)
+            with dataset.open("rb") as handle:
+                chunks = model_catalog.file_chunks(handle)
+                _run(
+                    datasets.upload(
+                        ctx, owner_id=user.id, filename=DEMO_DATASET, purpose="fine-tune", chunks=chunks
+                    )
+                )
+    return None

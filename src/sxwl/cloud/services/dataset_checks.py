@@ -1,0 +1,154 @@
+"""A training file's JSONL judged line by line as its bytes arrive (docs/finetune.md, "Files"): the
+checker never holds more than one line, so a file of any size is validated in one pass, while the
+same bytes are hashed and written to the store."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+MAX_LINE_BYTES = 1024 * 1024
+MAX_PROBLEMS = 100  # kept with the file; the count goes on past them
+ROLES = ("system", "user", "assistant")
+CHAT = "chat"
+PROMPT_COMPLETION = "prompt_completion"
+
+
+@dataclass(frozen=True)
+class Problem:
+    line: int  # 1-based; 0 for the file as a whole
+    message: str
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"line": self.line, "message": self.message}
+
+
+@dataclass(frozen=True)
+class Verdict:
+    format: str | None  # decided by the first valid line
+    examples: int
+    problems: list[Problem]
+    problem_count: int
+
+    @property
+    def valid(self) -> bool:
+        return self.problem_count == 0
+
+
+def _shown(value: object) -> str:
+    """A value quoted in a message: short, and printable whatever the user sent."""
+    text = ascii(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _chat_problem(example: dict[str, Any]) -> str | None:
+    messages = example["messages"]
+    if not isinstance(messages, list) or not messages:
+        return "`messages` must be a non-empty list of {role, content} objects"
+    for index, message in enumerate(messages):
+        where = f"messages[{index}]"
+        if not isinstance(message, dict):
+            return f"{where}: must be an object with `role` and `content`"
+        if "role" not in message:
+            return f"{where}: missing `role`"
+        if message["role"] not in ROLES:
+            return f"{where}.role: unknown role {_shown(message['role'])} (allowed: {', '.join(ROLES)})"
+        content = message.get("content")
+        if not isinstance(content, str) or not content.strip():
+            return f"{where}.content: must be a non-empty string"
+    if not any(message["role"] == "assistant" for message in messages):
+        return "no assistant message: an example needs at least one answer to learn"
+    return None
+
+
+def _prompt_completion_problem(example: dict[str, Any]) -> str | None:
+    for key in ("prompt", "completion"):
+        if key not in example:
+            return f"missing `{key}`"
+        value = example[key]
+        if not isinstance(value, str) or not value.strip():
+            return f"`{key}` must be a non-empty string"
+    return None
+
+
+@dataclass
+class JsonlChecker:
+    """Feed it the file's bytes in any chunks, then ``finish()`` for the verdict."""
+
+    max_line_bytes: int = MAX_LINE_BYTES
+    format: str | None = None
+    examples: int = 0
+    problems: list[Problem] = field(default_factory=list)
+    problem_count: int = 0
+    _line: int = 0
+    _pending: bytearray = field(default_factory=bytearray)
+    _overlong: bool = False  # inside a line already reported as too long: its rest is skipped
+
+    def feed(self, chunk: bytes) -> None:
+        start = 0
+        while (end := chunk.find(b"\n", start)) != -1:
+            self._take(chunk[start:end])
+            self._end_line()
+            start = end + 1
+        self._take(chunk[start:])
+
+    def finish(self) -> Verdict:
+        if self._pending or self._overlong:
+            self._end_line()
+        if self.examples == 0 and self.problem_count == 0:
+            self._problem(0, "the file is empty: it holds no examples (one JSON object per line)")
+        return Verdict(self.format, self.examples, list(self.problems), self.problem_count)
+
+    def _take(self, piece: bytes) -> None:
+        if self._overlong or not piece:
+            return
+        self._pending += piece
+        if len(self._pending) > self.max_line_bytes:
+            self._problem(self._line + 1, f"line is longer than {self.max_line_bytes} bytes")
+            self._pending.clear()
+            self._overlong = True
+
+    def _end_line(self) -> None:
+        self._line += 1
+        raw, overlong = bytes(self._pending), self._overlong
+        self._pending.clear()
+        self._overlong = False
+        if not overlong:
+            self._check(raw)
+
+    def _problem(self, line: int, message: str) -> None:
+        self.problem_count += 1
+        if len(self.problems) < MAX_PROBLEMS:
+            self.problems.append(Problem(line, message))
+
+    def _check(self, raw: bytes) -> None:
+        if not raw.strip():
+            return  # blank lines separate nothing and are ignored
+        problem = self._judge(raw)
+        if problem is not None:
+            self._problem(self._line, problem)
+
+    def _judge(self, raw: bytes) -> str | None:
+        try:
+            example = json.loads(raw.decode("utf-8"))
+        except UnicodeDecodeError:
+            return "not UTF-8 text"
+        except RecursionError:
+            return "not JSON: nested too deeply"
+        except ValueError as exc:
+            return f"not JSON: {exc.msg if isinstance(exc, json.JSONDecodeError) else exc}"
+        if not isinstance(example, dict):
+            return f"not a JSON object (found {type(example).__name__}); each line must be one example"
+        if "messages" in example:
+            kind, problem = CHAT, _chat_problem(example)
+        elif "prompt" in example or "completion" in example:
+            kind, problem = PROMPT_COMPLETION, _prompt_completion_problem(example)
+        else:
+            return "missing `messages` (chat format) or `prompt` and `completion`"
+        if self.format is not None and kind != self.format:
+            return f"a {kind} example in a {self.format} file: every line must have the format of the first"
+        if problem is None:
+            self.format = kind
+            self.examples += 1
+        return problem

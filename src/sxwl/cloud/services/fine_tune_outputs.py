@@ -1,0 +1,122 @@
+"""What a fine-tune's job leaves behind: checkpoints as they are uploaded (each one becomes the job's
+``resume`` input, so a requeued attempt continues from it) and, at the job's end, the adapter,
+registered in the model catalogue (docs/finetune.md). Called by attempts.py, in its transaction."""
+
+from __future__ import annotations
+
+import re
+import secrets
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from sxwl.cloud.db.finetune_models import CatalogModel, FineTune, FineTuneCheckpoint, ModelKind
+from sxwl.cloud.db.models import Artifact, Job, JobState
+from sxwl.cloud.db.types import utcnow
+from sxwl.cloud.services import fine_tune_events
+from sxwl.protocol.finetune import ADAPTER_ARTIFACT, JobInput, checkpoint_artifact
+
+_CHECKPOINT = re.compile(r"^checkpoints/step-([0-9]{8,18})\.tar$")
+MAX_MODEL_ID = 200
+
+
+def model_name(base: str, suffix: str | None, fine_tune_id: str) -> str:
+    """``ft:<base>:<suffix>:<fine-tune id>``; a base too long for the catalogue's key is shortened."""
+    room = MAX_MODEL_ID - len(f"ft:::{suffix or ''}:{fine_tune_id}")
+    return f"ft:{base[:room]}:{suffix or ''}:{fine_tune_id}"
+
+
+def checkpoint_step(path: str) -> int | None:
+    match = _CHECKPOINT.match(path)
+    if match is None or checkpoint_artifact(int(match.group(1))) != path:
+        return None
+    return int(match.group(1))
+
+
+def artifact_recorded(session: Session, job: Job, attempt: int, path: str, size: int, sha256: str) -> None:
+    step = checkpoint_step(path)
+    if step is None:
+        return
+    fine_tune = fine_tune_events.of_job(session, job.id)
+    if fine_tune is None:
+        return
+    metrics = {"step": step, "train_loss": fine_tune.loss, "valid_loss": fine_tune.eval_loss}
+    row = session.scalar(
+        select(FineTuneCheckpoint).where(
+            FineTuneCheckpoint.fine_tune_id == fine_tune.id,
+            FineTuneCheckpoint.attempt == attempt,
+            FineTuneCheckpoint.path == path,
+        )
+    )
+    if row is None:
+        session.add(
+            FineTuneCheckpoint(
+                id=f"ftckpt-{secrets.token_hex(12)}",
+                fine_tune_id=fine_tune.id,
+                attempt=attempt,
+                path=path,
+                step=step,
+                metrics=metrics,
+            )
+        )
+        fine_tune_events.add(session, fine_tune, f"Checkpoint at step {step} saved", attempt=attempt)
+    resume = JobInput(name="resume", sha256=sha256, size=size, archive=True).model_dump()
+    resume["object"] = {"job_id": job.id, "attempt": attempt, "path": path}
+    # A new list: the JSON column is saved only when it is assigned, not when it is changed in place.
+    job.inputs = [entry for entry in job.inputs if entry.get("name") != "resume"] + [resume]
+
+
+def requeued(session: Session, job: Job, attempt: int, why: str) -> None:
+    fine_tune = fine_tune_events.of_job(session, job.id)
+    if fine_tune is None:
+        return
+    resume = next((entry for entry in job.inputs if entry.get("name") == "resume"), None)
+    step = checkpoint_step(str(resume["object"]["path"])) if resume else None
+    then = f"it resumes from the checkpoint at step {step}" if step is not None else "it starts again"
+    message = f"Attempt {attempt} was lost ({why}); queued again, {then}"
+    fine_tune_events.add(session, fine_tune, message, attempt=attempt, level="warn")
+
+
+def at_end(job: Job, session: Session, state: JobState, reason: str | None) -> tuple[JobState, str | None]:
+    """The fine-tune's part of its job ending in ``state``: on success the adapter is registered, and
+    a job that wrote none has failed. Returns the state (and reason) the job ends in."""
+    fine_tune = fine_tune_events.of_job(session, job.id)
+    if fine_tune is None:
+        return state, reason
+    fine_tune.finished_at = utcnow()
+    if state == JobState.SUCCEEDED:
+        adapter = session.scalar(
+            select(Artifact).where(Artifact.job_id == job.id, Artifact.path == ADAPTER_ARTIFACT)
+        )
+        if adapter is None:
+            reason = f"the trainer ended without writing {ADAPTER_ARTIFACT}; no model was registered"
+            fine_tune_events.add(session, fine_tune, reason, attempt=job.attempt, level="error")
+            return JobState.FAILED, reason
+        _register(session, fine_tune, adapter)
+        fine_tune_events.add(session, fine_tune, "The job has successfully completed", attempt=job.attempt)
+        return state, reason
+    verb = "was cancelled" if state == JobState.CANCELLED else "failed"
+    fine_tune_events.add(
+        session,
+        fine_tune,
+        f"The job {verb}: {reason or 'no reason given'}",
+        attempt=job.attempt,
+        level="warn" if state == JobState.CANCELLED else "error",
+    )
+    return state, reason
+
+
+def _register(session: Session, fine_tune: FineTune, adapter: Artifact) -> None:
+    name = model_name(fine_tune.model, fine_tune.suffix, fine_tune.id)
+    base = session.get(CatalogModel, fine_tune.model)
+    address: dict[str, Any] = {"job_id": adapter.job_id, "attempt": adapter.attempt, "path": adapter.path}
+    model = session.get(CatalogModel, name)
+    if model is None:
+        model = CatalogModel(id=name, owner_id=fine_tune.owner_id, kind=ModelKind.ADAPTER)
+        session.add(model)
+    model.base_model_id = fine_tune.model
+    model.architecture = base.architecture if base is not None else None
+    model.bytes, model.sha256, model.object = adapter.size, adapter.sha256, address
+    model.fine_tune_id = fine_tune.id
+    fine_tune.fine_tuned_model = name

@@ -1,0 +1,107 @@
+"""A fine-tune's progress, read out of its job's log as the agent appends it (docs/finetune.md):
+the trainer's progress lines become events and the fine-tune's progress columns, in the same
+transaction as the append, so what the log says and what the fine-tune shows never disagree."""
+
+from __future__ import annotations
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from sxwl.cloud.db.finetune_models import FineTune
+from sxwl.cloud.db.models import Job, LogChunk
+from sxwl.cloud.db.types import utcnow
+from sxwl.cloud.services import fine_tune_events
+from sxwl.protocol.finetune import Progress, parse_progress
+
+# The most log bytes one append reads: an append is a few KiB, so this only bounds a backlog (the
+# first append after a cloud upgrade, say). What is left is read by the next append.
+MAX_READ = 1 << 20
+MAX_CHUNKS = 64  # and the most chunk rows it loads for that, whatever their size
+
+
+def absorb(session: Session, job: Job, attempt: int) -> None:
+    """Reads the attempt's log from where the fine-tune last stopped, up to the last complete line."""
+    fine_tune = session.scalar(select(FineTune).where(FineTune.job_id == job.id).with_for_update())
+    if fine_tune is None:
+        return
+    if fine_tune.parsed_attempt != attempt:
+        fine_tune.parsed_attempt, fine_tune.parsed_offset = attempt, 0
+    start = fine_tune.parsed_offset
+    window = _read(session, job.id, attempt, start)
+    end = window.rfind(b"\n")
+    if end < 0:
+        if len(window) >= MAX_READ:
+            # One line longer than the whole window is no progress line (those are short): skip it.
+            fine_tune.parsed_offset = start + len(window)
+        return
+    for raw in window[: end + 1].splitlines():
+        progress = parse_progress(raw.decode("utf-8", "replace"))
+        if progress is not None:
+            _apply(session, fine_tune, attempt, progress)
+    fine_tune.parsed_offset = start + end + 1
+
+
+def _read(session: Session, job_id: str, attempt: int, offset: int) -> bytes:
+    rows = session.execute(
+        select(LogChunk.offset, LogChunk.data)
+        .where(
+            LogChunk.job_id == job_id,
+            LogChunk.attempt == attempt,
+            LogChunk.offset + func.length(LogChunk.data) > offset,
+        )
+        .order_by(LogChunk.offset)
+        .limit(MAX_CHUNKS)
+    ).all()
+    out = bytearray()
+    position = offset
+    for start, data in rows:
+        if start > position or len(out) >= MAX_READ:
+            break
+        piece = data[position - start :][: MAX_READ - len(out)]
+        out += piece
+        position += len(piece)
+    return bytes(out)
+
+
+def _apply(session: Session, fine_tune: FineTune, attempt: int, progress: Progress) -> None:
+    if progress.total_steps:
+        fine_tune.total_steps = progress.total_steps
+    if progress.kind in ("metrics", "eval", "done", "resumed"):
+        fine_tune.step = progress.step  # a resumed attempt starts again from its checkpoint's step
+    if progress.loss is not None:
+        fine_tune.loss = progress.loss
+    if progress.eval_loss is not None:
+        fine_tune.eval_loss = progress.eval_loss
+    if progress.tokens_per_s is not None:
+        fine_tune.tokens_per_s = progress.tokens_per_s
+    if progress.trained_tokens is not None:
+        fine_tune.trained_tokens = progress.trained_tokens
+    fine_tune.progress_at = utcnow()
+    if progress.kind in ("metrics", "eval"):
+        data = {
+            "step": progress.step,
+            "total_steps": progress.total_steps or fine_tune.total_steps,
+            "loss": progress.loss,
+            "eval_loss": progress.eval_loss,
+            "learning_rate": progress.learning_rate,
+            "tokens_per_s": progress.tokens_per_s,
+            "epoch": progress.epoch,
+        }
+        message = f"Step {progress.step}/{data['total_steps']}: " + (
+            f"training loss={progress.loss:.4f}" if progress.loss is not None else "training"
+        )
+        if progress.eval_loss is not None:
+            message += f", validation loss={progress.eval_loss:.4f}"
+        fine_tune_events.add(session, fine_tune, message, attempt=attempt, type="metrics", data=data)
+    elif progress.kind == "started":
+        fine_tune_events.add(
+            session, fine_tune, progress.message or "Fine-tuning job started", attempt=attempt
+        )
+    elif progress.kind == "resumed":
+        text = f"Resumed from checkpoint at step {progress.step} (attempt {attempt})"
+        fine_tune_events.add(session, fine_tune, text, attempt=attempt)
+    elif progress.kind == "done":
+        fine_tune_events.add(
+            session, fine_tune, progress.message or "Training finished; saving the adapter", attempt=attempt
+        )
+    # "checkpoint" lines only announce an upload: the checkpoint counts once its artifact arrives.
