@@ -134,7 +134,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     web.install(app)
     mounted = [(API_PREFIX, router) for router in API_ROUTERS] + [(OPENAI_PREFIX, r) for r in OPENAI_ROUTERS]
-    rules = BodyRules(mounted, settings)
+    rules = BodyRules(mounted + list(web.BODY_RULED), settings)  # the console's dataset upload
     app.add_middleware(BodyLimit, rule_for=rules.rule_for)
     app.add_middleware(RequestContext, metrics=metrics, quiet_paths=frozenset({heartbeat_path}))
     document_bodies(app, agent.DOCUMENTED_BODIES)
