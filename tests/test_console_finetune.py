@@ -29,7 +29,7 @@ from sxwl.cloud.services import model_catalog
 from sxwl.cloud.web import finetune_chart, finetune_view
 from sxwl.cloud.web.i18n import MESSAGES
 from sxwl.cloud.web.i18n_finetune import FINETUNE_MESSAGES
-from sxwl.protocol.finetune import ADAPTER_ARTIFACT, Progress, progress_line
+from sxwl.protocol.finetune import ADAPTER_ARTIFACT, Progress, checkpoint_artifact, progress_line
 from tests.support.billing_api import BILLING, PRODUCT, Money
 from tests.support.clock import TestClock
 from tests.test_console_forms import csrf
@@ -413,7 +413,20 @@ def test_a_fine_tunes_page_follows_its_progress_eta_cost_and_loss(money: Money) 
 def test_a_succeeded_fine_tune_offers_its_adapter(money: Money) -> None:
     browser = signed_in(money.client, "dev@example.com")
     fine_tune_id, job_id, attempt = running_fine_tune(money, browser)
-    append_progress(money, job_id, attempt, 0, Progress(kind="done", step=4, total_steps=4, loss=0.5))
+    offset = append_progress(
+        money, job_id, attempt, 0, Progress(kind="metrics", step=2, total_steps=4, loss=0.9, eval_loss=1.1)
+    )
+    checkpoint = money.client.put(
+        f"/api/v1/agent/jobs/{job_id}/artifacts/{checkpoint_artifact(2)}?attempt={attempt}",
+        headers=money.agent,
+        content=b"checkpoint tar",
+    )
+    assert checkpoint.status_code == 201, checkpoint.text
+    running = browser.get(f"/finetune/{fine_tune_id}").text
+    row = re.search(r'<tr data-step="2"[^>]*>(.*?)</tr>', running, re.S)
+    assert row and "0.9000" in row.group(1) and "1.1000" in row.group(1)
+    assert "已保存第 2 步的检查点" in running
+    append_progress(money, job_id, attempt, offset, Progress(kind="done", step=4, total_steps=4, loss=0.5))
     put = money.client.put(
         f"/api/v1/agent/jobs/{job_id}/artifacts/{ADAPTER_ARTIFACT}?attempt={attempt}",
         headers=money.agent,
