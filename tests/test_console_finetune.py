@@ -32,6 +32,7 @@ from sxwl.cloud.web.i18n_finetune import FINETUNE_MESSAGES
 from sxwl.protocol.finetune import ADAPTER_ARTIFACT, Progress, checkpoint_artifact, progress_line
 from tests.support.billing_api import BILLING, PRODUCT, Money
 from tests.support.clock import TestClock
+from tests.test_console_billing import admin_browser
 from tests.test_console_forms import csrf
 from tests.test_console_jobs import browser_user, field_error
 
@@ -180,6 +181,9 @@ def test_providers_get_403_and_the_signed_out_go_to_sign_in(client: TestClient) 
     for path in ("/finetune", "/finetune/files", "/finetune/new"):
         assert provider.get(path).status_code == 403
     assert "/finetune" not in provider.get("/compute").text  # no nav link for them
+    admin = admin_browser(client)  # admins fine-tune too, as they run jobs
+    page = admin.get("/finetune")
+    assert page.status_code == 200 and '<a href="/finetune" class="active">微调</a>' in page.text
     anonymous = TestClient(client.app)
     response = anonymous.get("/finetune/new", follow_redirects=False)
     assert response.status_code == 303 and response.headers["location"] == "/login?next=/finetune/new"

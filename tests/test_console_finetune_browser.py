@@ -207,6 +207,7 @@ def test_upload_create_and_watch_a_fine_tune(context: BrowserContext, cloud: Clo
     page.locator("#upload-submit").click()
     expect(result).to_have_attribute("data-status", "processed")
     expect(result).to_contain_text("共 20 个样本")
+    shot(page, tmp_path, "finetune-upload-ok")
     page.locator("#train-uploaded").click()
 
     # The form: an error in place first, then the fine-tune.

@@ -264,7 +264,9 @@ def _detail(
     values = _detail_values(request, principal, fine_tune_id)
     if isinstance(values, AppError):
         return error_page(request, values.status, principal)
-    done = request.query_params.get("created") == "1" or request.query_params.get("cancelled") == "1"
+    # Where a form sent the user: what it did, said once at the top.
+    notices = {"created": "ft.notice.created", "cancelled": "ft.notice.cancelled"}
+    ft_notice = next((key for name, key in notices.items() if request.query_params.get(name) == "1"), None)
     return render(
         request,
         "finetune.html",
@@ -273,11 +275,7 @@ def _detail(
         path=f"/finetune/{fine_tune_id}",
         alert=alert,
         conflict=conflict,
-        ft_notice=(
-            ("ft.notice.created" if request.query_params.get("created") == "1" else "ft.notice.cancelled")
-            if done
-            else None
-        ),
+        ft_notice=ft_notice,
         refresh_ms=FINISHED_REFRESH_MS if values["d"].terminal else DETAIL_REFRESH_MS,
         **values,
     )

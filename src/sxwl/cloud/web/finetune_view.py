@@ -204,7 +204,7 @@ def file_row(file: DataFile) -> FileRow:
         bytes=file.bytes,
         created_at=file.created_at,
         problems=problems,
-        problem_count=max(int(getattr(file, "problem_count", 0) or 0), len(problems)),
+        problem_count=max(file.problem_count, len(problems)),
     )
 
 
@@ -279,10 +279,6 @@ class FineTuneDetail:
     @property
     def adapter_url(self) -> str | None:
         return model_url(self.row.fine_tuned_model) if self.row.fine_tuned_model else None
-
-    @property
-    def version(self) -> str:
-        return f"{self.row.version}:{len(self.events)}:{len(self.checkpoints)}:{self.chart.points}"
 
 
 def _filename(session: Session, file_id: str | None) -> str | None:
