@@ -86,7 +86,7 @@ class System:
 
     def __init__(self, root: Path, model: Path, data: Path, processes: Processes) -> None:
         db = f"sqlite:///{root / 'cloud' / 'sxwl.db'}"
-        (root / "cloud").mkdir()
+        (root / "cloud").mkdir(parents=True)
         env = {**cloud_env(db), "SXWL_SCHEDULER_INTERVAL_S": "0.2"}
         register = ("-m", "sxwl.cli", "admin", "register-model", "--name", MODEL, str(model))
         _python(*register, env={**env, "SXWL_DATA_DIR": str(root / "cloud")})
