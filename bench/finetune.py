@@ -181,7 +181,7 @@ def main(argv: list[str] | None = None) -> int:
     lines = [
         f"## finetune: {utc_now()}",
         "",
-        f"- machine: {machine_line()}",
+        machine_line(),
         f"- the tiny Llama ({MODEL}), {args.examples} examples, {args.epochs} epochs, batch 4: {steps} steps "
         f"on CPUs; medians of {args.repeat} runs each",
         "",
