@@ -410,8 +410,11 @@ EOF
 
 # ---- k8s ---------------------------------------------------------------------------------------------
 
-k8s() {
-  local dir="" use_venv="" python="" rest=()
+# [DIR] [--use-venv V] [--python P] [OPTIONS...]: sets up $VENV and leaves the rest in REST, for
+# the checker that runs next to judge.
+venv_then_rest() {
+  local dir="" use_venv="" python=""
+  REST=()
   if [ $# -gt 0 ] && [[ $1 != -* ]]; then
     dir=$1
     shift
@@ -421,38 +424,28 @@ k8s() {
       --use-venv) [ $# -ge 2 ] || usage; use_venv=$2; shift 2 ;;
       --python) [ $# -ge 2 ] || usage; python=$2; shift 2 ;;
       -h | --help) usage ;;
-      *) rest+=("$1"); shift ;;  # gpu-check-k8s.sh's own options: it judges them
+      *) REST+=("$1"); shift ;;
     esac
   done
   [ -n "$dir" ] || [ -n "$use_venv" ] || usage
   setup_venv "$dir" "$use_venv" "$python"
-  exec "$(dirname "$SCRIPT_PATH")/gpu-check-k8s.sh" --venv "$VENV" "${rest[@]}"
+}
+
+k8s() {
+  venv_then_rest "$@"
+  exec "$(dirname "$SCRIPT_PATH")/gpu-check-k8s.sh" --venv "$VENV" "${REST[@]}"
 }
 
 # ---- trainer -----------------------------------------------------------------------------------------
 
 trainer() {
-  local dir="" use_venv="" python="" rest=()
-  if [ $# -gt 0 ] && [[ $1 != -* ]]; then
-    dir=$1
-    shift
-  fi
-  while [ $# -gt 0 ]; do
-    case $1 in
-      --use-venv) [ $# -ge 2 ] || usage; use_venv=$2; shift 2 ;;
-      --python) [ $# -ge 2 ] || usage; python=$2; shift 2 ;;
-      -h | --help) usage ;;
-      *) rest+=("$1"); shift ;;  # sxwl.trainer.gpucheck's own options: it judges them
-    esac
-  done
-  [ -n "$dir" ] || [ -n "$use_venv" ] || usage
-  setup_venv "$dir" "$use_venv" "$python"
+  venv_then_rest "$@"
   "$VENV/bin/python" -c 'import torch, transformers, peft' 2>/dev/null ||
     die "$VENV lacks the train extra (torch, transformers, peft): prepare DIR with --train, or pip install 'sxwl[train]'"
   if command -v nvidia-smi >/dev/null; then
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv || true
   fi
-  exec "$VENV/bin/python" -m sxwl.trainer.gpucheck "${rest[@]}"
+  exec "$VENV/bin/python" -m sxwl.trainer.gpucheck "${REST[@]}"
 }
 
 # ---- main ------------------------------------------------------------------------------------------

@@ -8,8 +8,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import os
-import threading
-from collections.abc import Coroutine, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -24,30 +23,12 @@ from sxwl.protocol.finetune import CHECKPOINT_DIR, JobInput, ResolvedHyperparame
 from sxwl.protocol.models import Assignment
 from tests.support.agent import eventually
 from tests.support.input_server import JOB, Served, input_path, job_input, servers, tar_of
+from tests.support.threads import run_on_thread
 from tests.test_jobs_process import World
 
 __all__ = ["servers"]  # the fixture
 T = TypeVar("T")
 TOKEN = "sxcp_test-token"
-
-
-def run(coro: Coroutine[Any, Any, T]) -> T:
-    """The coroutine on a loop of its own thread (never asyncio.run in the test's own thread)."""
-    result: list[T] = []
-    errors: list[BaseException] = []
-
-    def target() -> None:
-        try:
-            result.append(asyncio.run(coro))
-        except BaseException as exc:  # handed to the test's thread
-            errors.append(exc)
-
-    thread = threading.Thread(target=target)
-    thread.start()
-    thread.join()
-    if errors:
-        raise errors[0]
-    return result[0]
 
 
 async def fetch(cloud: Served, root: Path, *items: JobInput) -> list[Path]:
@@ -67,7 +48,7 @@ def test_an_input_redirected_to_the_store_arrives_without_the_cpod_token(
     store.bodies["/bucket/file?sig"] = data
     store.bodies["/bucket/file"] = data
     cloud.redirects[input_path("training_file")] = f"{store.url}/bucket/file?sig=1"
-    (cached,) = run(fetch(cloud, tmp_path / "cache", job_input("training_file", data)))
+    (cached,) = run_on_thread(fetch(cloud, tmp_path / "cache", job_input("training_file", data)))
 
     assert cached.read_bytes() == data
     assert cached.name == hashlib.sha256(data).hexdigest()
@@ -84,7 +65,7 @@ def test_bytes_that_do_not_match_their_sha256_are_refused_and_not_cached(
     cloud, _ = servers
     cloud.bodies[input_path("training_file")] = b"tampered"
     with pytest.raises(InputError, match="sha256"):
-        run(fetch(cloud, tmp_path / "cache", job_input("training_file", b"the real bytes")))
+        run_on_thread(fetch(cloud, tmp_path / "cache", job_input("training_file", b"the real bytes")))
     left = [p for p in (tmp_path / "cache").rglob("*") if p.is_file()]
     assert left == []
     assert InputCache(tmp_path / "cache", CloudClient(cloud.url)).entries() == []
@@ -93,7 +74,7 @@ def test_bytes_that_do_not_match_their_sha256_are_refused_and_not_cached(
 def test_an_unknown_input_is_refused(servers: tuple[Served, Served], tmp_path: Path) -> None:
     cloud, _ = servers
     with pytest.raises(Rejected, match="no such input"):
-        run(fetch(cloud, tmp_path / "cache", job_input("model", b"x")))
+        run_on_thread(fetch(cloud, tmp_path / "cache", job_input("model", b"x")))
 
 
 @pytest.mark.parametrize(
@@ -113,7 +94,7 @@ def test_an_archive_with_a_member_leaving_it_or_a_link_is_refused(
     data = tar_of(members, links)
     cloud.bodies[input_path("model")] = data
     with pytest.raises(InputError, match="cannot unpack"):
-        run(fetch(cloud, tmp_path / "cache", job_input("model", data, archive=True)))
+        run_on_thread(fetch(cloud, tmp_path / "cache", job_input("model", data, archive=True)))
     assert not (tmp_path / "escape.txt").exists()
     assert [p.name for p in (tmp_path / "cache").iterdir() if not p.name.startswith(".")] == []
     assert list((tmp_path / "cache" / ".tmp").iterdir()) == []
@@ -126,7 +107,7 @@ def test_an_archive_is_unpacked_once_read_only_and_concurrent_fetches_download_o
     data = tar_of({"config.json": b'{"model_type": "gpt2"}', "tokenizer/vocab.json": b"{}"})
     cloud.bodies[input_path("model")] = data
     item = job_input("model", data, archive=True)
-    first, second = run(fetch(cloud, tmp_path / "cache", item, item))
+    first, second = run_on_thread(fetch(cloud, tmp_path / "cache", item, item))
 
     assert first == second == tmp_path / "cache" / f"{item.sha256}.d"
     assert len(cloud.seen) == 1  # two attempts needing the same model fetched it once
@@ -137,7 +118,7 @@ def test_an_archive_is_unpacked_once_read_only_and_concurrent_fetches_download_o
         "tokenizer/vocab.json": 0o444,
     }
     assert first.stat().st_mode & 0o777 == 0o555
-    run(fetch(cloud, tmp_path / "cache", item))
+    run_on_thread(fetch(cloud, tmp_path / "cache", item))
     assert len(cloud.seen) == 1  # and a later attempt finds it cached
 
     placed = tmp_path / "work" / "model"
@@ -154,7 +135,7 @@ def test_the_resume_checkpoint_stays_the_tar_the_trainer_wrote(
     cloud, _ = servers
     data = tar_of({"trainer_state.json": b"{}"})
     cloud.bodies[input_path("resume")] = data
-    (cached,) = run(fetch(cloud, tmp_path / "cache", job_input("resume", data, archive=True)))
+    (cached,) = run_on_thread(fetch(cloud, tmp_path / "cache", job_input("resume", data, archive=True)))
     assert cached.is_file() and cached.read_bytes() == data
 
 

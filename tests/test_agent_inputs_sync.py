@@ -21,6 +21,7 @@ from sxwl.protocol import AssignmentsReply
 from sxwl.protocol.models import Assignment, Command
 from tests.support.agent import eventually
 from tests.support.input_server import JOB, Served, input_path, job_input, servers
+from tests.support.threads import run_on_thread
 
 __all__ = ["servers"]  # the fixture
 T = TypeVar("T")
@@ -30,34 +31,21 @@ DATA = b'{"messages": [{"role": "user", "content": "hi"}]}\n'
 
 def with_sync(cloud: Served, state: Path, body: Callable[[JobSync[LocalJob]], Awaitable[T]]) -> T:
     """Runs ``body`` with a job sync of a local runtime under ``state``, on a loop in a thread."""
-    result: list[T] = []
-    errors: list[BaseException] = []
 
-    async def main() -> None:
+    async def main() -> T:
         client = CloudClient(cloud.url)
         runtime = LocalRuntime(state, [])
         runtime.accepted_owners = None  # this test's own jobs, unisolated
         sync = JobSync(client, runtime, TOKEN, InputCache(state / "cache", client))
         sync.fetch_retry_s = (0.05, 0.05)
         try:
-            result.append(await body(sync))
+            return await body(sync)
         finally:
             for task in list(sync.preparing.values()):
                 task.cancel()
             await client.close()
 
-    def target() -> None:
-        try:
-            asyncio.run(main())
-        except BaseException as exc:  # handed to the test's thread
-            errors.append(exc)
-
-    thread = threading.Thread(target=target)
-    thread.start()
-    thread.join()
-    if errors:
-        raise errors[0]
-    return result[0]
+    return run_on_thread(main())
 
 
 def assignment(command: str = 'cat "$HOME/inputs/training_file"') -> Assignment:

@@ -10,6 +10,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -170,6 +171,24 @@ def test_up_creates_demo_accounts_and_prints_their_logins(tmp_path: Path) -> Non
         provider = tokens["provider@demo.example.com"]
         earned = httpx.get(f"{url}/api/v1/earnings", headers=provider).json()
         assert earned["pending"] > 0 and earned["available"] == 0  # held for the default 7 days
+
+        # Fine-tuning: the tiny model and the sample dataset are there, and a fine-tune of them finishes.
+        assert "start one on the tiny-llama model" in " ".join(text.split())
+        assert "tiny-llama" in [m["id"] for m in httpx.get(f"{url}/v1/models", headers=user).json()["data"]]
+        (sample,) = httpx.get(f"{url}/v1/files", headers=user).json()["data"]
+        assert sample["status"] == "processed" and sample["validation"]["examples"] == 40
+        body = {"model": "tiny-llama", "training_file": sample["id"], "hyperparameters": {"n_epochs": 1}}
+        created = httpx.post(f"{url}/v1/fine_tuning/jobs", headers=user, json=body, timeout=30)
+        assert created.status_code == 200, created.text
+
+        def fine_tuned() -> dict[str, Any] | None:
+            ft: dict[str, Any] = httpx.get(
+                f"{url}/v1/fine_tuning/jobs/{created.json()['id']}", headers=user
+            ).json()
+            return ft if ft["status"] in ("succeeded", "failed", "cancelled") else None
+
+        ft = eventually(fine_tuned, timeout=240, what="the demo fine-tune to finish")
+        assert ft["status"] == "succeeded" and ft["fine_tuned_model"].startswith("ft:tiny-llama:")
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
         proc.wait(20)

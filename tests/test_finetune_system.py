@@ -84,7 +84,7 @@ class FineTuneWorld(World):
         return eventually(reached, timeout=timeout, what=f"fine-tune {fine_tune_id} {'/'.join(statuses)}")
 
     def messages(self, fine_tune_id: str) -> list[str]:
-        return [e.message for e in self.api.fine_tuning.jobs.list_events(fine_tune_id, limit=500)]
+        return [e.message for e in self.api.fine_tuning.jobs.list_events(fine_tune_id, limit=100)]
 
 
 @pytest.fixture
@@ -110,7 +110,7 @@ def test_a_fine_tune_from_the_openai_client_to_an_adapter_that_loads(ftworld: Fi
     assert done.status == "succeeded", ftworld.messages(job.id)
     assert done.fine_tuned_model == f"ft:{MODEL}:e2e:{job.id}"
     assert done.trained_tokens and done.trained_tokens > 0
-    events = list(ftworld.api.fine_tuning.jobs.list_events(job.id, limit=500))
+    events = list(ftworld.api.fine_tuning.jobs.list_events(job.id, limit=100))
     metrics = [e for e in events if e.type == "metrics" and e.data and e.data.get("loss") is not None]
     assert len(metrics) >= 6 * 2 - 1  # a point per step: 24 examples / 4 per step, 2 epochs
     steps = sorted({int(e.data["step"]) for e in metrics})

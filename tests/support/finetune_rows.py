@@ -4,14 +4,13 @@ have their own tests). Only what the fine-tune tests need to start from."""
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
-import threading
 from collections.abc import AsyncIterator
 
 from sxwl.cloud.context import CloudContext
 from sxwl.cloud.db.finetune_models import CatalogModel, DataFile, FileStatus, ModelKind
 from sxwl.cloud.storage import Artifact
+from tests.support.threads import run_on_thread
 
 
 def store_bytes(ctx: CloudContext, artifact: Artifact, data: bytes) -> tuple[int, str]:
@@ -20,15 +19,7 @@ def store_bytes(ctx: CloudContext, artifact: Artifact, data: bytes) -> tuple[int
     async def chunks() -> AsyncIterator[bytes]:
         yield data
 
-    result: list[tuple[int, str]] = []
-
-    def put() -> None:
-        result.append(asyncio.run(ctx.artifacts.put(artifact, chunks(), len(data) + 1)))
-
-    thread = threading.Thread(target=put)
-    thread.start()
-    thread.join()
-    (stored,) = result
+    stored = run_on_thread(ctx.artifacts.put(artifact, chunks(), len(data) + 1))
     assert stored == (len(data), hashlib.sha256(data).hexdigest())
     return stored
 
