@@ -8,13 +8,11 @@ progress lines appended to its log as the agent would, on the cloud's frozen clo
 
 from __future__ import annotations
 
-import asyncio
 import io
 import json
 import re
 import struct
 import tarfile
-import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -32,6 +30,7 @@ from sxwl.cloud.web.i18n_finetune import FINETUNE_MESSAGES
 from sxwl.protocol.finetune import ADAPTER_ARTIFACT, Progress, checkpoint_artifact, progress_line
 from tests.support.billing_api import BILLING, PRODUCT, Money
 from tests.support.clock import TestClock
+from tests.support.threads import run_on_thread
 from tests.test_console_billing import admin_browser
 from tests.test_console_forms import csrf
 from tests.test_console_jobs import browser_user, field_error
@@ -83,18 +82,7 @@ def model_archive() -> bytes:
 def register_model(ctx: CloudContext, name: str = MODEL) -> None:
     """An admin's public base model, through the catalogue service (on a thread of its own: never
     asyncio.run on the test's)."""
-    failures: list[BaseException] = []
-
-    def run() -> None:
-        try:
-            asyncio.run(model_catalog.register_public(ctx, name=name, archive=io.BytesIO(model_archive())))
-        except BaseException as exc:
-            failures.append(exc)
-
-    thread = threading.Thread(target=run)
-    thread.start()
-    thread.join()
-    assert not failures, failures
+    run_on_thread(model_catalog.register_public(ctx, name=name, archive=io.BytesIO(model_archive())))
 
 
 def jsonl(*lines: Any) -> bytes:
