@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import Field, ValidationError, ValidatorFunctionWrapHandler, WrapValidator
 
 from sxwl.protocol.fields import Int64, Name, NonNegInt64, Strict, Text, Wire, WireIn
 from sxwl.protocol.jobs import MAX_GPUS_PER_NODE
@@ -23,12 +23,33 @@ MAX_SEQ_LEN = 8192
 Auto = Literal["auto"]
 
 
-class Hyperparameters(BaseModel):
+def _auto_or(what: str) -> WrapValidator:
+    """One error naming the field for a value that is neither "auto" nor a number in range, rather
+    than one per branch of the union (``n_epochs.constrained-int``, ``n_epochs.literal['auto']``)."""
+
+    def check(value: object, handler: ValidatorFunctionWrapHandler) -> object:
+        try:
+            return handler(value)
+        except ValidationError:
+            raise ValueError(f'must be "auto" or {what}') from None
+
+    return WrapValidator(check)
+
+
+class Hyperparameters(Strict):
     """OpenAI's names and "auto" (the default) for each; ``resolved`` gives the numbers used."""
 
-    n_epochs: Annotated[int, Field(ge=1, le=MAX_EPOCHS)] | Auto = "auto"
-    batch_size: Annotated[int, Field(ge=1, le=MAX_BATCH_SIZE)] | Auto = "auto"
-    learning_rate_multiplier: Annotated[float, Field(gt=0, le=MAX_LR_MULTIPLIER)] | Auto = "auto"
+    n_epochs: Annotated[
+        Annotated[int, Field(ge=1, le=MAX_EPOCHS)] | Auto, _auto_or(f"an integer from 1 to {MAX_EPOCHS}")
+    ] = "auto"
+    batch_size: Annotated[
+        Annotated[int, Field(ge=1, le=MAX_BATCH_SIZE)] | Auto,
+        _auto_or(f"an integer from 1 to {MAX_BATCH_SIZE}"),
+    ] = "auto"
+    learning_rate_multiplier: Annotated[
+        Annotated[float, Field(gt=0, le=MAX_LR_MULTIPLIER)] | Auto,
+        _auto_or(f"a number above 0 and at most {MAX_LR_MULTIPLIER:g}"),
+    ] = "auto"
 
     def resolved(self) -> ResolvedHyperparameters:
         return ResolvedHyperparameters(
@@ -59,6 +80,12 @@ class LoraSettings(Wire):
 SUFFIX = r"^[A-Za-z0-9_.-]{1,40}$"
 
 
+class LoraIn(Strict, LoraSettings):
+    """``LoraSettings`` in a request body: unknown fields refused, no coercion."""
+
+    model_config = Strict.model_config  # not Wire's, which ignores unknown fields
+
+
 class FineTuneRequest(Strict):
     """A fine-tune to create: OpenAI's body (``POST /v1/fine_tuning/jobs``) with our extensions
     (``lora``, the GPUs, a cost cap). The REST API, the console's form and ``sxwl finetune create``
@@ -70,7 +97,7 @@ class FineTuneRequest(Strict):
     hyperparameters: Hyperparameters = Field(default_factory=Hyperparameters)
     suffix: str | None = Field(default=None, pattern=SUFFIX)
     seed: int | None = Field(default=None, ge=0, le=2**31 - 1)
-    lora: LoraSettings = Field(default_factory=LoraSettings)
+    lora: LoraIn = Field(default_factory=LoraIn)
     gpu_product: Name | None = Field(default=None, min_length=1, max_length=128)
     gpus: int = Field(default=0, ge=0, le=MAX_GPUS_PER_NODE)  # 0: on CPUs (tiny models, tests)
     max_cost: NonNegInt64 | None = None  # micro-yuan; refused at creation when the estimate is higher
