@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import os
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, TypeVar
@@ -279,3 +280,36 @@ def test_a_checkpoint_reaches_the_cloud_while_the_job_runs(world: World) -> None
     final = httpx.get(f"{world.url}/api/v1/jobs/{job_id}/artifacts", headers=world.user).json()
     assert [a["path"] for a in final] == [path]
     assert world.logs(job_id).count("written") == 1
+
+
+def test_a_capped_cache_removes_the_least_recently_taken_but_never_a_recent_one(
+    servers: tuple[Served, Served], tmp_path: Path
+) -> None:
+    cloud, _ = servers
+    root = tmp_path / "cache"
+
+    def take(data: bytes) -> Path:
+        cloud.bodies[input_path("training_file")] = data
+
+        async def fetch_capped() -> Path:
+            client = CloudClient(cloud.url)
+            try:
+                cache = InputCache(root, client, max_bytes=250)
+                return await cache.fetch(TOKEN, JOB, 1, job_input("training_file", data))
+            finally:
+                await client.close()
+
+        return run_on_thread(fetch_capped())
+
+    blobs = [bytes([65 + n]) * 100 for n in range(4)]
+    a, b = take(blobs[0]), take(blobs[1])
+    an_hour_ago = time.time() - 3600
+    os.utime(a, (an_hour_ago - 60, an_hour_ago - 60))
+    os.utime(b, (an_hour_ago, an_hour_ago))
+    c = take(blobs[2])  # 300 bytes would be over the cap: the least recently taken goes
+    assert (a.exists(), b.exists(), c.exists()) == (False, True, True)
+    assert take(blobs[1]) == b  # taken again from the cache: recent now
+    d = take(blobs[3])  # over the cap again, but every entry left was taken just now: all stay
+    assert b.exists() and c.exists() and d.exists()
+    listed = InputCache(root, CloudClient(cloud.url)).entries()
+    assert sorted(e.sha256 for e in listed) == sorted(p.name for p in (b, c, d))

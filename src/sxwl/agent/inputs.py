@@ -6,7 +6,12 @@ Layout under ``root``: ``<sha256>`` a verified file, ``<sha256>.d/`` an unpacked
 read-only (0444 files, 0555 dirs: attempts get hard links of them, never a writable copy);
 ``.tmp/`` downloads and unpacks in progress; ``.pending/`` one marker per attempt whose inputs are
 being fetched, so that a restarted agent reports such an attempt lost instead of leaving it
-``starting`` on the cloud forever."""
+``starting`` on the cloud forever.
+
+With a size cap, a fetch first makes room by removing the least recently used entries (an entry's
+mtime is touched each time an attempt takes it). Removing one never harms a running attempt, whose
+inputs are hard links of their own; entries taken in the last ``RECENT_S`` are kept, so an attempt
+between its fetch and its start never loses what it fetched."""
 
 from __future__ import annotations
 
@@ -17,6 +22,7 @@ import os
 import shutil
 import stat
 import tarfile
+import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +32,7 @@ from sxwl.protocol.finetune import CachedInput, JobInput
 
 READ_ONLY_FILE = 0o444
 READ_ONLY_DIR = 0o555
+RECENT_S = 600.0
 
 
 class InputError(Exception):
@@ -45,9 +52,10 @@ class Pending:
 
 
 class InputCache:
-    def __init__(self, root: Path, client: CloudClient) -> None:
+    def __init__(self, root: Path, client: CloudClient, max_bytes: int | None = None) -> None:
         self.root = root
         self.client = client
+        self.max_bytes = max_bytes  # None: no cap
         self._locks: dict[str, asyncio.Lock] = {}
         self._sizes: dict[str, int] | None = None  # sha256 -> bytes held, read from disk once
 
@@ -61,8 +69,10 @@ class InputCache:
             unpack = unpacks(item)
             final = self._tree(item.sha256) if unpack else self._file(item.sha256)
             if final.exists():
+                await asyncio.to_thread(_touch, final)
                 return final
             await asyncio.to_thread(self._ensure_dirs)
+            await asyncio.to_thread(self._make_room, item.size)
             temp = self.root / ".tmp" / f"{item.sha256}.{uuid.uuid4().hex}"
             try:
                 size, digest = await self.client.fetch_input(token, job_id, attempt, item.name, temp)
@@ -93,6 +103,36 @@ class InputCache:
             raise InputError(f"input {item.name}: cannot unpack the archive: {exc}") from None
         read_only_tree(staging)
         os.replace(staging, final)
+
+    def _make_room(self, incoming: int) -> None:
+        """Removes the least recently taken entries until ``incoming`` more bytes fit under the cap
+        (or only entries taken in the last ``RECENT_S``, or being fetched, are left)."""
+        if self.max_bytes is None:
+            return
+        if self._sizes is None:
+            self._sizes = self._scan()
+        held = sum(self._sizes.values())
+        now = time.time()
+        by_age = sorted((self._last_taken(sha), sha) for sha in self._sizes)
+        for taken, sha in by_age:
+            if held + incoming <= self.max_bytes:
+                return
+            busy = self._locks.get(sha)
+            if now - taken < RECENT_S or (busy is not None and busy.locked()):
+                continue
+            for entry in (self._file(sha), self._tree(sha)):
+                if entry.is_dir():
+                    writable_tree(entry)
+                    shutil.rmtree(entry, ignore_errors=True)
+                else:
+                    entry.unlink(missing_ok=True)
+            held -= self._sizes.pop(sha)
+
+    def _last_taken(self, sha256: str) -> float:
+        for entry in (self._file(sha256), self._tree(sha256)):
+            with contextlib.suppress(FileNotFoundError):
+                return entry.stat().st_mtime
+        return 0.0
 
     # ---- what the heartbeat reports -------------------------------------------------------------
 
@@ -151,6 +191,11 @@ class InputCache:
     def _ensure_dirs(self) -> None:
         for directory in (self.root, self.root / ".tmp", self.root / ".pending"):
             directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+
+
+def _touch(entry: Path) -> None:
+    """Marks the entry as just taken, for the cache's eviction order."""
+    os.utime(entry)
 
 
 def _members_filter(member: tarfile.TarInfo, dest: str) -> tarfile.TarInfo:

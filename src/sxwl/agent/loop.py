@@ -83,6 +83,7 @@ class AgentConfig:
     # How local jobs are kept apart (``sandbox.detect``); None on Kubernetes, whose namespaces do it.
     isolation: Isolation | None = None
     trusted_accounts: tuple[str, ...] = ()  # whose jobs besides the provider's, without isolation
+    input_cache_max_bytes: int | None = None  # the cap of fine-tunes' input cache; None: no cap
 
     def isolation_report(self) -> IsolationReport:
         isolated = self.isolation is None or self.isolation.isolated
@@ -268,7 +269,7 @@ class Agent(Generic[J]):
             await self.report_isolation(saved.cpod_token)
             # Local CPods keep fine-tunes' inputs in the state dir; Kubernetes ones take none.
             cache = (
-                InputCache(self.config.state_dir / "cache", self.client)
+                InputCache(self.config.state_dir / "cache", self.client, self.config.input_cache_max_bytes)
                 if self.config.runtime == "local"
                 else None
             )

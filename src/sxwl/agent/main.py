@@ -34,6 +34,7 @@ EXIT_FAILED = 1
 EXIT_REFUSED = 3
 DEFAULT_NAMESPACE = "sxwl-system"
 TENANT_NAMESPACE_PREFIX = "sxwl-tenant-"
+DEFAULT_INPUT_CACHE_GIB = 200.0
 
 app = typer.Typer(add_completion=False, context_settings={"help_option_names": ["-h", "--help"]})
 
@@ -97,6 +98,14 @@ def run(
     stop_grace: Annotated[
         float, typer.Option(help="Seconds between SIGTERM and SIGKILL when a job is stopped.", min=0)
     ] = 10.0,
+    input_cache_gib: Annotated[
+        float,
+        typer.Option(
+            help="local runtime: GiB the cache of fine-tunes' models and datasets may hold before the "
+            "least recently used are removed; 0: no limit.",
+            min=0,
+        ),
+    ] = DEFAULT_INPUT_CACHE_GIB,
     isolation: Annotated[
         IsolationSetting,
         typer.Option(
@@ -199,6 +208,7 @@ def run(
         stop_grace_s=stop_grace,
         isolation=mode,
         trusted_accounts=tuple(trust_account or ()),
+        input_cache_max_bytes=int(input_cache_gib * 2**30) or None,
     )
     try:
         if runtime == "local":
