@@ -24,6 +24,7 @@ from sqlalchemy import func, select
 from sxwl.cloud.context import CloudContext
 from sxwl.cloud.db.finetune_models import FineTune
 from sxwl.cloud.services import model_catalog
+from sxwl.cloud.services.dataset_checks import JsonlChecker
 from sxwl.cloud.web import finetune_chart, finetune_view
 from sxwl.cloud.web.i18n import MESSAGES
 from sxwl.cloud.web.i18n_finetune import FINETUNE_MESSAGES
@@ -199,7 +200,7 @@ def test_an_upload_with_bad_lines_shows_each_line_and_its_problem(client: TestCl
         r'<tr data-line="(\d+)"><td class="num nowrap">\d+</td><td class="problem-text">([^<]+)</td>', table
     )
     assert [line for line, _ in lines] == ["2", "3"]
-    assert "no assistant message" in lines[1][1]
+    assert lines[0][1].startswith("不是合法的 JSON：") and "没有 assistant 消息" in lines[1][1]
     # The list keeps it, with its problems a click away, and offers no fine-tune on it.
     assert f'<tr data-key="{file_id}" data-status="error">' in page
     assert f'href="/finetune/new?training_file={file_id}"' not in page
@@ -519,3 +520,39 @@ def test_the_loss_chart_keeps_the_latest_report_of_a_step() -> None:
 def test_event_messages_in_chinese(message: str, zh: str) -> None:
     assert finetune_view.event_text("zh", message) == zh
     assert finetune_view.event_text("en", message) == message
+
+
+def test_every_problem_the_checker_finds_reads_in_chinese_on_the_console() -> None:
+    def problem(line: bytes) -> str:
+        checker = JsonlChecker(max_line_bytes=200)
+        checker.feed(line + b"\n")
+        (found,) = checker.finish().problems
+        return found.message
+
+    chat = b'{"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]}'
+    lines = [
+        b'{"messages": []}',
+        b'{"messages": [1]}',
+        b'{"messages": [{"content": "x"}]}',
+        b'{"messages": [{"role": "robot", "content": "x"}]}',
+        b'{"messages": [{"role": "user", "content": ""}]}',
+        b'{"messages": [{"role": "user", "content": "no answer"}]}',
+        b'{"prompt": "p"}',
+        b'{"prompt": "", "completion": "c"}',
+        b"x" * 300,
+        b"\xff\xfe",
+        b"{not json",
+        b"[1, 2]",
+        b'{"text": "neither format"}',
+    ]
+    messages = [problem(line) for line in lines]
+    checker = JsonlChecker()
+    checker.feed(chat + b'\n{"prompt": "p", "completion": "c"}\n')
+    messages.append(checker.finish().problems[0].message)
+    messages.append(JsonlChecker().finish().problems[0].message)  # an empty file
+    for message in messages:
+        zh = finetune_view.problem_text("zh", message)
+        # What Python's JSON parser says stays as it said it, after the console's own words.
+        words = zh.split("：", 1)[0] if message.startswith("not JSON: ") else zh
+        assert zh != message and not re.search(r"[a-z]{3,} [a-z]{3,} [a-z]{3,}", words), (message, zh)
+        assert finetune_view.problem_text("en", message) == message

@@ -49,6 +49,7 @@ def _helpers(lang: str) -> dict[str, Any]:
         "status_name": lambda status: finetune_view.status_name(lang, status),
         "duration": lambda seconds: jobs_view.duration(lang, seconds),
         "params_text": finetune_view.params_text,
+        "problem_text": lambda message: finetune_view.problem_text(lang, message),
         "size": finetune_view.size,
         "chart_box": Chart,
         "cli_example": CLI_EXAMPLE,

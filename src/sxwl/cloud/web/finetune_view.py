@@ -75,15 +75,58 @@ _EVENTS: list[tuple[re.Pattern[str], str]] = [
 ]
 
 
-def event_text(lang: str, message: str) -> str:
-    """An event's message (English, as the API gives it) in the console's language; a message this
-    console does not know is shown as it is."""
+# A dataset's problems, as services/dataset_checks.py words them (English, as the API gives them).
+_PROBLEMS: list[tuple[re.Pattern[str], str]] = [
+    (
+        re.compile(r"^`messages` must be a non-empty list of \{role, content\} objects$"),
+        "ft.problem.messages",
+    ),
+    (
+        re.compile(r"^(?P<where>messages\[\d+\]): must be an object with `role` and `content`$"),
+        "ft.problem.message",
+    ),
+    (re.compile(r"^(?P<where>messages\[\d+\]): missing `role`$"), "ft.problem.no_role"),
+    (
+        re.compile(
+            r"^(?P<where>messages\[\d+\])\.role: unknown role (?P<role>.+) \(allowed: (?P<allowed>.+)\)$"
+        ),
+        "ft.problem.role",
+    ),
+    (re.compile(r"^(?P<where>messages\[\d+\])\.content: must be a non-empty string$"), "ft.problem.content"),
+    (re.compile(r"^no assistant message: .*$"), "ft.problem.no_assistant"),
+    (re.compile(r"^missing `(?P<field>prompt|completion)`$"), "ft.problem.missing_key"),
+    (re.compile(r"^`(?P<field>prompt|completion)` must be a non-empty string$"), "ft.problem.empty_key"),
+    (re.compile(r"^the file is empty: .*$"), "ft.problem.empty_file"),
+    (re.compile(r"^line is longer than (?P<limit>\d+) bytes$"), "ft.problem.too_long"),
+    (re.compile(r"^not UTF-8 text$"), "ft.problem.utf8"),
+    (re.compile(r"^not JSON: (?P<why>.*)$"), "ft.problem.json"),
+    (re.compile(r"^not a JSON object \(found (?P<found>\w+)\); .*$"), "ft.problem.object"),
+    (re.compile(r"^missing `messages` \(chat format\) or `prompt` and `completion`$"), "ft.problem.format"),
+    (
+        re.compile(r"^a (?P<kind>\w+) example in a (?P<first>\w+) file: .*$"),
+        "ft.problem.mixed",
+    ),
+]
+
+
+def _translated(lang: str, message: str, table: list[tuple[re.Pattern[str], str]]) -> str:
     if lang == "en":
         return message
-    for pattern, key in _EVENTS:
+    for pattern, key in table:
         if match := pattern.match(message):
             return translate(lang, key, **match.groupdict())
     return message
+
+
+def problem_text(lang: str, message: str) -> str:
+    """A dataset line's problem in the console's language; one it does not know, as it is."""
+    return _translated(lang, message, _PROBLEMS)
+
+
+def event_text(lang: str, message: str) -> str:
+    """An event's message (English, as the API gives it) in the console's language; a message this
+    console does not know is shown as it is."""
+    return _translated(lang, message, _EVENTS)
 
 
 def size(num_bytes: int) -> str:
