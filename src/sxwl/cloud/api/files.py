@@ -1,5 +1,5 @@
 """OpenAI-compatible files (``/v1/files``): training and validation JSONL, private to their owner,
-validated line by line on upload (docs/finetune.md, "Files")."""
+validated line by line on upload (docs/finetune.md, "1. Prepare a dataset")."""
 
 from __future__ import annotations
 

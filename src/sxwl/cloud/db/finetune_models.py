@@ -66,7 +66,7 @@ class CatalogModel(Base):
 
 class FineTune(Base):
     """A fine-tune: what its user asked for, and the progress its trainer last reported. Its status
-    follows its job's state (docs/finetune.md, "States")."""
+    follows its job's state (docs/finetune.md, "3. Follow it")."""
 
     __tablename__ = "fine_tunes"
     __table_args__ = (Index("ix_fine_tunes_owner_created", "owner_id", "created_at"),)

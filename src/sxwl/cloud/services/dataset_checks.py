@@ -1,6 +1,6 @@
-"""A training file's JSONL judged line by line as its bytes arrive (docs/finetune.md, "Files"): the
-checker never holds more than one line, so a file of any size is validated in one pass, while the
-same bytes are hashed and written to the store."""
+"""A training file's JSONL judged line by line as its bytes arrive (docs/finetune.md, "1. Prepare a
+dataset"): the checker never holds more than one line, so a file of any size is validated in one
+pass, while the same bytes are hashed and written to the store."""
 
 from __future__ import annotations
 

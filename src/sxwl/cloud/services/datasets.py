@@ -1,6 +1,6 @@
 """Uploaded files (training and validation JSONL), private to their owner: stored in the artifact
 store at ``Artifact("files", 0, <file id>)`` and validated in the same pass that hashes and writes
-them (docs/finetune.md, "Files")."""
+them (docs/finetune.md, "1. Prepare a dataset")."""
 
 from __future__ import annotations
 
