@@ -80,3 +80,19 @@ def test_of_two_ranks_that_failed_on_their_own_the_first_to_end_is_blamed() -> N
     pods = [pod(0, 3, T0, deleted=False), pod(1, 7, T0, deleted=False)]
     seen = outcome(record, item, pods)
     assert seen is not None and seen.exit_code == 3
+
+
+def test_a_pod_deleted_under_a_job_is_the_cause_whether_or_not_it_is_still_seen() -> None:
+    record, item = job()
+    record.nodes = 1
+    # Still in the watch cache, with the SIGTERM exit its deletion caused.
+    seen = outcome(record, item, [pod(0, 143, T0, deleted=True)])
+    assert seen is not None and seen.exit_code == 143
+    assert seen.reason == "a pod of the job was deleted before it finished"
+    # Already gone from it.
+    seen = outcome(record, item, [])
+    assert seen is not None and seen.reason == "a pod of the job was deleted before it finished"
+    # A rank that failed on its own is still the cause when the Job controller then deletes the rest.
+    record.nodes = 2
+    seen = outcome(record, item, [pod(0, 143, T0, deleted=True), pod(1, 5, T0, deleted=False)])
+    assert seen is not None and seen.reason == "rank 1 failed: exit code 5; the other ranks were stopped"

@@ -91,6 +91,12 @@ def _failure_order(pod: Any) -> tuple[bool, float, int]:
     )
 
 
+def _failed_on_its_own(pod: Any) -> bool:
+    """The pod's container ended with an error while nothing was deleting the pod."""
+    ended = _terminated(pod)
+    return pod.metadata.deletion_timestamp is None and ended is not None and bool(ended.exit_code)
+
+
 def _rank_failure(job: KubeJob, pods: list[Any]) -> tuple[int | None, str | None]:
     """The exit code and reason of the rank whose failure ended the attempt."""
     for pod in sorted(pods, key=_failure_order):
@@ -128,9 +134,12 @@ def outcome(job: KubeJob, item: Any, pods: list[Any]) -> Seen | None:
         return None
     failed = conditions["Failed"]
     code, reason = _rank_failure(job, pods)
+    deleted = len(pods) < job.nodes or any(p.metadata.deletion_timestamp for p in pods)
     if failed.reason == "DeadlineExceeded":
         code, reason = exit_code(pods), f"max runtime of {job.max_runtime_s} s exceeded"
-    elif reason is None and (len(pods) < job.nodes or any(p.metadata.deletion_timestamp for p in pods)):
+    elif deleted and not any(_failed_on_its_own(p) for p in pods):
+        # Whether the deleted pod is still seen (its SIGTERM exit) or already gone depends only on
+        # how fast the watch delivered its removal: the cause is the deletion either way.
         reason = "a pod of the job was deleted before it finished"
     elif reason is None:
         reason = f"{failed.reason}: {failed.message}" if failed.message else failed.reason
