@@ -120,7 +120,8 @@ def _operations(schema: schemathesis.BaseSchema) -> list[Operation]:
 
 @pytest.mark.parametrize("caller", ["user", "cpod"])
 def test_no_answer_outside_the_document(served: Served, caller: str) -> None:
-    spec = httpx.get(f"{served.url}/api/v1/openapi.json").raise_for_status().json()
+    # The document is built on its first request: on a loaded 2-core box that can take more than httpx's 5 s.
+    spec = httpx.get(f"{served.url}/api/v1/openapi.json", timeout=60).raise_for_status().json()
     schema = schemathesis.openapi.from_dict(spec)
     ran, failures = 0, []
     for operation in _operations(schema):
