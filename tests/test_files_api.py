@@ -195,6 +195,8 @@ def test_delete_forgets_the_file(client: TestClient) -> None:
     ctx: CloudContext = client.app.state.ctx  # type: ignore[attr-defined]
     with ctx.db.session() as session:
         assert session.get(DataFile, file_id) is None
+    assert _stored_files(client) == []  # the bytes went with the row
+    assert client.delete(f"/v1/files/{file_id}", headers=user).status_code == 404
 
 
 def test_list_pages_newest_first(client: TestClient) -> None:
@@ -262,6 +264,10 @@ def test_with_the_s3_store_files_and_models_download_by_redirect(
             redirect = client.get(path, headers=user, follow_redirects=False)
             assert redirect.status_code == 307
             assert httpx.get(redirect.headers["location"]).content == expected
+        # A deleted file's object goes too: the URL signed before the delete finds nothing.
+        signed = client.get(f"/v1/files/{body['id']}/content", headers=user, follow_redirects=False)
+        assert client.delete(f"/v1/files/{body['id']}", headers=user).status_code == 200
+        assert httpx.get(signed.headers["location"]).status_code == 404
 
 
 def test_the_first_hundred_problems_are_kept_and_all_are_counted(client: TestClient) -> None:

@@ -233,6 +233,15 @@ def test_a_trainer_that_writes_no_adapter_has_failed(ft: FineTunes) -> None:
         assert session.scalar(select(func.count()).select_from(CatalogModel)) == 1  # the base only
 
 
+def test_a_file_a_fine_tune_names_is_not_deleted(ft: FineTunes) -> None:
+    fine_tune = ft.created()
+    refused = ft.client.delete("/v1/files/file-train", headers=ft.user)
+    assert refused.status_code == 409, refused.text
+    assert refused.json()["error"]["details"] == {"fine_tune": fine_tune["id"]}
+    content = ft.client.get("/v1/files/file-train/content", headers=ft.user)
+    assert content.status_code == 200 and content.content == TRAIN  # the bytes are still there
+
+
 def test_cancel_a_queued_and_a_running_fine_tune(ft: FineTunes) -> None:
     waiting = ft.created(gpus=64)  # no node has 64 GPUs
     cancelled = ft.client.post(f"{URL}/{waiting['id']}/cancel", headers=ft.user)

@@ -70,9 +70,9 @@ def get_file(file_id: str, user: CurrentUser, ctx: Ctx) -> FileOut:
 
 
 @router.delete("/{file_id}", response_model=FileDeletedOut, responses=errors(404, 409))
-def delete_file(file_id: str, user: CurrentUser, ctx: Ctx) -> FileDeletedOut:
-    with ctx.db.session() as session:
-        datasets.delete(session, owner_id=user.id, file_id=file_id)
+async def delete_file(file_id: str, user: CurrentUser, ctx: Ctx) -> FileDeletedOut:
+    """Forgets the file and removes its bytes from the store; 409 while a fine-tune uses it."""
+    await datasets.delete(ctx, owner_id=user.id, file_id=file_id)
     return FileDeletedOut(id=file_id, deleted=True)
 
 

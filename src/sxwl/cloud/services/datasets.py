@@ -5,6 +5,7 @@ them (docs/finetune.md, "1. Prepare a dataset")."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import secrets
 import unicodedata
 from collections.abc import AsyncIterator, Sequence
@@ -17,6 +18,8 @@ from sxwl.cloud.db.finetune_models import DataFile, FileStatus, FineTune
 from sxwl.cloud.errors import AppError, invalid
 from sxwl.cloud.services.dataset_checks import JsonlChecker, Problem, Verdict
 from sxwl.cloud.storage import Artifact, StoreUnavailable, TooLarge
+
+log = logging.getLogger("sxwl.cloud.datasets")
 
 FILES_JOB = "files"  # the store's reserved job id for uploaded files (never a real job's 32 hex)
 PURPOSES = ("fine-tune",)
@@ -144,9 +147,8 @@ def list_for(
     return rows[:limit], len(rows) > limit
 
 
-def delete(session: Session, *, owner_id: str, file_id: str) -> None:
-    """Forgets the file; 409 while a fine-tune names it (its history must stay readable). The bytes
-    stay in the store, unreachable (the store has no deletion yet)."""
+def _forget(session: Session, *, owner_id: str, file_id: str) -> DataFile:
+    """Deletes the file's row; 409 while a fine-tune names it (its history must stay readable)."""
     file = get(session, owner_id=owner_id, file_id=file_id)
     used = session.scalars(
         select(FineTune.id)
@@ -161,6 +163,23 @@ def delete(session: Session, *, owner_id: str, file_id: str) -> None:
             details={"fine_tune": used},
         )
     session.delete(file)
+    return file
+
+
+async def delete(ctx: CloudContext, *, owner_id: str, file_id: str) -> None:
+    """Forgets the file, then removes its bytes from the store. In that order: a store that fails
+    (or a cloud that stops) between the two leaves bytes no row points to, never a row without its
+    bytes; the failure is logged, and the answer is still that the file is deleted."""
+
+    def forget() -> DataFile:
+        with ctx.db.session() as session:
+            return _forget(session, owner_id=owner_id, file_id=file_id)
+
+    file = await asyncio.to_thread(forget)
+    try:
+        await ctx.artifacts.delete(artifact_of(file))
+    except StoreUnavailable as exc:
+        log.warning("file %s forgotten but its bytes are still in the store: %s", file_id, exc)
 
 
 def content(session: Session, *, owner_id: str, file_id: str) -> Artifact:

@@ -117,3 +117,8 @@ class ArtifactStore(Protocol):
     def download(self, artifact: Artifact, headers: dict[str, str], media_type: str) -> Response:
         """The answer to a user's download, after the route checked that they may have it."""
         ...
+
+    async def delete(self, artifact: Artifact) -> None:
+        """Removes the artifact's bytes; an address that holds none is no error. Raises
+        ``StoreUnavailable`` when the store cannot be reached."""
+        ...

@@ -55,6 +55,9 @@ class LocalArtifactStore:
             headers=headers,
         )
 
+    async def delete(self, artifact: Artifact) -> None:
+        await asyncio.to_thread(_remove, str(self._file(artifact)))
+
     async def put(
         self,
         artifact: Artifact,

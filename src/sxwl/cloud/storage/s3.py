@@ -182,6 +182,15 @@ class S3ArtifactStore:
         except (BotoCoreError, ClientError) as exc:
             raise _unavailable(exc) from None
 
+    async def delete(self, artifact: Artifact) -> None:
+        await asyncio.to_thread(self._delete, self._key(artifact))
+
+    def _delete(self, key: str) -> None:
+        try:
+            self._client.delete_object(Bucket=self.location.bucket, Key=key)  # none there: 204 too
+        except (BotoCoreError, ClientError) as exc:
+            raise _unavailable(exc) from None
+
     def download(self, artifact: Artifact, headers: dict[str, str], media_type: str) -> Response:
         """A redirect to a presigned GET of the object, served as the attachment the local store's
         answer is; the cloud's own headers go on the redirect, which is all of it the cloud serves."""
