@@ -163,6 +163,34 @@ def test_cancel_stops_the_script_with_sigterm_and_deletes_the_pods(cpod: RealCPo
     cpod.nothing_left(job_id)
 
 
+def test_what_a_cancelled_script_prints_last_reaches_the_log_though_its_pod_is_gone(
+    cpod: RealCPod,
+) -> None:
+    """The agent is stopped (SIGSTOP) right after it deleted the pod, until the pod, its containers
+    and their logs are gone from the cluster: the line the script printed on SIGTERM still arrives,
+    through the log stream the agent opened before the delete."""
+    script = "trap 'echo goodbye on TERM; exit 0' TERM; echo started; while :; do sleep 0.2; done"
+    job_id = cpod.submit(script, name="last-words")
+    eventually(lambda: "started" in cpod.log(job_id), timeout=120, what="the job's first line")
+    response = httpx.post(f"{cpod.url}/api/v1/jobs/{job_id}/cancel", headers=cpod.user)
+    assert response.status_code in (200, 202), response.text
+    eventually(
+        lambda: any(p["metadata"].get("deletionTimestamp") for p in cpod.pods(job_id)),
+        timeout=60,
+        what="the agent deleting the pod",
+    )
+    assert cpod.agent is not None
+    cpod.agent.signal(signal.SIGSTOP)
+    try:
+        eventually(lambda: not cpod.pods(job_id), timeout=60, what="the pod to be gone")
+        assert "goodbye" not in cpod.log(job_id)
+    finally:
+        cpod.agent.signal(signal.SIGCONT)
+    job = cpod.finished(job_id)
+    assert job["state"] == "cancelled", job
+    assert cpod.log(job_id).splitlines() == ["[rank 0] started", "[rank 0] goodbye on TERM"]
+
+
 def test_a_pod_deleted_under_a_job_fails_it_with_that_reason(cpod: RealCPod) -> None:
     job_id = cpod.submit("echo started; sleep 600", name="victim")
     eventually(lambda: "started" in cpod.log(job_id), timeout=120, what="the job's first line")

@@ -68,37 +68,53 @@ def truncate_spool(spool: Path, job: KubeJob) -> None:
             handle.truncate(job.spool_size)
 
 
-async def collect_logs(core: client.CoreV1Api, job: KubeJob, pods: list[Any], spool: Path) -> bool:
-    """Appends what each pod wrote since the last pass to the spool, prefixed by its rank; True when
-    the record changed and must be saved."""
-    chunks: list[bytes] = []
-    for pod in sorted(pods, key=rank):
-        statuses = pod.status.container_statuses or []
-        if not any(s.state and (s.state.running or s.state.terminated) for s in statuses):
-            continue
-        name = pod.metadata.name
-        mark, seen = job.log_marks.get(name, [None, 0])
-        kwargs: dict[str, Any] = {"container": CONTAINER, "timestamps": True}
-        if mark is not None:
-            elapsed = time.time() - _parse_mark(mark)
-            kwargs["since_seconds"] = max(1, int(elapsed) + LOG_SINCE_MARGIN_S)
-        try:
-            text = await core.read_namespaced_pod_log(name, pod.metadata.namespace, **kwargs)
-        except ApiException as exc:
-            log.debug("no log yet from pod %s: %s", name, short(exc))
-            continue
-        lines, mark, seen = new_log_lines(str(text or ""), mark, seen)
-        if lines:
-            prefix = f"[rank {rank(pod)}] "
-            chunks.append("".join(f"{prefix}{line}\n" for line in lines).encode())
-            job.log_marks[name] = [mark, seen]
-    if not chunks:
+def ship(job: KubeJob, pod: Any, text: str, spool: Path) -> bool:
+    """Appends the lines of ``text`` (a ``timestamps=true`` log, or a part of one in whole lines)
+    that the spool does not hold yet, prefixed by the pod's rank; True when any were."""
+    name = pod.metadata.name
+    mark, seen = job.log_marks.get(name, [None, 0])
+    lines, mark, seen = new_log_lines(text, mark, seen)
+    if not lines:
         return False
+    prefix = f"[rank {rank(pod)}] "
     spool.parent.mkdir(parents=True, exist_ok=True)
     with spool.open("ab") as handle:
         handle.truncate(job.spool_size)
         handle.seek(job.spool_size)
-        for chunk in chunks:
-            handle.write(chunk)
+        handle.write("".join(f"{prefix}{line}\n" for line in lines).encode())
         job.spool_size = handle.tell()
+    job.log_marks[name] = [mark, seen]
     return True
+
+
+def since_kwargs(job: KubeJob, pod: Any) -> dict[str, Any]:
+    """The log request's arguments: with timestamps, from a margin before the newest line shipped."""
+    kwargs: dict[str, Any] = {"container": CONTAINER, "timestamps": True}
+    mark = job.log_marks.get(pod.metadata.name, [None, 0])[0]
+    if mark is not None:
+        elapsed = time.time() - _parse_mark(mark)
+        kwargs["since_seconds"] = max(1, int(elapsed) + LOG_SINCE_MARGIN_S)
+    return kwargs
+
+
+def started(pod: Any) -> bool:
+    """A container of the pod has run, so it has a log."""
+    statuses = pod.status.container_statuses or []
+    return any(s.state and (s.state.running or s.state.terminated) for s in statuses)
+
+
+async def collect_logs(core: client.CoreV1Api, job: KubeJob, pods: list[Any], spool: Path) -> bool:
+    """Appends what each pod wrote since the last pass to the spool, prefixed by its rank, in rank
+    order; True when the record changed and must be saved."""
+    changed = False
+    for pod in sorted(pods, key=rank):
+        if not started(pod):
+            continue
+        name = pod.metadata.name
+        try:
+            text = await core.read_namespaced_pod_log(name, pod.metadata.namespace, **since_kwargs(job, pod))
+        except ApiException as exc:
+            log.debug("no log yet from pod %s: %s", name, short(exc))
+            continue
+        changed = ship(job, pod, str(text or ""), spool) or changed
+    return changed

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -65,6 +66,28 @@ def labels(job: KubeJob) -> dict[str, str]:
         ATTEMPT: str(job.attempt),
         TENANT: dns_label(job.owner_id),
     }
+
+
+def record_from(item: Any) -> KubeJob:
+    """The record of an attempt re-adopted from its Job in the cluster (the agent lost its own)."""
+    meta, spec = item.metadata, item.spec
+    annotations = meta.annotations or {}
+    labels = meta.labels or {}
+    container = spec.template.spec.containers[0]
+    limits = (container.resources.limits if container.resources else None) or {}
+    return KubeJob(
+        job_id=labels[JOB_ID],
+        attempt=int(labels[ATTEMPT]),
+        name=annotations.get(JOB_NAME, ""),
+        owner_id=labels.get(TENANT, ""),
+        namespace=meta.namespace,
+        k8s_name=meta.name,
+        nodes=spec.completions or 1,
+        gpus_per_node=int(limits.get(GPU, 0)),
+        max_runtime_s=spec.active_deadline_seconds,
+        started_at=meta.creation_timestamp.timestamp() if meta.creation_timestamp else time.time(),
+        created=True,
+    )
 
 
 def rank(pod: Any) -> int:

@@ -30,20 +30,19 @@ from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from sxwl.agent.runtimes.base import RECORD_FILE, AttemptDirs, Outcome
+from sxwl.agent.runtimes.kube_follow import LogFollowers
 from sxwl.agent.runtimes.kube_logs import collect_logs, truncate_spool
 from sxwl.agent.runtimes.kube_manifests import job_manifest, service_manifest
 from sxwl.agent.runtimes.kube_objects import (
     API_ERRORS,
     ATTEMPT,
-    GPU,
     JOB_ID,
-    JOB_NAME,
     MANAGED_BY,
     MANAGER,
-    TENANT,
     KubeJob,
     create_ignoring_conflict,
     dns_label,
+    record_from,
     short,
 )
 from sxwl.agent.runtimes.kube_status import Seen, exit_code, outcome, settled, start_problem
@@ -77,6 +76,7 @@ class KubernetesRuntime(AttemptDirs[KubeJob]):
         self.api = api_client
         self.batch = client.BatchV1Api(api_client)
         self.core = client.CoreV1Api(api_client)
+        self.followers = LogFollowers(self.core)
         self.tenancy = Tenancy(api_client, prefix=namespace_prefix, quota=tenant_quota)
         self.prefix = namespace_prefix
         self.stop_grace_s = stop_grace_s
@@ -206,6 +206,7 @@ class KubernetesRuntime(AttemptDirs[KubeJob]):
         self.save(job)
         self.jobs.pop(job.key, None)
         self._ended_since.pop(job.key, None)
+        self.followers.forget(job.key)
         self._garbage[job.key] = job
 
     # ---- I/O -------------------------------------------------------------------------------------
@@ -230,9 +231,13 @@ class KubernetesRuntime(AttemptDirs[KubeJob]):
                 mine = pods.get(job.key, [])
                 if not job.secret_made and job.key in k8s_jobs:
                     await self._make_secret(job, k8s_jobs[job.key])
-                if await collect_logs(self.core, job, mine, self.log_path(job)):
+                polled = [p for p in mine if not self.followers.owns(p)]
+                if await collect_logs(self.core, job, polled, self.log_path(job)):
                     self.save(job)
                 await self._observe(job, k8s_jobs.get(job.key), mine)
+            for key in self.followers.take_changed():
+                if key in self.jobs:
+                    self.save(self.jobs[key])
             for key, job in list(self._garbage.items()):
                 await self._delete(job)
                 if key not in k8s_jobs:
@@ -284,31 +289,11 @@ class KubernetesRuntime(AttemptDirs[KubeJob]):
                 continue
             if item.metadata.deletion_timestamp is not None:
                 continue
-            job = self._record_from(item)
+            job = record_from(item)
             self.jobs[key] = job
             self.save(job)
             log.info("re-adopted job %s attempt %d from the cluster", job.job_id, job.attempt)
         return lost
-
-    def _record_from(self, item: Any) -> KubeJob:
-        meta, spec = item.metadata, item.spec
-        annotations = meta.annotations or {}
-        labels = meta.labels or {}
-        container = spec.template.spec.containers[0]
-        limits = (container.resources.limits if container.resources else None) or {}
-        return KubeJob(
-            job_id=labels[JOB_ID],
-            attempt=int(labels[ATTEMPT]),
-            name=annotations.get(JOB_NAME, ""),
-            owner_id=labels.get(TENANT, ""),
-            namespace=meta.namespace,
-            k8s_name=meta.name,
-            nodes=spec.completions or 1,
-            gpus_per_node=int(limits.get(GPU, 0)),
-            max_runtime_s=spec.active_deadline_seconds,
-            started_at=meta.creation_timestamp.timestamp() if meta.creation_timestamp else time.time(),
-            created=True,
-        )
 
     async def _create(self, job: KubeJob) -> None:
         assert job.spec is not None
@@ -409,11 +394,15 @@ class KubernetesRuntime(AttemptDirs[KubeJob]):
     async def _observe(self, job: KubeJob, item: Any, pods: list[Any]) -> None:
         if job.stop_at is not None:
             if job.created and not job.delete_sent:
+                await self.followers.start(job, pods, self.log_path(job))  # before the pods can go
                 await self._delete(job, pods)
                 job.delete_sent = True
                 self.save(job)
-            # Ended once the Job is gone (or, should deletion hang, a minute past the grace).
-            if item is None or time.time() - job.stop_at > job.grace(self.stop_grace_s) + 60:
+            # Ended once the Job is gone and its pods' last lines are in (or, should deletion hang,
+            # a minute past the grace).
+            overdue = time.time() - job.stop_at > job.grace(self.stop_grace_s) + 60
+            if (item is None and not self.followers.busy(job.key)) or overdue:
+                self.followers.forget(job.key)
                 ended: Outcome = "cancelled" if job.stop_cancel else "failed"
                 self._seen[job.key] = Seen(ended, exit_code(pods), None)
             return
