@@ -22,7 +22,7 @@ from fastapi.testclient import TestClient
 from sqlalchemy import func, select
 
 from sxwl.cloud.context import CloudContext
-from sxwl.cloud.db.finetune_models import FineTune
+from sxwl.cloud.db.finetune_models import DataFile, FineTune
 from sxwl.cloud.services import model_catalog
 from sxwl.cloud.services.dataset_checks import JsonlChecker
 from sxwl.cloud.web import finetune_chart, finetune_view
@@ -216,6 +216,14 @@ def test_a_valid_upload_says_how_many_examples_and_offers_a_fine_tune(client: Te
     assert re.search(
         rf'<tr data-key="{file_id}" data-status="processed">.*?<td class="num">2</td>', page, re.S
     )
+    # Once a fine-tune has tokenized it, the file says how many tokens each base made of it.
+    ctx: CloudContext = client.app.state.ctx  # type: ignore[attr-defined]
+    with ctx.db.session() as session:
+        stored = session.get(DataFile, file_id)
+        assert stored is not None
+        stored.token_counts = {"tiny-llama": {"examples": 2, "tokens": 900, "loss_tokens": 300, "dropped": 0}}
+    page = browser.get("/finetune/files").text
+    assert '<div class="muted small" data-tokens-of="tiny-llama">tiny-llama：900 个 token</div>' in page
     # The empty list now says the next step is the fine-tune itself.
     listing = browser.get("/finetune").text
     assert '<a class="btn btn-primary" href="/finetune/new" id="empty-new">' in listing
@@ -514,6 +522,14 @@ def test_the_loss_chart_keeps_the_latest_report_of_a_step() -> None:
         ("Fine-tuning job queued", "微调已进入队列"),
         ("Checkpoint at step 40 saved", "已保存第 40 步的检查点"),
         ("Resumed from checkpoint at step 40 (attempt 2)", "从第 40 步的检查点继续（第 2 次尝试）"),
+        (
+            "Training file file-1: 24 examples, 900 tokens (300 trained) with tiny-llama's tokenizer",
+            "训练文件 file-1：24 个样本，tiny-llama 的分词器切出 900 个 token（其中 300 个参与训练）",
+        ),
+        (
+            "2 examples of file file-2 dropped: no assistant token within max_seq_len",
+            "文件 file-2 有 2 个样本被丢弃：max_seq_len 之内没有 assistant token",
+        ),
         ("something new", "something new"),
     ],
 )

@@ -68,7 +68,13 @@ def test_valid_chat_and_prompt_completion_files_are_processed(client: TestClient
         and body["purpose"] == "fine-tune"
     )
     assert isinstance(body["created_at"], int)
-    assert body["validation"] == {"format": "chat", "examples": 3, "problems": [], "problem_count": 0}
+    assert body["validation"] == {
+        "format": "chat",
+        "examples": 3,
+        "problems": [],
+        "problem_count": 0,
+        "tokens": {},  # counted once a fine-tune has tokenized it with its base model
+    }
 
     prompt = _upload(client, user, _jsonl(PROMPT, PROMPT)).json()
     assert prompt["status"] == "processed"

@@ -181,6 +181,28 @@ def test_progress_lines_split_across_chunks_become_metrics(ft: FineTunes) -> Non
     assert [e["id"] for e in first["data"] + rest["data"]] == [e["id"] for e in events]
 
 
+def test_the_trainers_token_counts_land_on_the_files_per_base_model(ft: FineTunes) -> None:
+    fine_tune, _ = ft.running()
+    training = {"file": "training_file", "examples": 3, "tokens": 120, "loss_tokens": 30}
+    validation = {"file": "validation_file", "examples": 0, "tokens": 0, "loss_tokens": 0, "dropped": 1}
+    log = _line("dataset", dataset=training) + _line("dataset", dataset=validation)
+    assert ft.log(fine_tune["job_id"], 1, 0, log).status_code == 200
+
+    train = ft.client.get("/v1/files/file-train", headers=ft.user).json()["validation"]["tokens"]
+    assert train == {BASE: {"examples": 3, "tokens": 120, "loss_tokens": 30, "dropped": 0}}
+    valid = ft.client.get("/v1/files/file-valid", headers=ft.user).json()["validation"]["tokens"]
+    assert valid[BASE]["dropped"] == 1
+    assert ft.messages(fine_tune["id"])[:3] == [
+        "1 examples of file file-valid dropped: no assistant token within max_seq_len",
+        "Validation file file-valid: 0 examples, 0 tokens (0 trained) with tiny-llama's tokenizer",
+        "Training file file-train: 3 examples, 120 tokens (30 trained) with tiny-llama's tokenizer",
+    ]
+    assert ft.events(fine_tune["id"])["data"][0]["level"] == "warn"
+    # A file no fine-tune has tokenized yet has no counts.
+    add_file(ft.ctx, ft.user_id, "file-new", TRAIN)
+    assert ft.client.get("/v1/files/file-new", headers=ft.user).json()["validation"]["tokens"] == {}
+
+
 def test_a_checkpoint_then_the_adapter_registers_the_model(ft: FineTunes) -> None:
     fine_tune, _ = ft.running()
     job_id = fine_tune["job_id"]

@@ -110,6 +110,10 @@ def test_a_fine_tune_from_the_openai_client_to_an_adapter_that_loads(ftworld: Fi
     assert done.status == "succeeded", ftworld.messages(job.id)
     assert done.fine_tuned_model == f"ft:{MODEL}:e2e:{job.id}"
     assert done.trained_tokens and done.trained_tokens > 0
+    # The trainer's count of the file's tokens with the base's tokenizer is now the file's.
+    file = httpx.get(f"{ftworld.url}/v1/files/{training}", headers=ftworld.user).json()
+    counted = file["validation"]["tokens"][MODEL]
+    assert counted["examples"] == 24 and 0 < counted["loss_tokens"] < counted["tokens"]
     events = list(ftworld.api.fine_tuning.jobs.list_events(job.id, limit=100))
     metrics = [e for e in events if e.type == "metrics" and e.data and e.data.get("loss") is not None]
     assert len(metrics) >= 6 * 2 - 1  # a point per step: 24 examples / 4 per step, 2 epochs

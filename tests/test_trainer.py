@@ -86,8 +86,15 @@ def test_a_fine_tune_learns_reports_and_leaves_a_loadable_adapter(model_dir: Pat
     proc, lines = run_trainer(run, output)
     assert proc.returncode == 0, proc.stderr
 
-    assert lines[0].kind == "started" and lines[0].total_steps == 36  # 24 examples / 4, 6 epochs
-    assert lines[0].message == "on cpu"
+    # First what the tokenizer made of each file, counted exactly as the trainer feeds them.
+    train_count, valid_count = (line.dataset for line in lines[:2])
+    assert train_count is not None and valid_count is not None
+    assert (train_count.file, train_count.examples, train_count.dropped) == ("training_file", 24, 0)
+    assert (valid_count.file, valid_count.examples) == ("validation_file", 8)
+    assert 0 < train_count.loss_tokens < train_count.tokens <= 24 * 48  # max_seq_len 48
+    started = lines[2]
+    assert started.kind == "started" and started.total_steps == 36  # 24 examples / 4, 6 epochs
+    assert started.message == "on cpu"
     metrics = of(lines, "metrics")
     assert [m.step for m in metrics] == list(range(1, 37))
     assert all(m.loss is not None and m.learning_rate is not None and m.trained_tokens for m in metrics)
@@ -140,7 +147,8 @@ def test_a_resumed_run_goes_on_from_the_checkpoints_step(model_dir: Path, tmp_pa
     run = write_run(again, model_dir, resume_from=str(first_out / epoch_one.checkpoint))
     proc, second = run_trainer(run, tmp_path / "second")
     assert proc.returncode == 0, proc.stderr
-    assert second[0].kind == "resumed" and second[0].step == 6 and second[0].total_steps == 12
+    resumed = of(second, "resumed")[0]
+    assert resumed.step == 6 and resumed.total_steps == 12
     assert not of(second, "started")
     assert [m.step for m in of(second, "metrics")] == list(range(7, 13))
     assert second[-1].kind == "done" and second[-1].step == first[-1].step == 12

@@ -152,7 +152,20 @@ def checkpoint_artifact(step: int) -> str:
 # cloud turns into the fine-tune's events; other lines are the log as usual.
 PROGRESS_PREFIX = "::sxwl-progress:: "
 
-ProgressKind = Literal["started", "resumed", "metrics", "eval", "checkpoint", "done"]
+ProgressKind = Literal["dataset", "started", "resumed", "metrics", "eval", "checkpoint", "done"]
+DatasetRole = Literal["training_file", "validation_file"]
+
+
+class DatasetCount(Wire):
+    """What the base model's tokenizer made of a file, as the trainer tokenized it (kind "dataset"):
+    the examples kept and their tokens after truncation to ``max_seq_len``, the tokens the loss is
+    computed on, and the examples dropped for having none within ``max_seq_len``."""
+
+    file: DatasetRole
+    examples: NonNegInt64
+    tokens: NonNegInt64
+    loss_tokens: NonNegInt64
+    dropped: NonNegInt64 = 0
 
 
 class Progress(Wire):
@@ -166,6 +179,7 @@ class Progress(Wire):
     tokens_per_s: float | None = None
     trained_tokens: NonNegInt64 | None = None
     checkpoint: Text | None = Field(default=None, max_length=1024)  # its artifact path, kind "checkpoint"
+    dataset: DatasetCount | None = None  # kind "dataset"
     message: Text | None = Field(default=None, max_length=500)
 
 

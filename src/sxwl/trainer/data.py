@@ -9,6 +9,7 @@ from pathlib import Path
 
 from transformers import PreTrainedTokenizerBase
 
+from sxwl.protocol.finetune import DatasetCount, DatasetRole
 from sxwl.trainer import TrainerError
 
 IGNORE = -100  # the label the loss skips
@@ -143,12 +144,27 @@ def tokenize(
     return Example(ids[:max_seq_len], labels[:max_seq_len])
 
 
+@dataclass(frozen=True)
+class Loaded:
+    examples: list[Example]
+    dropped: int  # examples without a trained token within max_seq_len
+
+    def count(self, file: DatasetRole) -> DatasetCount:
+        return DatasetCount(
+            file=file,
+            examples=len(self.examples),
+            tokens=sum(len(e.input_ids) for e in self.examples),
+            loss_tokens=sum(sum(1 for label in e.labels if label != IGNORE) for e in self.examples),
+            dropped=self.dropped,
+        )
+
+
 def load_examples(
-    tokenizer: PreTrainedTokenizerBase, path: Path, *, where: str, max_seq_len: int
-) -> list[Example]:
+    tokenizer: PreTrainedTokenizerBase, path: Path, *, where: DatasetRole, max_seq_len: int
+) -> Loaded:
     """The examples with at least one trained token within ``max_seq_len``."""
     examples = [tokenize(tokenizer, r, max_seq_len) for r in read_records(path, where=where)]
     kept = [e for e in examples if any(label != IGNORE for label in e.labels)]
     if not kept:
         raise TrainerError(f"{where}: no example has an assistant token within max_seq_len={max_seq_len}")
-    return kept
+    return Loaded(kept, len(examples) - len(kept))

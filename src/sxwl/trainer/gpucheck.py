@@ -72,15 +72,16 @@ def check(work: Path, args: argparse.Namespace) -> int:
             lines.append(progress)
             if progress.kind == "metrics":
                 metrics.append((time.monotonic(), progress))
-            elif progress.kind in ("started", "eval", "checkpoint", "done"):
+            elif progress.kind in ("dataset", "started", "eval", "checkpoint", "done"):
                 print(
                     f"  {progress.kind}: step {progress.step}/{progress.total_steps}", progress.message or ""
                 )
     if proc.returncode != 0:
         print(f"FAIL: the trainer exited with status {proc.returncode}", file=sys.stderr)
         return 1
-    if not lines or lines[0].kind != "started" or "cuda" not in (lines[0].message or ""):
-        print(f"FAIL: the trainer did not say it trains on CUDA ({lines[0] if lines else 'no progress'})")
+    started = next((p for p in lines if p.kind == "started"), None)
+    if started is None or "cuda" not in (started.message or ""):
+        print(f"FAIL: the trainer did not say it trains on CUDA ({started or 'no started line'})")
         return 1
     if len(metrics) < 2 or not (work / "output" / ADAPTER_ARTIFACT).is_file():
         print("FAIL: too few metrics lines, or no adapter.tar")

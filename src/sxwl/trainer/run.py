@@ -131,16 +131,18 @@ def train(run: TrainerRun) -> None:
     if not model_dir.is_dir():
         raise TrainerError(f"model_dir: {model_dir} not found")
     base, tokenizer = load_base(model_dir)
-    training = load_examples(
+    loaded = load_examples(
         tokenizer, Path(run.training_file), where="training_file", max_seq_len=run.max_seq_len
     )
-    validation = (
-        load_examples(
+    emit(Progress(kind="dataset", dataset=loaded.count("training_file")))
+    training = loaded.examples
+    validation = None
+    if run.validation_file:
+        loaded = load_examples(
             tokenizer, Path(run.validation_file), where="validation_file", max_seq_len=run.max_seq_len
         )
-        if run.validation_file
-        else None
-    )
+        emit(Progress(kind="dataset", dataset=loaded.count("validation_file")))
+        validation = loaded.examples
     lora = LoraConfig(
         r=run.lora.rank,
         lora_alpha=run.lora.alpha,

@@ -19,11 +19,24 @@ class FileProblemOut(BaseModel):
 Format = Literal["chat", "prompt_completion"]
 
 
+class FileTokensOut(BaseModel):
+    examples: int = Field(description="examples kept after truncation to max_seq_len")
+    tokens: int
+    loss_tokens: int = Field(
+        description="tokens the loss is computed on (the assistant's or the completion's)"
+    )
+    dropped: int = Field(description="examples without an assistant token within max_seq_len")
+
+
 class FileValidationOut(BaseModel):
     format: Format | None
     examples: int
     problems: list[FileProblemOut] = Field(description="the first problems found (at most 100)")
     problem_count: int
+    tokens: dict[str, FileTokensOut] = Field(
+        default_factory=dict,
+        description="by base model: what its tokenizer made of the file, once a fine-tune of it ran",
+    )
 
 
 class FileOut(BaseModel):
@@ -82,6 +95,7 @@ def file_out(file: DataFile) -> FileOut:
             examples=file.examples,
             problems=[FileProblemOut(line=int(p["line"]), message=str(p["message"])) for p in file.problems],
             problem_count=file.problem_count,
+            tokens={m: FileTokensOut.model_validate(c) for m, c in file.token_counts.items()},
         ),
     )
 

@@ -7,7 +7,7 @@ import enum
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import JSON, BigInteger, Float, ForeignKey, Index, Integer, String, UniqueConstraint
+from sqlalchemy import JSON, BigInteger, Float, ForeignKey, Index, Integer, String, UniqueConstraint, text
 from sqlalchemy.orm import Mapped, mapped_column
 
 from sxwl.cloud.db.models import Base, str_enum
@@ -37,6 +37,11 @@ class DataFile(Base):
     # [{line, message}], the first ones found (bounded); empty when the file is valid.
     problems: Mapped[list[dict[str, Any]]] = mapped_column(JSON, default=list)
     problem_count: Mapped[int] = mapped_column(Integer, default=0)  # all of them, past those kept
+    # {base model id: {examples, tokens, loss_tokens, dropped}}: what that base's tokenizer made of
+    # the file when a fine-tune of it tokenized it (DatasetCount less its role).
+    token_counts: Mapped[dict[str, dict[str, int]]] = mapped_column(
+        JSON, default=dict, server_default=text("'{}'")
+    )
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
 
 

@@ -7,11 +7,11 @@ from __future__ import annotations
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from sxwl.cloud.db.finetune_models import FineTune
+from sxwl.cloud.db.finetune_models import DataFile, FineTune
 from sxwl.cloud.db.models import Job, LogChunk
 from sxwl.cloud.db.types import utcnow
 from sxwl.cloud.services import fine_tune_events
-from sxwl.protocol.finetune import Progress, parse_progress
+from sxwl.protocol.finetune import DatasetCount, Progress, parse_progress
 
 # The most log bytes one append reads: an append is a few KiB, so this only bounds a backlog (the
 # first append after a cloud upgrade, say). What is left is read by the next append.
@@ -93,6 +93,8 @@ def _apply(session: Session, fine_tune: FineTune, attempt: int, progress: Progre
         if progress.eval_loss is not None:
             message += f", validation loss={progress.eval_loss:.4f}"
         fine_tune_events.add(session, fine_tune, message, attempt=attempt, type="metrics", data=data)
+    elif progress.kind == "dataset" and progress.dataset is not None:
+        _count_tokens(session, fine_tune, attempt, progress.dataset)
     elif progress.kind == "started":
         fine_tune_events.add(
             session, fine_tune, progress.message or "Fine-tuning job started", attempt=attempt
@@ -105,3 +107,22 @@ def _apply(session: Session, fine_tune: FineTune, attempt: int, progress: Progre
             session, fine_tune, progress.message or "Training finished; saving the adapter", attempt=attempt
         )
     # "checkpoint" lines only announce an upload: the checkpoint counts once its artifact arrives.
+
+
+def _count_tokens(session: Session, fine_tune: FineTune, attempt: int, count: DatasetCount) -> None:
+    """Keeps what the base model's tokenizer made of the file on the file, and says it in an event."""
+    file_id = fine_tune.training_file if count.file == "training_file" else fine_tune.validation_file
+    file = session.get(DataFile, file_id) if file_id else None
+    if file is None:
+        return
+    counts = count.model_dump(exclude={"file"})
+    file.token_counts = {**file.token_counts, fine_tune.model: counts}  # a new dict: JSON columns
+    role = "Training" if count.file == "training_file" else "Validation"
+    text = (
+        f"{role} file {file.id}: {count.examples} examples, {count.tokens} tokens"
+        f" ({count.loss_tokens} trained) with {fine_tune.model}'s tokenizer"
+    )
+    fine_tune_events.add(session, fine_tune, text, attempt=attempt, data=counts)
+    if count.dropped:
+        dropped = f"{count.dropped} examples of file {file.id} dropped: no assistant token within max_seq_len"
+        fine_tune_events.add(session, fine_tune, dropped, attempt=attempt, level="warn")

@@ -45,6 +45,10 @@ def status_name(lang: str, status: str) -> str:
     return status if text == key else text
 
 
+_COUNTS = (
+    r"(?P<file>\S+): (?P<examples>\d+) examples, (?P<tokens>\d+) tokens \((?P<trained>\d+) trained\) "
+    r"with (?P<model>.+)'s tokenizer"
+)
 _EVENTS: list[tuple[re.Pattern[str], str]] = [
     (re.compile(r"^Validating training file: (?P<file>\S+)$"), "ft.msg.validating_training"),
     (re.compile(r"^Validating validation file: (?P<file>\S+)$"), "ft.msg.validating_validation"),
@@ -62,6 +66,14 @@ _EVENTS: list[tuple[re.Pattern[str], str]] = [
             r"validation loss=(?P<eval>[0-9.eE+-]+)$"
         ),
         "ft.msg.step_eval",
+    ),
+    (re.compile(rf"^Training file {_COUNTS}$"), "ft.msg.tokens_training"),
+    (re.compile(rf"^Validation file {_COUNTS}$"), "ft.msg.tokens_validation"),
+    (
+        re.compile(
+            r"^(?P<n>\d+) examples of file (?P<file>\S+) dropped: no assistant token within max_seq_len$"
+        ),
+        "ft.msg.dropped",
     ),
     (re.compile(r"^Checkpoint at step (?P<step>\d+) saved$"), "ft.msg.checkpoint"),
     (
@@ -229,6 +241,7 @@ class FileRow:
     created_at: datetime
     problems: list[tuple[int, str]]
     problem_count: int
+    tokens: list[tuple[str, int]]  # (base model, tokens), once a fine-tune of that base counted them
 
     @property
     def usable(self) -> bool:
@@ -248,6 +261,7 @@ def file_row(file: DataFile) -> FileRow:
         created_at=file.created_at,
         problems=problems,
         problem_count=max(file.problem_count, len(problems)),
+        tokens=sorted((model, int(c.get("tokens", 0))) for model, c in (file.token_counts or {}).items()),
     )
 
 
