@@ -191,8 +191,10 @@ def test_a_lost_cpod_hands_the_fine_tune_to_another_which_resumes_from_its_check
     log = httpx.get(
         f"{ftworld.url}/api/v1/jobs/{done.job_id}/logs", headers=ftworld.user, params={"attempt": 2}
     ).text
-    started = [
+    progress = [
         json.loads(line.split(" ", 1)[1]) for line in log.splitlines() if line.startswith("::sxwl-progress::")
     ]
-    assert started[0]["kind"] == "resumed" and started[0]["step"] >= saved_step
+    # The dataset's token count first, then training goes on from the checkpoint.
+    assert [p["kind"] for p in progress[:2]] == ["dataset", "resumed"], progress[:2]
+    assert progress[1]["step"] >= saved_step
     time.sleep(0)  # nothing else: the first attempt's late files are fenced (tests/test_fine_tunes_api.py)
