@@ -205,15 +205,19 @@ def test_a_wrong_attempt_gets_no_url(cloud: Cloud) -> None:
     assert cloud.artifacts(job_id) == {}
 
 
+# Long enough for an upload "in time" on a loaded machine (1 s was not, once), short enough to wait out.
+EXPIRY_S = 3
+
+
 def test_presigned_urls_expire(make_settings: MakeSettings, seaweed: SeaweedFS, tmp_path: Path) -> None:
-    settings = s3_settings(make_settings, seaweed, tmp_path, s3_presign_expiry_s=1)
+    settings = s3_settings(make_settings, seaweed, tmp_path, s3_presign_expiry_s=EXPIRY_S)
     with TestClient(create_app(settings)) as client:
         cloud = Cloud(Setup(client), "")
         assignment = cloud.running_attempt()
         data = b"late bytes"
         answer = target(cloud, assignment, announce(data)).json()
-        assert answer["expires_in_s"] == 1
-        time.sleep(2.5)
+        assert answer["expires_in_s"] == EXPIRY_S
+        time.sleep(EXPIRY_S + 1.5)
         late = httpx.put(answer["url"], headers=answer["headers"], content=data, timeout=30)
         assert late.status_code == 403 and b"expired" in late.content.lower()
         assert done(cloud, assignment, announce(data)).status_code == 409
@@ -223,7 +227,7 @@ def test_presigned_urls_expire(make_settings: MakeSettings, seaweed: SeaweedFS, 
         assert httpx.put(fresh["url"], headers=fresh["headers"], content=data, timeout=30).status_code == 200
         assert done(cloud, assignment, announce(data)).status_code == 201
         location = download(cloud, assignment["job_id"], "out.bin").headers["location"]
-        time.sleep(2.5)
+        time.sleep(EXPIRY_S + 1.5)
         assert httpx.get(location, timeout=30).status_code == 403
 
 
