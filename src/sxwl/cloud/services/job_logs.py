@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sqlalchemy import func, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -14,16 +13,7 @@ from sxwl.cloud.db.models import TERMINAL_STATES, Job, LogChunk
 from sxwl.cloud.errors import AppError
 from sxwl.cloud.notify import on_commit
 from sxwl.cloud.services import fine_tune_progress
-
-
-def log_size(session: Session, job_id: str, attempt: int) -> int:
-    last = session.execute(
-        select(LogChunk.offset, func.length(LogChunk.data))
-        .where(LogChunk.job_id == job_id, LogChunk.attempt == attempt)
-        .order_by(LogChunk.offset.desc())
-        .limit(1)
-    ).first()
-    return int(last[0] + last[1]) if last else 0
+from sxwl.cloud.services.log_chunks import log_size, read_bytes
 
 
 def append_log(session: Session, job: Job, attempt: int, offset: int, data: bytes) -> int:
@@ -59,27 +49,12 @@ class LogSlice:
 
 def read_log(ctx: CloudContext, session: Session, job: Job, attempt: int, offset: int) -> LogSlice:
     limit = ctx.settings.log_read_max_bytes
-    rows = session.execute(
-        select(LogChunk.offset, LogChunk.data)
-        .where(
-            LogChunk.job_id == job.id,
-            LogChunk.attempt == attempt,
-            LogChunk.offset + func.length(LogChunk.data) > offset,
-        )
-        .order_by(LogChunk.offset)
-    ).all()
-    out = bytearray()
-    position = offset
-    for start, data in rows:
-        if start > position or len(out) >= limit:
-            break
-        piece = data[position - start :][: limit - len(out)]
-        out += piece
-        position += len(piece)
+    data = read_bytes(session, job_id=job.id, attempt=attempt, offset=offset, limit=limit)
+    position = offset + len(data)
     end = log_size(session, job.id, attempt)
     # An earlier attempt never grows again; the current one is done when the job is. A queued job's
     # log is not complete: its (next) attempt has yet to run.
     finished = attempt < job.attempt or job.state in TERMINAL_STATES
     # An offset past the end is answered with the end, where a reader can really continue.
     next_offset = min(position, end)
-    return LogSlice(bytes(out), next_offset, finished and next_offset >= end)
+    return LogSlice(data, next_offset, finished and next_offset >= end)
