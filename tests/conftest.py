@@ -7,6 +7,7 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 from playwright.sync_api import Browser, Playwright, sync_playwright
+from xdist.remote import Producer
 
 from sxwl.cloud.app import create_app
 from sxwl.cloud.config import Settings
@@ -17,19 +18,28 @@ from tests.support.k8s import K8sCluster, MissingBinariesError, StartError, bin_
 from tests.support.k8s_images import MissingImagesError
 from tests.support.k8s_node import RealNodes
 from tests.support.postgres import TempPostgres
+from tests.support.worker_groups import KubernetesTogether, on_kubernetes
 
-KUBERNETES_GROUP = "kubernetes"
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Producer) -> KubernetesTogether:
+    return KubernetesTogether(config, log)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The tests on the Kubernetes control plane run last and, under pytest-xdist, all on one worker
-    (``--dist loadgroup``): the session-wide control plane and real nodes start once, and stop right
-    after their last test instead of idling beside the rest of the suite."""
-    on_kubernetes = [item for item in items if "k8s_cluster" in getattr(item, "fixturenames", ())]
-    for item in on_kubernetes:
-        item.add_marker(pytest.mark.xdist_group(KUBERNETES_GROUP))
-    chosen = set(on_kubernetes)
-    items[:] = [item for item in items if item not in chosen] + on_kubernetes
+    """The tests on the Kubernetes control plane run first, and under pytest-xdist all on one
+    worker (tests/support/worker_groups.py): the control plane and the real nodes start once, and
+    the longest group of the suite starts at once while the other worker takes the rest."""
+    outside = [
+        item.nodeid
+        for item in items
+        if "k8s_cluster" in getattr(item, "fixturenames", ()) and not on_kubernetes(item.nodeid)
+    ]
+    if outside:
+        raise pytest.UsageError(
+            "these tests use k8s_cluster outside tests/support/worker_groups.py's KUBERNETES_PATHS, "
+            "so two workers would start it: " + ", ".join(outside)
+        )
+    items.sort(key=lambda item: not on_kubernetes(item.nodeid))  # stable: in collection order
 
 
 @pytest.fixture(scope="session")

@@ -5,7 +5,6 @@ token Secret and leader election, and no more."""
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import json
 import signal
@@ -22,6 +21,7 @@ from tests.support.agent import AgentProcess, eventually
 from tests.support.cloud import CloudProcess, Provider
 from tests.support.k8s import REPO, K8sCluster, api_client
 from tests.support.net import free_port
+from tests.support.threads import run_on_thread
 
 pytestmark = pytest.mark.k8s
 
@@ -80,7 +80,7 @@ def service_account_kubeconfig(cluster: K8sCluster, ns: str, path: Path) -> Path
             answer = await client.CoreV1Api(api).create_namespaced_service_account_token(RELEASE, ns, request)
             return str(answer.status.token)
 
-    return cluster.write_token_kubeconfig(path, asyncio.run(token()), ns)
+    return cluster.write_token_kubeconfig(path, run_on_thread(token()), ns)
 
 
 def agent(

@@ -14,6 +14,7 @@ from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from tests.support.k8s import DURATION, EXIT_CODE, OUTCOME, K8sCluster, api_client, wait_until
+from tests.support.threads import run_on_thread
 
 pytestmark = pytest.mark.k8s
 
@@ -28,7 +29,7 @@ GPU_TYPES = [
 
 
 def run(body: Callable[[], Coroutine[Any, Any, T]]) -> T:
-    return asyncio.run(body())
+    return run_on_thread(body())
 
 
 def unique(prefix: str) -> str:

@@ -4,7 +4,6 @@ through watch events after one list, not by listing again."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import uuid
 from collections.abc import Callable, Coroutine
@@ -16,6 +15,7 @@ from kubernetes_asyncio import client
 from sxwl.agent.inventory.kubernetes import KubernetesInventory, cluster_uid, parse_quantity
 from sxwl.protocol import GpuInfo, Node
 from tests.support.k8s import DURATION, OUTCOME, K8sCluster, api_client, gpu_node_manifest, wait_until
+from tests.support.threads import run_on_thread
 
 pytestmark = pytest.mark.k8s
 
@@ -23,7 +23,7 @@ T = TypeVar("T")
 
 
 def run(body: Callable[[], Coroutine[Any, Any, T]]) -> T:
-    return asyncio.run(body())
+    return run_on_thread(body())
 
 
 def unique(prefix: str) -> str:

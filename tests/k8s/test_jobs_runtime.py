@@ -26,6 +26,7 @@ from sxwl.agent.runtimes.kubernetes import KubernetesRuntime
 from sxwl.protocol import SHA256_HEADER, Assignment
 from tests.support.agent import AgentProcess, eventually
 from tests.support.k8s import DURATION, EXIT_CODE, OUTCOME, K8sCluster, api_client, wait_until
+from tests.support.threads import run_on_thread
 
 pytestmark = pytest.mark.k8s
 
@@ -115,7 +116,7 @@ def in_cluster(cluster: K8sCluster, body: Callable[[Any], Awaitable[None]]) -> N
         async with api_client(cluster.kubeconfig) as api:
             await body(api)
 
-    asyncio.run(main())
+    run_on_thread(main())
 
 
 def env_of(pod: Any) -> dict[str, Any]:
