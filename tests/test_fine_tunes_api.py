@@ -382,6 +382,20 @@ def test_users_list_only_their_fine_tunes(ft: FineTunes) -> None:
     assert ft.client.get(f"{URL}/{made[0]}", headers=other).status_code == 404
     assert ft.client.post(f"{URL}/{made[0]}/cancel", headers=other).status_code == 404
     assert ft.client.get(f"{URL}/{made[0]}/events", headers=other).status_code == 404
+    # `all` is an administrator's: anyone else still gets only their own.
+    assert ft.client.get(URL, headers=other, params={"all": True}).json()["data"] == []
+
+
+def test_admins_see_every_users_fine_tunes_when_they_ask(ft: FineTunes) -> None:
+    made = ft.created(gpus=64)["id"]  # no node has 64 GPUs: it stays queued
+    admin = make_admin(ft.client)
+    assert ft.client.get(URL, headers=admin).json()["data"] == []  # by default their own, like jobs
+    listed = ft.client.get(URL, headers=admin, params={"all": True}).json()["data"]
+    assert [(j["id"], j["organization_id"]) for j in listed] == [(made, ft.user_id)]
+    assert ft.client.get(f"{URL}/{made}", headers=admin).json()["id"] == made
+    assert ft.client.get(f"{URL}/{made}/events", headers=admin).json()["data"]
+    cancelled = ft.client.post(f"{URL}/{made}/cancel", headers=admin)
+    assert cancelled.status_code == 200 and cancelled.json()["status"] == "cancelled"
 
 
 def test_eta_and_expected_cost_come_from_the_recent_step_rate(

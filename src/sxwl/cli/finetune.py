@@ -233,16 +233,23 @@ def _explain(exc: client.ApiError) -> str:
 
 
 @app.command("list")
-def list_fine_tunes() -> None:
+def list_fine_tunes(
+    all_users: Annotated[
+        bool, typer.Option("--all", help="Admins: every user's fine-tunes, with their owner's id.")
+    ] = False,
+) -> None:
     """Your fine-tunes, newest first."""
-    items = client.call("GET", "/v1/fine_tuning/jobs", params={"limit": 100}).json()["data"]
+    params = {"limit": 100, "all": all_users}
+    items = client.call("GET", "/v1/fine_tuning/jobs", params=params).json()["data"]
     if not items:
         out.print("No fine-tunes yet. Start one with `sxwl finetune create --model M --training-file F`.")
         return
-    table = Table("id", "model", "status", "progress", "fine-tuned model", "created")
+    owner = ["owner"] if all_users else []
+    table = Table("id", *owner, "model", "status", "progress", "fine-tuned model", "created")
     for j in items:
         table.add_row(
             j["id"],
+            *([j["organization_id"]] if all_users else []),
             j["model"],
             _status(j["status"]),
             _progress(j),

@@ -85,9 +85,15 @@ def create(body: FineTuneRequest, user: CurrentUser, ctx: Ctx) -> FineTuningJobO
 
 
 @router.get("", response_model=FineTuningJobListOut, responses=NOT_FOUND)
-def list_jobs(user: CurrentUser, ctx: Ctx, after: After = None, limit: Limit = 20) -> FineTuningJobListOut:
+def list_jobs(
+    user: CurrentUser,
+    ctx: Ctx,
+    after: After = None,
+    limit: Limit = 20,
+    all: Annotated[bool, Query(description="admins: every user's fine-tunes")] = False,
+) -> FineTuningJobListOut:
     with ctx.db.session() as session:
-        page = fine_tunes.list_for(session, user, after=after, limit=limit)
+        page = fine_tunes.list_for(session, user, after=after, limit=limit, everyone=all)
         data = [job_out(session, ft, job) for ft, job in page.items]
         return FineTuningJobListOut(data=data, has_more=page.has_more)
 

@@ -23,7 +23,7 @@ from sxwl.cloud.db.finetune_models import (
     FineTuneEvent,
     ModelKind,
 )
-from sxwl.cloud.db.models import Job, JobState, User
+from sxwl.cloud.db.models import Job, JobState, Role, User
 from sxwl.cloud.errors import AppError, invalid
 from sxwl.cloud.services import fine_tune_estimate, fine_tune_events, jobs
 from sxwl.protocol.finetune import FineTuneRequest, JobInput, TrainerSpec
@@ -159,9 +159,10 @@ def create(ctx: CloudContext, session: Session, *, owner: User, request: FineTun
 
 
 def get(session: Session, user: User, fine_tune_id: str) -> tuple[FineTune, Job]:
-    """Another user's fine-tune is as absent as one that does not exist (404), as OpenAI answers."""
+    """Another user's fine-tune is as absent as one that does not exist (404), as OpenAI answers;
+    administrators see every fine-tune, as they see every job."""
     fine_tune = session.get(FineTune, fine_tune_id)
-    if fine_tune is None or fine_tune.owner_id != user.id:
+    if fine_tune is None or (fine_tune.owner_id != user.id and user.role != Role.ADMIN):
         raise AppError(404, f"no fine-tuning job {fine_tune_id}")
     job = session.get(Job, fine_tune.job_id)
     assert job is not None  # the fine-tune is deleted with its job
@@ -174,9 +175,14 @@ class Page(Generic[T]):
     has_more: bool
 
 
-def list_for(session: Session, user: User, *, after: str | None, limit: int) -> Page[tuple[FineTune, Job]]:
-    """Newest first; ``after``: the last id of the previous page."""
-    stmt = select(FineTune, Job).join(Job, Job.id == FineTune.job_id).where(FineTune.owner_id == user.id)
+def list_for(
+    session: Session, user: User, *, after: str | None, limit: int, everyone: bool = False
+) -> Page[tuple[FineTune, Job]]:
+    """Newest first; ``after``: the last id of the previous page; ``everyone``: every user's, for
+    an administrator (ignored for anyone else)."""
+    stmt = select(FineTune, Job).join(Job, Job.id == FineTune.job_id)
+    if not (everyone and user.role == Role.ADMIN):
+        stmt = stmt.where(FineTune.owner_id == user.id)
     if after is not None:
         mark, _ = get(session, user, after)
         stmt = stmt.where(tuple_(FineTune.created_at, FineTune.id) < tuple_(mark.created_at, mark.id))
