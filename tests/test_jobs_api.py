@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
 from typing import Any
 
@@ -13,6 +14,7 @@ from sxwl.cloud.context import CloudContext
 from sxwl.cloud.db.models import Job
 from sxwl.cloud.services import cpods as cpod_service
 from sxwl.cloud.services import scheduler
+from sxwl.cloud.services.log_chunks import MAX_CHUNKS
 from tests.conftest import login, register
 from tests.support.agent import eventually
 from tests.support.cpods import A100, access_key, beat, gpu_node, register_cpod
@@ -170,6 +172,22 @@ def test_full_path_assign_report_logs_artifacts(setup: Setup) -> None:
     # Terminal states never change; cancelling a finished job is a conflict.
     assert setup.status(job["id"], 1, "failed", exit_code=1).status_code == 409
     assert setup.client.post(f"/api/v1/jobs/{job['id']}/cancel", headers=setup.user).status_code == 409
+
+
+def test_a_log_of_many_chunks_is_read_a_bounded_window_at_a_time(setup: Setup) -> None:
+    job = setup.submit()
+    setup.assigned(job["id"])
+    assert setup.status(job["id"], 1, "running").status_code == 200
+    lines = [f"line {i:03}\n".encode() for i in range(MAX_CHUNKS + 36)]  # one chunk each
+    for offset, line in zip(itertools.accumulate([0, *map(len, lines)]), lines, strict=False):
+        assert setup.log(job["id"], 1, offset, line).status_code == 200
+    assert setup.status(job["id"], 1, "succeeded", exit_code=0).status_code == 200
+    url = f"/api/v1/jobs/{job['id']}/logs"
+    first = setup.client.get(url, headers=setup.user)
+    assert first.content == b"".join(lines[:MAX_CHUNKS])  # the first window's rows, not the whole log
+    assert first.headers["X-Log-Complete"] == "false"
+    rest = setup.client.get(url, headers=setup.user, params={"offset": first.headers["X-Next-Offset"]})
+    assert rest.content == b"".join(lines[MAX_CHUNKS:]) and rest.headers["X-Log-Complete"] == "true"
 
 
 @pytest.mark.parametrize("path", ["../escape", "a/../../b", "/etc/passwd", "a//b", "./x", "a\\..\\b"])
