@@ -42,7 +42,8 @@ CGROUP_ROOT = Path("/sys/fs/cgroup")
 # Top-level cgroups the nodes make: the kubelet's "kubepods" under the default root, and the cgroup
 # root of each node (tests/support/k8s_node_net.py).
 CGROUP_PREFIXES = ("kubepods", "sxwl-real-")
-_COUNTERS = re.compile(r"\[\d+:\d+\]")
+_COUNTERS = re.compile(r"\[\d+:\d+\]")  # iptables-save's [packets:bytes]
+_NFT_COUNTERS = re.compile(r"counter packets \d+ bytes \d+")
 
 
 def _run(*args: str) -> str:
@@ -54,7 +55,8 @@ def _firewall() -> str:
     parts = [_COUNTERS.sub("", _run(cmd)) for cmd in ("iptables-save", "ip6tables-save")]
     parts = ["\n".join(line for line in part.splitlines() if not line.startswith("#")) for part in parts]
     if shutil.which("nft"):
-        parts.append(_run("nft", "list", "ruleset"))
+        # Counters of rules that were there before (a killed session's chains) move on their own.
+        parts.append(_NFT_COUNTERS.sub("counter", _run("nft", "list", "ruleset")))
     return "\n".join(parts)
 
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import functools
+import logging
 import os
 import shutil
 import signal
@@ -37,6 +38,7 @@ from typing import IO, Any
 from tests.support.k8s import K8sCluster, StartError, stop_group
 from tests.support.k8s_host import HostRestorer, HostState
 from tests.support.k8s_images import PAUSE_IMAGE, base_layouts, import_layout, layout_with_files
+from tests.support.k8s_leftovers import clear_leftovers, forget_spawned, record_spawned
 from tests.support.k8s_node_config import (
     REAL_LABEL,
     REAL_TAINT,
@@ -65,6 +67,7 @@ HOST_TOOLS = (
 MAX_NODES = 4  # pods 10.250.<i>.0/24, links 10.251.<i>.0/30: any small number fits
 LOCK_FILE = Path("/tmp/sxwl-test-real-nodes.lock")
 COREDNS_USER = "sxwl-test:coredns"
+logger = logging.getLogger(__name__)
 
 
 def host_ip() -> str:
@@ -178,6 +181,11 @@ class RealNodes:
 
     def _start(self, deadline: float) -> None:
         self._take_lock()
+        cleared = clear_leftovers([node.net for node in self._nodes])
+        if cleared:
+            logger.warning(
+                "cleared what a killed test session left of its real nodes: %s", "; ".join(cleared)
+            )
         for ref, layout in base_layouts().items():
             self._layouts.setdefault(ref, layout)
         self.host_before = HostState.capture()
@@ -220,6 +228,7 @@ class RealNodes:
             self.cluster.kubectl("delete", "node", *self.names, "--ignore-not-found", check=False)
             self._registered = False
         if self._lock is not None:
+            forget_spawned()
             self._lock.close()
             self._lock = None
 
@@ -262,6 +271,7 @@ class RealNodes:
                 start_new_session=True,  # its own process group: stopped through it, never by name
                 cwd=logs.parent,
             )
+        record_spawned(process.pid)
         proc = _Process(name, process, log)
         self._processes.append(proc)
         return proc
