@@ -153,6 +153,9 @@ class CPod(Base):
     offered_until: Mapped[datetime | None] = mapped_column(UTCDateTime())
     # The inputs the agent last reported holding in its cache: [{sha256, size}] (docs/finetune.md).
     cached_inputs: Mapped[list[dict[str, Any]]] = mapped_column(JSON, server_default=text("'[]'"))
+    # Set by triggers on every write of a column the scheduler reads (services/capacity_marks.py),
+    # never by the code: a scheduling pass reads only the CPods marked since its last one.
+    capacity_mark: Mapped[int] = mapped_column(BigInteger, server_default=text("0"), index=True)
 
     owner: Mapped[User] = relationship()
 
