@@ -118,7 +118,7 @@ class CapacityCache:
             CPod.reported_jobs,
             CPod.cached_inputs,
         )
-        read_all = (since := self._read_up_to) is None
+        since = self._read_up_to
         query = query.where(*_ONLINE) if since is None else query.where(since.unread())
         for row in connection.execute(query):
             self._dirty.add(row.id)
@@ -135,7 +135,7 @@ class CapacityCache:
         self._read_up_to = start
         # No write marks a deleted row: a count that differs means one went, so read everything.
         online = connection.scalar(select(func.count()).select_from(CPod).where(*_ONLINE))
-        if not read_all and online != len(self._snapshots):
+        if since is not None and online != len(self._snapshots):
             self._dirty |= self._snapshots.keys()
             self._snapshots.clear()
             self._read_up_to = None
