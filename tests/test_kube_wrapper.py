@@ -103,3 +103,28 @@ def test_a_pod_deleted_before_its_command_ever_ran_ends_the_wait(tmp_path: Path)
     assert uploader.wait(10) == 0
     message = (tmp_path / "termination-log").read_text()
     assert message == "ok: 0 files (0 bytes) uploaded; the main container ended without an exit status"
+
+
+def test_the_fifo_appears_only_once_the_wrapper_holds_it(tmp_path: Path) -> None:
+    """An uploader that opens the FIFO the moment it appears finds its writer there: never an end of
+    file that would say the main container is gone before it started."""
+    for attempt in range(20):
+        shared = tmp_path / f"sxwl-{attempt}"
+        shared.mkdir()
+        proc = start("sleep 30", shared)
+        fifo = shared / "alive"
+        deadline = time.monotonic() + 20
+        while not fifo.exists():
+            assert time.monotonic() < deadline, "no FIFO"
+        fd = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
+        try:
+            try:
+                data = os.read(fd, 512)
+            except BlockingIOError:
+                data = None  # a writer holds it
+            assert data is None, f"attempt {attempt}: the FIFO had no writer"
+        finally:
+            os.close(fd)
+            subprocess.run(["pkill", "-KILL", "-P", str(proc.pid)], check=False)
+            proc.kill()
+            proc.wait(30)

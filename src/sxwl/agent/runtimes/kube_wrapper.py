@@ -11,7 +11,8 @@ Kubernetes shows the real exit code and its own reasons (OOMKilled, Error) as be
 
 For the whole of its life the wrapper holds the write end of the FIFO ``alive``: when the container
 is killed as a whole (the OOM killer, with memory.oom.group) no exit status is written, and the
-uploader learns it from the FIFO's end of file."""
+uploader learns it from the FIFO's end of file. The FIFO is made under another name and renamed once
+the wrapper holds it open, so the uploader never sees it without its writer (an end of file at once)."""
 
 from __future__ import annotations
 
@@ -22,8 +23,8 @@ OUTPUT_DIR = SHARED_DIR + "/output"
 WRAPPER = r"""
 d="${SXWL_SHARED_DIR:-/sxwl}"
 mkdir -p "$SXWL_OUTPUT_DIR" 2>/dev/null
-rm -f "$d/alive" "$d/exit-code" 2>/dev/null
-if mkfifo "$d/alive" 2>/dev/null; then exec 9<>"$d/alive"; fi
+rm -f "$d/alive" "$d/.alive" "$d/exit-code" 2>/dev/null
+if mkfifo "$d/.alive" 2>/dev/null; then exec 9<>"$d/.alive"; mv -f "$d/.alive" "$d/alive"; fi
 child=
 sig=
 trap 'sig=TERM; [ -n "$child" ] && kill -TERM "$child" 2>/dev/null' TERM INT
