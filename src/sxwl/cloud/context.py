@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from sxwl.cloud.config import Settings
 from sxwl.cloud.db.engine import Database
 from sxwl.cloud.groupcommit import GroupCommit
+from sxwl.cloud.keepalives import Keepalives
 from sxwl.cloud.notify import Notifier
 from sxwl.cloud.ratelimit import RateLimiter
 from sxwl.cloud.security import Passwords, SecretBox
@@ -33,6 +34,7 @@ class CloudContext:
     box: SecretBox
     limiters: Limiters = field(init=False)
     notifier: Notifier = field(default_factory=Notifier)
+    keepalives: Keepalives = field(init=False)  # of the streamed long-polls (cloud/keepalives.py)
     artifacts: ArtifactStore = field(init=False)
     # Free GPUs kept between scheduling passes (services/capacity.py): only facts that never change
     # under their key, checked against the database every pass.
@@ -44,6 +46,7 @@ class CloudContext:
     def __post_init__(self) -> None:
         s = self.settings
         self.artifacts = artifact_store(s)
+        self.keepalives = Keepalives(s.longpoll_keepalive_s)
         postgres = self.db.engine.dialect.name == "postgresql"
         self.notifier.watch(self.db.sessions, self.db.immediate_sessions, broadcast=postgres)
         self.limiters = Limiters(

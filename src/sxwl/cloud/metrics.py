@@ -12,11 +12,18 @@ import asyncio
 from datetime import datetime
 from typing import Any
 
-from prometheus_client import Counter, Histogram
+from prometheus_client import Counter, Gauge, Histogram
 from sqlalchemy import Engine, event
 
 from sxwl.cloud.db.types import utcnow
 from sxwl.cloud.notify import Notifier
+
+LONGPOLLS_HELD = Gauge(
+    "sxwl_longpolls_held",
+    "CPod long-polls this process holds open",
+    multiprocess_mode="livesum",
+    registry=None,
+)
 
 # Registered in each app's registry by metrics_route.py, never in the global default registry: a
 # process (a test) may run several apps.
@@ -39,7 +46,14 @@ NOTIFICATIONS_SENT = Counter(
 NOTIFICATIONS_RECEIVED = Counter(
     "sxwl_notifications_received", "Wake-up notifications this replica received from others", registry=None
 )
-INSTRUMENTS = (SCHEDULING_PASS, DISPATCH_LATENCY, DB_QUERIES, NOTIFICATIONS_SENT, NOTIFICATIONS_RECEIVED)
+INSTRUMENTS = (
+    SCHEDULING_PASS,
+    DISPATCH_LATENCY,
+    DB_QUERIES,
+    NOTIFICATIONS_SENT,
+    NOTIFICATIONS_RECEIVED,
+    LONGPOLLS_HELD,
+)
 
 # How often a worker copies its notifier's counts into the shared metric files, so that a scrape
 # answered by another worker sees them.
@@ -60,8 +74,9 @@ def count_queries(engine: Engine) -> None:
 
 
 class NotifierCounts:
-    """Copies a notifier's running totals into the counters (the notifier counts in plain integers:
-    it runs on the event loop, and a total read now and then is all the metric needs)."""
+    """Copies a notifier's running totals into the counters, and its held long-polls into the
+    gauge (the notifier counts in plain integers: it runs on the event loop, and a total read now
+    and then is all the metric needs)."""
 
     def __init__(self, notifier: Notifier) -> None:
         self.notifier = notifier
@@ -73,6 +88,7 @@ class NotifierCounts:
         NOTIFICATIONS_SENT.inc(max(sent - self.sent, 0))
         NOTIFICATIONS_RECEIVED.inc(max(received - self.received, 0))
         self.sent, self.received = sent, received
+        LONGPOLLS_HELD.set(self.notifier.held_polls())
 
     async def run(self) -> None:
         while not self.notifier.stopping:

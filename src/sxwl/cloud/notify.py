@@ -205,6 +205,12 @@ class Notifier:
     def forget(self, cpod_id: str, event: asyncio.Event) -> None:
         self._remove(f"cpod:{cpod_id}", event)
 
+    def held_polls(self, cpod_id: str | None = None) -> int:
+        """The long-polls waiting on this replica now: of one CPod, or of all."""
+        if cpod_id is not None:
+            return len(self._waiters.get(f"cpod:{cpod_id}", ()))
+        return sum(len(waiters) for key, waiters in self._waiters.items() if key.startswith("cpod:"))
+
     def job_waiter(self, job_id: str) -> asyncio.Event:
         """An event set when this job's state or log changes; release it with ``forget_job``."""
         return self._add(f"job:{job_id}")

@@ -216,8 +216,13 @@ def _seconds(name: str, raw: str | None) -> float:
 
 
 def _authenticated(ctx: CloudContext, token: str | None) -> str:
-    with ctx.db.session() as session:
-        return cpods.authenticate(session, token).id
+    token = cpods.require_token(token)
+    query = cpods.token_query(token)
+    cpod_id = None if query is None else ctx.db.scalar(query)
+    if cpod_id is None:
+        with ctx.db.session() as session:
+            raise cpods.token_error(session, token)
+    return cpod_id
 
 
 router.add_api_route(

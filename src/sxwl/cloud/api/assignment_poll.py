@@ -3,7 +3,9 @@
 Three things keep an idle CPod from costing its replica anything but the connection:
 - the hold is long (minutes) and kept open through load balancers by a newline every
   ``longpoll_keepalive_s``: JSON allows whitespace before a value, so the body stays one JSON
-  document and a client that reads it whole, as any HTTP client does, needs no change;
+  document and a client that reads it whole, as any HTTP client does, needs no change. The
+  newlines of all held polls are written by one task (cloud/keepalives.py), so a held poll wakes
+  only when it has something to say;
 - a renewal of a CPod whose last read on this replica found nothing, and that nothing has woken
   since, does not read again until the backstop is due (``Notifier.quiet_since``);
 - while the listener hears other replicas (docs/replicas.md), a waiting poll reads only when woken
@@ -14,16 +16,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+import math
 
 from fastapi import Response
-from fastapi.responses import StreamingResponse
+from starlette.types import Receive, Scope, Send
 
 from sxwl.cloud.context import CloudContext
+from sxwl.cloud.keepalives import KEEPALIVE
 from sxwl.cloud.services import dispatch, upload_tokens
 from sxwl.protocol import AssignmentsReply
 
-KEEPALIVE = b"\n"
+JSON_HEADERS = [(b"content-type", b"application/json")]
 
 
 class AssignmentPoll:
@@ -39,15 +42,23 @@ class AssignmentPoll:
         self._event = ctx.notifier.waiter(cpod_id)
         quiet = ctx.notifier.quiet_since(cpod_id)
         self._read_at = self._loop.time() if quiet is None else quiet + self._backstop_s
+        self._gone = False
 
     def close(self) -> None:
         self._ctx.notifier.forget(self._cpod_id, self._event)
 
-    async def answer(self, until: float) -> AssignmentsReply | None:
+    def abandon(self) -> None:
+        """The client went away: ``answer`` returns None at once, without reading."""
+        self._gone = True
+        self._event.set()
+
+    async def answer(self, until: float = math.inf) -> AssignmentsReply | None:
         """What the CPod is to be told: as soon as it has work or a command, an empty reply when the
-        hold ends; None when loop time ``until`` comes first (time for a keep-alive)."""
+        hold ends; None when loop time ``until`` comes first or the client has gone."""
         notifier = self._ctx.notifier
         while True:
+            if self._gone:
+                return None
             now = self._loop.time()
             if self._event.is_set() or now >= self._read_at:
                 self._event.clear()  # before reading, so a wake-up during the read is not lost
@@ -80,21 +91,43 @@ async def respond(ctx: CloudContext, cpod_id: str, wait_s: float) -> Response:
     if first is not None:
         poll.close()
         return Response(first.model_dump_json(), media_type="application/json")
-    return StreamingResponse(_stream(poll, ctx.settings.longpoll_keepalive_s), media_type="application/json")
+    return HeldAnswer(ctx, poll)
 
 
-async def _stream(poll: AssignmentPoll, keepalive_s: float) -> AsyncIterator[bytes]:
-    # Starlette cancels this generator when the client goes away, which releases the waiter.
-    try:
-        loop = asyncio.get_running_loop()
-        while True:
-            yield KEEPALIVE
-            reply = await poll.answer(loop.time() + keepalive_s)
-            if reply is not None:
-                yield reply.model_dump_json().encode()
-                return
-    finally:
-        poll.close()
+class HeldAnswer(Response):
+    """The streamed answer: newlines from the replica's keep-alive task, then the JSON reply."""
+
+    def __init__(self, ctx: CloudContext, poll: AssignmentPoll) -> None:
+        self.status_code = 200
+        self.background = None
+        self.raw_headers = list(JSON_HEADERS)
+        self._ctx = ctx
+        self._poll = poll
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        poll = self._poll
+        watcher: asyncio.Task[None] | None = None
+        stream = None
+        try:
+            await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
+            await send({"type": "http.response.body", "body": KEEPALIVE, "more_body": True})
+            stream = self._ctx.keepalives.add(send)
+            watcher = asyncio.create_task(_until_disconnect(receive, poll))
+            reply = await poll.answer()
+        finally:
+            if stream is not None:
+                self._ctx.keepalives.close(stream)
+            if watcher is not None:
+                watcher.cancel()
+            poll.close()
+        body = b"" if reply is None else reply.model_dump_json().encode()
+        await send({"type": "http.response.body", "body": body, "more_body": False})
+
+
+async def _until_disconnect(receive: Receive, poll: AssignmentPoll) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass
+    poll.abandon()
 
 
 def _with_upload_tokens(ctx: CloudContext, reply: AssignmentsReply) -> AssignmentsReply:

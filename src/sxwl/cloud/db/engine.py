@@ -8,14 +8,17 @@ import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
-from sqlalchemy import Connection, Engine, create_engine, event, make_url
+from sqlalchemy import Connection, Engine, Select, create_engine, event, make_url
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session, sessionmaker
 
 from sxwl.cloud.db.types import encode_json
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 # The execution option that makes a unit of work on SQLite start with BEGIN IMMEDIATE.
 _IMMEDIATE = "sxwl_sqlite_immediate"
@@ -106,6 +109,12 @@ class Database:
     def __init__(self, url: str) -> None:
         self.url = url
         self.engine = make_engine(url)
+        # Lone reads (Database.scalar) go to a small pool of autocommitted connections, not pinged.
+        self._reads = (
+            self.engine
+            if url.startswith("sqlite")
+            else create_engine(url, pool_size=4, max_overflow=8, isolation_level="AUTOCOMMIT")
+        )
         self.sessions = sessionmaker(self.engine, expire_on_commit=False)
         self.immediate_sessions = sessionmaker(
             self.engine.execution_options(**{_IMMEDIATE: True}), expire_on_commit=False
@@ -124,5 +133,22 @@ class Database:
         with factory() as session, session.begin():
             yield session
 
+    def scalar(self, statement: Select[T]) -> T | None:
+        """The first value of one read outside any transaction, on a connection not pinged first:
+        PostgreSQL is spared the ping, BEGIN and COMMIT round trips (a CPod's long-poll renewal is
+        one token check). A connection the server dropped fails the read, which is then run once
+        more on a fresh one: a lone read is safe to repeat."""
+        try:
+            return self._scalar_once(statement)
+        except DBAPIError as exc:
+            if not exc.connection_invalidated:
+                raise
+        return self._scalar_once(statement)
+
+    def _scalar_once(self, statement: Select[T]) -> T | None:
+        with self._reads.connect() as connection:
+            return connection.scalar(statement)
+
     def dispose(self) -> None:
         self.engine.dispose()
+        self._reads.dispose()

@@ -6,7 +6,18 @@ import hashlib
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import ColumnElement, Float, extract, func, literal, select, true, type_coerce, update
+from sqlalchemy import (
+    ColumnElement,
+    Float,
+    Select,
+    extract,
+    func,
+    literal,
+    select,
+    true,
+    type_coerce,
+    update,
+)
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, defer
 
@@ -147,6 +158,14 @@ def cpod_for_token(session: Session, token: str) -> CPod | None:
         .options(defer(CPod.nodes, raiseload=True))
         .where(CPod.token_hash == token_hash(token), CPod.revoked_at.is_(None))
     )
+
+
+def token_query(token: str) -> Select[str] | None:
+    """The read of the id of this token's live CPod, in one statement and no ORM (what a long-poll
+    renewal needs); None for what is not a CPod token at all."""
+    if not token.startswith(CPOD_TOKEN_PREFIX):
+        return None
+    return select(CPod.id).where(CPod.token_hash == token_hash(token), CPod.revoked_at.is_(None))
 
 
 def authenticate(session: Session, token: str | None) -> CPod:
