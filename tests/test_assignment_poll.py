@@ -45,7 +45,7 @@ def _poll(setup: Setup, wait: float) -> Any:
 
 
 def test_a_hold_past_the_keepalive_is_kept_open_by_newlines_and_stays_one_document(setup: Setup) -> None:
-    response = _poll(setup, wait=1)
+    response = _poll(setup, wait=1.5)
     assert response.status_code == 200
     assert response.headers["content-type"].startswith("application/json")
     assert response.content.startswith(b"\n\n\n")  # about one per KEEPALIVE_S

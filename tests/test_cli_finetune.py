@@ -10,6 +10,7 @@ import re
 import tarfile
 from pathlib import Path
 
+import httpx
 import pytest
 
 from tests.test_cli import sxwl
@@ -72,6 +73,26 @@ def test_the_cli_uploads_checks_fine_tunes_and_downloads(tmp_path: Path, db_url:
         assert f"ft:{MODEL}:cli:{fine_tune}" in text
         code, text = run("finetune", "checkpoints", fine_tune)
         assert code == 0 and re.search(r"ftckpt-\w+ +│ 3 ", text), text  # 12 examples / 4 a step, 1 epoch
+
+        # An administrator sees every user's fine-tunes with --all, and only their own without it.
+        owner = httpx.get(f"{world.url}/api/v1/me", headers=world.user).json()["id"]
+        admin_env = {**env, **world.env, "SXWL_CONFIG_DIR": str(tmp_path / "admin-cfg")}
+        made = sxwl(
+            "admin", "create-user", "--email", "admin@example.com", "--password-stdin",
+            "--data-dir", str(tmp_path / "cloud"), env=admin_env, stdin="correct horse\ncorrect horse\n",
+        )  # fmt: skip
+        assert made.returncode == 0, made.stderr
+        login = sxwl(
+            "login", "--url", world.url, "--email", "admin@example.com", "--password-stdin",
+            env=admin_env, stdin="correct horse\n",
+        )  # fmt: skip
+        assert login.returncode == 0, login.stderr
+        listed = sxwl("finetune", "list", env=admin_env)
+        assert listed.returncode == 0 and "No fine-tunes yet" in listed.stdout, listed.stdout
+        listed = sxwl("finetune", "list", "--all", env=admin_env)
+        assert listed.returncode == 0 and fine_tune in listed.stdout and owner in listed.stdout, listed.stdout
+        code, text = run("finetune", "list", "--all")  # a user's --all is their own list
+        assert code == 0 and fine_tune in text
 
         target = tmp_path / "adapter.tar"
         code, text = run("finetune", "download", fine_tune, "-o", str(target))

@@ -119,6 +119,9 @@ def uvicorn_config(app: FastAPI, settings: Settings, host: str, port: int) -> uv
         host=host,
         port=port,
         log_config=None,
+        # Our middleware logs each request (cloud/logs.py); uvicorn would still build the arguments
+        # of every access-log line, its disabled logger notwithstanding.
+        access_log=False,
         timeout_graceful_shutdown=5,
         http=protocol_with_head_timeout(settings.request_head_timeout_s),
         timeout_keep_alive=settings.keep_alive_timeout_s,

@@ -43,7 +43,7 @@ class Keepalives:
         self._wake = asyncio.Event()
 
     def add(self, send: Send) -> Stream:
-        """``send``'s stream, whose first newline the caller has just written."""
+        """``send``'s stream, which has just sent its head: its first newline is an interval away."""
         loop = asyncio.get_running_loop()
         stream = Stream(send, loop.time() + self.interval_s)
         self._queue.append(stream)

@@ -22,7 +22,6 @@ from fastapi import Response
 from starlette.types import Receive, Scope, Send
 
 from sxwl.cloud.context import CloudContext
-from sxwl.cloud.keepalives import KEEPALIVE
 from sxwl.cloud.services import dispatch, upload_tokens
 from sxwl.protocol import AssignmentsReply
 
@@ -109,8 +108,8 @@ class HeldAnswer(Response):
         watcher: asyncio.Task[None] | None = None
         stream = None
         try:
+            # The head is bytes on the wire too: the first newline can wait for the next interval.
             await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
-            await send({"type": "http.response.body", "body": KEEPALIVE, "more_body": True})
             stream = self._ctx.keepalives.add(send)
             watcher = asyncio.create_task(_until_disconnect(receive, poll))
             reply = await poll.answer()
