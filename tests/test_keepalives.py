@@ -91,3 +91,22 @@ def test_a_cpod_that_goes_away_mid_hold_releases_its_waiter(make_settings: MakeS
         assert ctx.notifier.held_polls(cpod.id) == 1
         sock.close()
         eventually(lambda: ctx.notifier.held_polls(cpod.id) == 0, timeout=10, what="the waiter's release")
+
+
+def test_stop_ends_the_task_and_a_later_stream_starts_it_again() -> None:
+    async def scenario() -> tuple[int, int]:
+        keepalives = Keepalives(INTERVAL_S)
+        first = Recorder()
+        keepalives.add(first)
+        await asyncio.sleep(INTERVAL_S * 1.5)
+        await keepalives.stop()
+        written = len(first.times)
+        await asyncio.sleep(INTERVAL_S * 2)  # stopped: nothing more is written
+        assert len(first.times) == written
+        second = Recorder()
+        keepalives.add(second)
+        await asyncio.sleep(INTERVAL_S * 1.5)
+        await keepalives.stop()
+        return written, len(second.times)
+
+    assert run_on_thread(scenario()) == (1, 1)

@@ -88,6 +88,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         for task in loops:
             task.cancel()
         await asyncio.gather(*loops, return_exceptions=True)
+        await ctx.keepalives.stop()
         ctx.db.dispose()
 
     app = FastAPI(

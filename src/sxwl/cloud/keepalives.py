@@ -54,6 +54,13 @@ class Keepalives:
             self._wake.set()  # it waits for a first stream; any other is due after those queued
         return stream
 
+    async def stop(self) -> None:
+        """Ends the task, at the app's shutdown (the held polls have been told to answer)."""
+        task, self._task = self._task, None
+        if task is not None and task.get_loop() is asyncio.get_running_loop():
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+
     @staticmethod
     def close(stream: Stream) -> None:
         """No newline is written to ``stream`` after this returns (one being written completes first,
