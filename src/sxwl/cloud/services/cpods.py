@@ -148,24 +148,27 @@ def _normalized(email: str, index: int) -> str:
         raise invalid(f"trusted_accounts[{index}]", str(exc)) from None
 
 
+def _live_with(token: str) -> tuple[ColumnElement[bool], ...] | None:
+    """What selects the live CPod of this token; None for what is not a CPod token at all."""
+    if not token.startswith(CPOD_TOKEN_PREFIX):
+        return None
+    return CPod.token_hash == token_hash(token), CPod.revoked_at.is_(None)
+
+
 def cpod_for_token(session: Session, token: str) -> CPod | None:
     """The CPod of this token, without its node snapshot: authenticating a heartbeat must not read
     and decode the very document the heartbeat replaces."""
-    if not token.startswith(CPOD_TOKEN_PREFIX):
+    criteria = _live_with(token)
+    if criteria is None:
         return None
-    return session.scalar(
-        select(CPod)
-        .options(defer(CPod.nodes, raiseload=True))
-        .where(CPod.token_hash == token_hash(token), CPod.revoked_at.is_(None))
-    )
+    return session.scalar(select(CPod).options(defer(CPod.nodes, raiseload=True)).where(*criteria))
 
 
 def token_query(token: str) -> Select[str] | None:
     """The read of the id of this token's live CPod, in one statement and no ORM (what a long-poll
     renewal needs); None for what is not a CPod token at all."""
-    if not token.startswith(CPOD_TOKEN_PREFIX):
-        return None
-    return select(CPod.id).where(CPod.token_hash == token_hash(token), CPod.revoked_at.is_(None))
+    criteria = _live_with(token)
+    return None if criteria is None else select(CPod.id).where(*criteria)
 
 
 def authenticate(session: Session, token: str | None) -> CPod:
