@@ -18,6 +18,7 @@ from tests.support.k8s import K8sCluster, MissingBinariesError, StartError, bin_
 from tests.support.k8s_images import MissingImagesError
 from tests.support.k8s_node import RealNodes
 from tests.support.postgres import TempPostgres
+from tests.support.seaweedfs import SeaweedFS
 from tests.support.worker_groups import KubernetesTogether, on_kubernetes
 
 
@@ -166,3 +167,14 @@ def browser(playwright: Playwright) -> Iterator[Browser]:
         yield browser
     finally:
         browser.close()
+
+
+@pytest.fixture(scope="session")
+def seaweed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SeaweedFS]:
+    """One S3-compatible server (SeaweedFS, tests/support/seaweedfs.py) for the session's tests."""
+    server = SeaweedFS(tmp_path_factory.mktemp("seaweedfs"))
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()

@@ -154,3 +154,25 @@ def test_migration_0012_comes_and_goes(db: Database, db_url: str) -> None:
     with db.session() as session:
         session.execute(update(CPod).where(CPod.id == CPODS[0]).values(nodes=[gpu_node("w1", count=5)]))
     assert free(refresh(db, cache), CPODS[0]) == 5
+
+
+def test_migration_0013_says_which_cpods_take_fine_tunes_and_marks_a_change(
+    db: Database, db_url: str
+) -> None:
+    config = migrate.alembic_config(db_url)
+    with db.engine.begin() as connection:
+        config.attributes["connection"] = connection
+        command.downgrade(config, "0012")
+    assert "takes_fine_tunes" not in {c["name"] for c in inspect(db.engine).get_columns("cpods")}
+    assert _triggers(db.engine)  # 0012's triggers, watching what they watched
+    with db.session() as session:
+        session.execute(update(CPod).where(CPod.id == CPODS[1]).values(runtime="kubernetes"))
+    migrate.upgrade(db.engine)
+    with db.session() as session:
+        taken: dict[str, object] = dict(session.execute(text("SELECT id, takes_fine_tunes FROM cpods")).all())
+    assert {k: bool(v) for k, v in taken.items()} == {c: c != CPODS[1] for c in CPODS}
+    cache = CapacityCache()
+    assert refresh(db, cache).cpods[CPODS[1]].takes_fine_tunes is False
+    with db.session() as session:  # the agent's report after a restart with a trainer image
+        session.execute(update(CPod).where(CPod.id == CPODS[1]).values(takes_fine_tunes=True))
+    assert refresh(db, cache).cpods[CPODS[1]].takes_fine_tunes is True

@@ -450,3 +450,27 @@ def test_relative_times_sizes_and_event_details_in_both_languages() -> None:
     assert event_detail("zh", "renamed", "local agent x → 北京") == "local agent x → 北京"
     assert event_detail("zh", "offline", "something new") == "something new"
     assert event_detail("zh", "revoked", None) == "—"
+
+
+def test_the_card_says_whether_the_cpod_takes_fine_tunes_and_when_that_changed(client: TestClient) -> None:
+    browser = signed_in_provider(client, "farm@example.com")
+    key = access_key(browser)
+    local_id, _ = register_cpod(client, key, "cluster-local")
+    kube_id, kube_token = register_cpod(client, key, "cluster-kube", runtime="kubernetes")
+    html = browser.get("/compute").text
+    fine_tunes = r'class="cpod-fine-tunes">([^<]+)<'
+    assert re.findall(fine_tunes, card(html, local_id)) == ["接受"]
+    assert re.findall(fine_tunes, card(html, kube_id)) == ["不接受（agent 需 --trainer-image）"]
+    assert 'data-kind="fine-tunes"' not in html  # a new CPod's registration says it all
+    reply = client.put(
+        "/api/v1/agent/isolation",
+        headers={"Authorization": f"Bearer {kube_token}"},
+        json={"fine_tunes": True},
+    )
+    assert reply.status_code == 200
+    kube = card(browser.get("/compute").text, kube_id)
+    assert re.findall(fine_tunes, kube) == ["接受"]
+    assert 'data-kind="fine-tunes"' in kube and ">微调<" in kube and "开始接受微调任务" in kube
+    browser.get("/lang/en?next=/compute")
+    kube = card(browser.get("/compute").text, kube_id)
+    assert re.findall(fine_tunes, kube) == ["Taken"] and "now takes fine-tunes" in kube

@@ -320,3 +320,28 @@ def test_access_key_check_for_deployment_tools(client: TestClient) -> None:
         bad = client.get("/api/v1/agent/access-key/check", headers={"Authorization": f"Bearer {bearer}"})
         assert bad.status_code == 401 and bad.json()["error"]["code"] == "bad_access_key"
     assert client.get("/api/v1/agent/access-key/check").status_code == 401
+
+
+def test_a_cpod_says_whether_it_runs_fine_tunes_at_each_start(client: TestClient) -> None:
+    headers, key = provider(client)
+    local = register_cpod(client, key, "cluster-local")  # an agent from before the field: local runs them
+    kube = register_cpod(client, key, "cluster-kube", runtime="kubernetes")
+    shown = {c["id"]: c["fine_tunes"] for c in client.get("/api/v1/cpods", headers=headers).json()}
+    assert shown == {local["cpod_id"]: True, kube["cpod_id"]: False}
+    # The Kubernetes agent restarts with a trainer image and says so in its report.
+    reply = client.put(
+        "/api/v1/agent/isolation",
+        headers={"Authorization": f"Bearer {kube['cpod_token']}"},
+        json={"isolation": "isolated", "fine_tunes": True},
+    )
+    assert reply.status_code == 200
+    assert client.get(f"/api/v1/cpods/{kube['cpod_id']}", headers=headers).json()["fine_tunes"] is True
+    events = client.get(f"/api/v1/cpods/{kube['cpod_id']}/events", headers=headers).json()
+    assert any(e["kind"] == "fine-tunes" and e["detail"] == "runs fine-tunes" for e in events)
+    bad = client.put(
+        "/api/v1/agent/isolation",
+        headers={"Authorization": f"Bearer {kube['cpod_token']}"},
+        json={"isolation": "isolated", "fine_tunes": "yes"},
+    )
+    assert bad.status_code == 422 and "fine_tunes" in bad.text
+    assert client.get(f"/api/v1/cpods/{kube['cpod_id']}", headers=headers).json()["fine_tunes"] is True

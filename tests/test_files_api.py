@@ -18,7 +18,7 @@ from sxwl.cloud.errors import AppError
 from sxwl.cloud.services import datasets
 from tests.conftest import MakeSettings, login, register
 from tests.support.seaweedfs import SeaweedFS
-from tests.test_s3_artifacts import s3_settings, seaweed  # noqa: F401 - makes `seaweed` a fixture here
+from tests.test_s3_artifacts import s3_settings
 
 CHAT = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]}
 PROMPT = {"prompt": "2+2=", "completion": "4"}
@@ -247,7 +247,7 @@ def test_only_a_processed_file_of_ones_own_is_usable_for_a_fine_tune(client: Tes
 
 def test_with_the_s3_store_files_and_models_download_by_redirect(
     make_settings: MakeSettings,
-    seaweed: SeaweedFS,  # noqa: F811 - the fixture imported above
+    seaweed: SeaweedFS,
     tmp_path: Path,
 ) -> None:
     from tests.test_models_api import archive, model_files

@@ -9,7 +9,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import tarfile
 import time
 from collections.abc import Iterator
@@ -20,6 +19,7 @@ import httpx
 import pytest
 
 from tests.support.agent import eventually
+from tests.support.tiny_finetune import build_model, register_public_model, run_python, write_dataset
 from tests.test_jobs_process import World
 
 pytest.importorskip("peft", reason="fine-tunes need the training extra: pip install -e '.[train]'")
@@ -29,47 +29,20 @@ MODEL = "tiny-llama"
 TERMINAL = ("succeeded", "failed", "cancelled")
 
 
-def _python(code: str, *args: str) -> str:
-    """Runs ``code`` in a fresh interpreter: torch stays out of the test process."""
-    done = subprocess.run(
-        [sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=300, check=False
-    )
-    assert done.returncode == 0, done.stderr
-    return done.stdout
-
-
 class FineTuneWorld(World):
     """A cloud with the tiny model registered as public and a user with an `openai` client."""
 
     def __init__(self, root: Path, db_url: str) -> None:
         super().__init__(root, db_url)
-        model_dir = root / MODEL
-        _python(
-            "import sys; from sxwl.trainer import tiny; tiny.build(__import__('pathlib').Path(sys.argv[1]))",
-            str(model_dir),
+        self.model_dir = build_model(root / MODEL)
+        register_public_model(
+            MODEL, self.model_dir, {**os.environ, **self.env, "SXWL_DATA_DIR": str(root / "cloud")}
         )
-        self.model_dir = model_dir
-        env = {**os.environ, **self.env}
-        registered = subprocess.run(
-            [sys.executable, "-m", "sxwl.cli", "admin", "register-model", "--name", MODEL, str(model_dir)],
-            env={**env, "SXWL_DATA_DIR": str(root / "cloud")},
-            capture_output=True,
-            text=True,
-            timeout=120,
-            check=False,
-        )
-        assert registered.returncode == 0, registered.stderr
         token = self.user["Authorization"].removeprefix("Bearer ")
         self.api = openai.OpenAI(api_key=token, base_url=f"{self.url}/v1", max_retries=0)
 
     def dataset(self, examples: int) -> str:
-        path = self.root / "train.jsonl"
-        _python(
-            "import sys, pathlib; from sxwl.trainer import tiny; "
-            "tiny.sample_dataset(pathlib.Path(sys.argv[1]), n=int(sys.argv[2]))",
-            str(path),
-            str(examples),
-        )
+        path = write_dataset(self.root / "train.jsonl", examples)
         with path.open("rb") as handle:
             file = self.api.files.create(file=handle, purpose="fine-tune")
         assert file.status == "processed", file
@@ -131,7 +104,7 @@ def test_a_fine_tune_from_the_openai_client_to_an_adapter_that_loads(ftworld: Fi
     adapter.write_bytes(got.content)
     with tarfile.open(adapter) as tar:
         tar.extractall(ftworld.root / "adapter", filter="data")
-    loaded = _python(
+    loaded = run_python(
         "import sys, torch\n"
         "from peft import PeftModel\n"
         "from transformers import AutoModelForCausalLM, AutoTokenizer\n"

@@ -34,7 +34,9 @@ INPUTS = ((MODEL, 16 * GiB), (DATA, 1 * GiB))  # a base model and a training fil
 def pod(cpod_id: str, *free: int, cached: tuple[str, ...] = (), runtime: str = "local") -> CPodCapacity:
     """A CPod of 8-GPU A100 nodes with these free GPUs each."""
     nodes = [NodeCapacity(f"{cpod_id}-n{i}", PRODUCT, 8, f) for i, f in enumerate(free)]
-    return CPodCapacity(cpod_id, nodes, runtime=runtime, cached=frozenset(cached))
+    return CPodCapacity(
+        cpod_id, nodes, runtime=runtime, takes_fine_tunes=runtime == "local", cached=frozenset(cached)
+    )
 
 
 def fine_tune(gpus: int = 2, nodes: int = 1, **extra: Any) -> Need:
@@ -97,7 +99,11 @@ def test_the_other_rules_still_hold_for_holders() -> None:
             pod("c1", 8),
             pod("c2", 8, cached=(MODEL, DATA)),
             CPodCapacity(
-                "c3", [NodeCapacity("h", H100, 8, 8)], runtime="local", cached=frozenset({MODEL, DATA})
+                "c3",
+                [NodeCapacity("h", H100, 8, 8)],
+                runtime="local",
+                takes_fine_tunes=True,
+                cached=frozenset({MODEL, DATA}),
             ),
         ]
     )
@@ -121,7 +127,7 @@ def test_a_replaced_cpod_is_held_by_what_it_holds_now() -> None:
     assert pool.place(fine_tune()) == Placement("c1", ["c1-n0"])
 
 
-def test_inputs_and_fine_tunes_go_only_to_local_cpods() -> None:
+def test_inputs_and_fine_tunes_go_only_to_cpods_that_take_them() -> None:
     kube = pod("k1", 2, cached=(MODEL, DATA), runtime="kubernetes")
     pool = Pool([kube, pod("l1", 8)])
     assert pool.place(fine_tune()) == Placement("l1", ["l1-n0"])
@@ -132,9 +138,12 @@ def test_inputs_and_fine_tunes_go_only_to_local_cpods() -> None:
     for need in (fine_tune(), Need(PRODUCT, 2, 1, trainer=True), fine_tune(cpod_id="k1")):
         assert only_kube.place(need) is None
     assert why_not(fine_tune(), [kube], None) == (
-        f"the CPods that offer 2 × {PRODUCT} run jobs on Kubernetes, which cannot fetch a job's "
-        "inputs or run a fine-tune yet: wait for a CPod with the local runtime"
+        f"the CPods that offer 2 × {PRODUCT} do not run fine-tunes (a Kubernetes CPod needs its "
+        "agent's --trainer-image): wait for one that does"
     )
+    # A Kubernetes CPod whose agent has a trainer image takes them, and its cache counts as any.
+    trainer = CPodCapacity("k2", kube.nodes, runtime="kubernetes", takes_fine_tunes=True)
+    assert Pool([trainer]).place(fine_tune()) == Placement("k2", ["k1-n0"])
 
 
 # ---- scheduling passes against a database -------------------------------------------------------------
@@ -177,6 +186,7 @@ def add_cpod(ctx: CloudContext, cpod_id: str, free: int, runtime: str = "local",
                 heartbeat_interval_s=30.0,
                 nodes=[gpu_node("w1", count=8, used=8 - free)],
                 reported_jobs=[],
+                takes_fine_tunes=runtime == "local",
                 **values,
             )
         )
@@ -275,17 +285,19 @@ def test_fair_share_comes_before_locality(ctx: CloudContext) -> None:
     assert placed["a-tune"] == (None, f"waiting for 4 × {PRODUCT} to become free")
 
 
-def test_a_fine_tune_is_never_placed_on_a_kubernetes_cpod(ctx: CloudContext) -> None:
-    add_cpod(ctx, KUBE, 2, runtime="kubernetes", cached_inputs=[{"sha256": MODEL, "size": 16 * GiB}])
+def test_a_fine_tune_waits_for_a_cpod_that_takes_fine_tunes(ctx: CloudContext) -> None:
+    add_cpod(ctx, KUBE, 4, runtime="kubernetes", cached_inputs=[{"sha256": MODEL, "size": 16 * GiB}])
     submit(ctx, "tune", ALICE, 2, fine_tune=True)
     submit(ctx, "plain", ALICE, 1)
     scheduler.schedule_once(ctx)
     placed = where(ctx)
     assert placed["plain"][0] == KUBE
-    assert placed["tune"][0] is None and "Kubernetes" in str(placed["tune"][1])
-    add_cpod(ctx, NEAR, 8)
+    assert placed["tune"][0] is None and "--trainer-image" in str(placed["tune"][1])
+    # Its agent restarts with a trainer image and says so: the next pass sees the change.
+    with ctx.db.session() as session:
+        session.execute(update(CPod).where(CPod.id == KUBE).values(takes_fine_tunes=True))
     scheduler.schedule_once(ctx)
-    assert where(ctx)["tune"][0] == NEAR
+    assert where(ctx)["tune"][0] == KUBE
 
 
 # ---- the heartbeat's cache ----------------------------------------------------------------------------

@@ -10,7 +10,8 @@ import os
 import shutil
 import subprocess
 import sys
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,7 @@ from sxwl.cloud.app import create_app
 from sxwl.cloud.db.models import JobAttempt
 from sxwl.cloud.db.types import utcnow
 from sxwl.protocol import PROTOCOL_HEADER, SHA256_HEADER, paths
+from sxwl.protocol.finetune import CHECKPOINT_DIR, checkpoint_artifact
 from tests.conftest import MakeSettings
 from tests.support.served import Served
 from tests.test_cpods_api import ctx_of
@@ -77,12 +79,9 @@ def pod_dir(root: Path, token: str, files: dict[str, bytes], exit_code: int | No
     return shared
 
 
-def run_uploader(
-    root: Path, cloud: Cloud, assignment: dict[str, Any], **env: str
-) -> tuple[subprocess.CompletedProcess[str], str]:
-    """The uploader as a pod runs it, by file path, with none of the project's packages importable."""
+def uploader_env(root: Path, cloud: Cloud, assignment: dict[str, Any], **env: str) -> dict[str, str]:
     (root / "termination-log").write_text("")
-    full_env = {
+    return {
         "PATH": "/usr/bin:/bin",
         "SXWL_UPLOAD_URL": cloud.url,
         "SXWL_JOB_ID": assignment["job_id"],
@@ -92,8 +91,19 @@ def run_uploader(
         "SXWL_TERMINATION_LOG": str(root / "termination-log"),
         **env,
     }
+
+
+def run_uploader(
+    root: Path, cloud: Cloud, assignment: dict[str, Any], **env: str
+) -> tuple[subprocess.CompletedProcess[str], str]:
+    """The uploader as a pod runs it, by file path, with none of the project's packages importable."""
     done = subprocess.run(
-        [PYTHON, "-I", str(UPLOADER)], env=full_env, capture_output=True, text=True, timeout=120, check=False
+        [PYTHON, "-I", str(UPLOADER)],
+        env=uploader_env(root, cloud, assignment, **env),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
     )
     return done, (root / "termination-log").read_text()
 
@@ -138,6 +148,83 @@ def test_the_uploader_streams_every_regular_file_and_the_cloud_checks_its_sha256
     fields = [str(vars(record)) for record in caplog.records]
     assert not [f for f in fields if token in f]
     assert any("/uploads/" in f for f in fields)  # the access log was captured
+
+
+def written_by_rename(path: Path, data: bytes) -> None:
+    """As the trainer writes a checkpoint: under a dot-name beside it, then renamed."""
+    partial = path.with_name(f".{path.name}.partial")
+    partial.write_bytes(data)
+    partial.replace(path)
+
+
+def until(check: Callable[[], bool], what: str, timeout: float = 120) -> None:
+    """Polls gently, with a deadline far above the uploader's listing interval: the machine may be
+    slow and loaded, and what is checked is the order of events, not their timing."""
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.25)
+
+
+def test_checkpoints_are_uploaded_while_the_main_container_runs_and_only_once(
+    cloud: Cloud, tmp_path: Path
+) -> None:
+    assignment = cloud.running_attempt()
+    job_id = assignment["job_id"]
+    shared = pod_dir(tmp_path, assignment["upload_token"], {"log.txt": b"step 1"}, exit_code=None)
+    checkpoints = shared / "output" / CHECKPOINT_DIR
+    checkpoints.mkdir()
+    # The main container lives while the FIFO has a writer; the wrapper holds it from before the
+    # FIFO has its name (kube_wrapper.py).
+    os.mkfifo(shared / ".alive")
+    alive = os.open(shared / ".alive", os.O_RDWR)
+    (shared / ".alive").replace(shared / "alive")
+    uploader = subprocess.Popen(
+        [PYTHON, "-I", str(UPLOADER)],
+        env=uploader_env(tmp_path, cloud, assignment, NNODES="2", NODE_RANK="1"),
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        first, second = os.urandom(2 * 1024 * 1024 + 7), os.urandom(5000)
+        in_progress = checkpoints / f".{Path(checkpoint_artifact(20)).name}.partial"
+        in_progress.write_bytes(second[:1000])  # still being written while the uploader lists
+        written_by_rename(shared / "output" / checkpoint_artifact(10), first)
+        until(lambda: f"rank-1/{checkpoint_artifact(10)}" in cloud.artifacts(job_id), "the first checkpoint")
+
+        assert uploader.poll() is None and not (shared / "exit-code").exists()  # the main still runs
+        # Only the checkpoint, whole: neither the file in progress nor the other output.
+        assert cloud.artifacts(job_id) == {
+            f"rank-1/{checkpoint_artifact(10)}": (len(first), hashlib.sha256(first).hexdigest())
+        }
+
+        # The second checkpoint is finished and the main ends: whether a listing catches it first or
+        # the upload at the end, it goes once, as every other file.
+        with in_progress.open("ab") as handle:
+            handle.write(second[1000:])
+        in_progress.replace(shared / "output" / checkpoint_artifact(20))
+        (shared / "output" / "adapter.tar").write_bytes(b"adapter")
+        (shared / ".exit-code").write_text("0\n")
+        (shared / ".exit-code").replace(shared / "exit-code")
+        os.close(alive)
+        alive = -1
+        _, stderr = uploader.communicate(timeout=300)
+    finally:
+        if alive >= 0:
+            os.close(alive)
+        if uploader.poll() is None:
+            uploader.kill()
+            uploader.wait(30)
+    assert uploader.returncode == 0, stderr
+    message = (tmp_path / "termination-log").read_text()
+    sizes = len(first) + len(second) + len(b"step 1") + len(b"adapter")
+    assert message == f"ok: 4 files ({sizes} bytes) uploaded", stderr
+    assert cloud.artifacts(job_id) == {
+        f"rank-1/{checkpoint_artifact(10)}": (len(first), hashlib.sha256(first).hexdigest()),
+        f"rank-1/{checkpoint_artifact(20)}": (len(second), hashlib.sha256(second).hexdigest()),
+        "rank-1/log.txt": (6, hashlib.sha256(b"step 1").hexdigest()),
+        "rank-1/adapter.tar": (7, hashlib.sha256(b"adapter").hexdigest()),
+    }
 
 
 def test_a_file_over_the_limit_is_named_in_the_termination_message(cloud: Cloud, tmp_path: Path) -> None:
@@ -244,3 +331,24 @@ def test_the_uploader_speaks_the_protocol_it_cannot_import() -> None:
     assert pod_uploader.SHA256_HEADER == SHA256_HEADER
     filled = paths.url(paths.UPLOAD_ARTIFACT, job_id="j", attempt=2, path="a/b")
     assert pod_uploader.UPLOAD_PATH.format(job_id="j", attempt=2, path="a/b") == filled
+    assert pod_uploader.CHECKPOINT_DIR == CHECKPOINT_DIR
+
+
+def test_a_directory_swapped_for_a_link_after_the_listing_is_never_read_through(tmp_path: Path) -> None:
+    shared = tmp_path / "shared"
+    secret = tmp_path / "sxwl-upload"
+    secret.mkdir()
+    (secret / "token").write_text("sxup_secret")
+    checkpoints = shared / "output" / "checkpoints"
+    checkpoints.mkdir(parents=True)
+    (checkpoints / "token").write_text("a checkpoint")
+    ((name, path),) = pod_uploader.checkpoint_files(shared / "output")
+    assert name == "checkpoints/token"
+    # The main container swaps the listed dir for a link to where the uploader keeps its token.
+    shutil.rmtree(checkpoints)
+    checkpoints.symlink_to(secret)
+    with pytest.raises(OSError):
+        pod_uploader.sha256_of(path, shared)
+    # An ordinary file opens.
+    (shared / "output" / "log.txt").write_text("ok")
+    assert pod_uploader.sha256_of(shared / "output" / "log.txt", shared)[1] == 2

@@ -37,16 +37,6 @@ LIMIT = 4 * 1024 * 1024
 T = TypeVar("T")
 
 
-@pytest.fixture(scope="session")
-def seaweed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SeaweedFS]:
-    server = SeaweedFS(tmp_path_factory.mktemp("seaweedfs"))
-    server.start()
-    try:
-        yield server
-    finally:
-        server.stop()
-
-
 def s3_settings(make_settings: MakeSettings, seaweed: SeaweedFS, tmp_path: Path, **extra: Any) -> Settings:
     return make_settings(
         artifact_max_bytes=LIMIT,

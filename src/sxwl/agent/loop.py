@@ -167,7 +167,7 @@ class Agent(Generic[J]):
             )
         key = self.config.access_key
         request = RegisterRequest(
-            **self.config.isolation_report().model_dump(),
+            **self._how_jobs_run().model_dump(),
             cluster_uid=self.config.cluster_uid,
             name=self.config.name,
             runtime="local" if self.config.runtime == "local" else "kubernetes",
@@ -187,7 +187,7 @@ class Agent(Generic[J]):
     async def report_isolation(self, token: str) -> None:
         """Tells the cloud how jobs run here (at every start: the mode may have changed since the
         registration) and learns whose jobs a runtime without isolation may start."""
-        report = self.config.isolation_report()
+        report = self._how_jobs_run()
         try:
             reply = await self._retrying("isolation report", lambda: self.client.isolation(token, report))
         except Rejected as exc:
@@ -198,6 +198,9 @@ class Agent(Generic[J]):
             return
         if reply.accepted_owner_ids is not None:
             self.runtime.accept_owners(frozenset(reply.accepted_owner_ids))
+
+    def _how_jobs_run(self) -> IsolationReport:
+        return self.config.isolation_report().model_copy(update={"fine_tunes": self.runtime.takes_fine_tunes})
 
     def _nodes(self) -> list[Node]:
         return self.runtime.nodes_to_report(self.inventory.nodes())
@@ -267,7 +270,7 @@ class Agent(Generic[J]):
                 await start()
             saved = await self.registration()
             await self.report_isolation(saved.cpod_token)
-            # Local CPods keep fine-tunes' inputs in the state dir; Kubernetes ones take none.
+            # Local CPods keep fine-tunes' inputs in the state dir; a Kubernetes pod fetches its own.
             cache = (
                 InputCache(self.config.state_dir / "cache", self.client, self.config.input_cache_max_bytes)
                 if self.config.runtime == "local"

@@ -137,6 +137,15 @@ def run(
             "the chart gives the agent's own). Without it, jobs on this CPod have no artifacts.",
         ),
     ] = None,
+    trainer_image: Annotated[
+        str | None,
+        typer.Option(
+            envvar="SXWL_TRAINER_IMAGE",
+            help="kubernetes runtime: the image that runs fine-tunes (the project's trainer image, "
+            "deploy/docker/trainer.Dockerfile); needs --uploader-image. Without it this CPod takes no "
+            "fine-tunes.",
+        ),
+    ] = None,
     upload_ca_file: Annotated[
         Path | None,
         typer.Option(
@@ -178,6 +187,13 @@ def run(
     if runtime not in ("local", "kubernetes"):
         typer.echo(f"error: --runtime {runtime}: choose local or kubernetes", err=True)
         raise typer.Exit(2)
+    if trainer_image and not uploader_image:
+        typer.echo(
+            "error: --trainer-image needs --uploader-image: a fine-tune's pod fetches its inputs and "
+            "hands back its adapter through the uploader's image and token",
+            err=True,
+        )
+        raise typer.Exit(2)
     # Resolved once, at start: every path the agent hands a job (its work and output dirs) or keeps
     # (the token, job records) derives from it and must not depend on a working directory.
     state_dir = state_dir.resolve()
@@ -185,6 +201,7 @@ def run(
     pods = PodSettings(
         upload_url=(upload_url or api_url).rstrip("/"),
         uploader_image=uploader_image,
+        trainer_image=trainer_image,
         upload_ca=_read_ca(upload_ca_file),
         node_selector=_flag_values(pod_node_selector or [], "--pod-node-selector", node_selector),
         tolerations=_flag_values(pod_toleration or [], "--pod-toleration", toleration),
@@ -332,6 +349,7 @@ def job_runtime(api: ApiClient, config: AgentConfig, pods: PodSettings | None = 
         node_selector=dict(pods.node_selector),
         tolerations=list(pods.tolerations),
         memory_limit=pods.memory_limit,
+        trainer_image=pods.trainer_image,
     )
 
 

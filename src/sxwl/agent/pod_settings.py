@@ -1,5 +1,6 @@
 """What the ``kubernetes`` runtime adds to every tenant pod, from the agent's flags: where the pods'
-uploaders send artifacts, and the provider's node selector and tolerations (docs/agent.md)."""
+uploaders send artifacts, the image that runs fine-tunes, and the provider's node selector and
+tolerations (docs/agent.md)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ _VALUE = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)?$")
 class PodSettings:
     upload_url: str
     uploader_image: str | None = None
+    trainer_image: str | None = None  # runs fine-tunes (kube_inputs.py); None: the CPod takes none
     upload_ca: bytes | None = None
     node_selector: tuple[tuple[str, str], ...] = field(default_factory=tuple)
     tolerations: tuple[dict[str, str], ...] = field(default_factory=tuple)

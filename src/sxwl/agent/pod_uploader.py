@@ -1,6 +1,9 @@
-"""The ``uploader`` container of a Kubernetes tenant pod: waits until the main container's command has
-ended, then puts every regular file of its output dir to the cloud as the attempt's artifacts, with
-the attempt's upload token (docs/agent.md, "Artifacts from pods").
+"""The ``uploader`` container of a Kubernetes tenant pod: puts the files of the main container's
+output dir to the cloud as the attempt's artifacts, with the attempt's upload token (docs/agent.md,
+"Artifacts from pods"). While the main container's command runs it lists ``checkpoints/`` of the
+output dir every few seconds and uploads each new checkpoint there, so that a requeued attempt can
+resume from the last one even when this pod is lost; once the command has ended it uploads everything
+else. Every file goes once.
 
 It must run on any image with a ``python3``, so it is the standard library only and imports nothing
 of sxwl (``python3 /path/pod_uploader.py`` works as well as ``python3 -m sxwl.agent.pod_uploader``).
@@ -24,7 +27,7 @@ import stat
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
@@ -41,11 +44,14 @@ DONE_PATH = TARGET_PATH + "/done"
 EXIT_CODE_FILE = "exit-code"
 ALIVE_FIFO = "alive"
 OUTPUT_DIR = "output"
+# The trainer's checkpoints, each renamed in complete (sxwl.protocol.finetune's, tests check it).
+CHECKPOINT_DIR = "checkpoints"
 
 CHUNK = 1024 * 1024
 TRIES = 5
 TIMEOUT_S = 60.0
 POLL_S = 0.5
+LISTING_S = 5.0  # a listing is cheap and checkpoints come minutes apart: seconds late is soon enough
 MESSAGE_LIMIT = 3000  # the kubelet keeps 4096 bytes of a termination message
 
 
@@ -55,6 +61,11 @@ class Fatal(Exception):
 
 class Refused(Exception):
     """The cloud refused one file; the others may still go."""
+
+
+class Unreachable(Refused):
+    """Every try of one file met a connection error or a 5xx: while the main container runs, the next
+    listing tries it again; at the end it is an error like a refusal."""
 
 
 @dataclass(frozen=True)
@@ -103,11 +114,12 @@ class Summary:
 TERMINATING = threading.Event()
 
 
-def wait_for_main(shared: Path) -> int | None:
+def wait_for_main(shared: Path, meanwhile: Callable[[], object] | None = None) -> int | None:
     """The main command's exit status once its wrapper wrote it; None when the main container ended
     without one (killed as a whole, by the OOM killer say): the wrapper holds the write end of a FIFO
     for its whole life, so an end of file says that no process of it is left. Also None at once when
-    the pod is deleted before the wrapper ever ran (its container could not start)."""
+    the pod is deleted before the wrapper ever ran (its container could not start). ``meanwhile`` is
+    called between two looks (it uploads the checkpoints)."""
     fifo: int | None = None
     code_file = shared / EXIT_CODE_FILE
     try:
@@ -124,6 +136,8 @@ def wait_for_main(shared: Path) -> int | None:
                         return _read_code(code_file) if code_file.exists() else None
                 except BlockingIOError:
                     pass  # a writer holds it: the main container lives
+            if meanwhile is not None:
+                meanwhile()
             time.sleep(POLL_S)
     finally:
         if fifo is not None:
@@ -148,17 +162,48 @@ def output_files(root: Path) -> Iterator[tuple[str, Path]]:
                 yield path.relative_to(root).as_posix(), path
 
 
-def sha256_of(path: Path) -> tuple[str, int]:
+def checkpoint_files(output: Path) -> list[tuple[str, Path]]:
+    """(relative POSIX path, file) for the complete checkpoints in ``output``'s checkpoint dir: its
+    regular files but the dot-names, which are still being written. Nothing is read through a link,
+    neither the dir's nor a file's; a dir not made yet has none."""
+    directory = output / CHECKPOINT_DIR
+    try:
+        if output.is_symlink() or directory.is_symlink():
+            return []
+        with os.scandir(directory) as entries:
+            return sorted(
+                (f"{CHECKPOINT_DIR}/{entry.name}", Path(entry.path))
+                for entry in entries
+                if not entry.name.startswith(".") and entry.is_file(follow_symlinks=False)
+            )
+    except OSError:
+        return []
+
+
+def sha256_of(path: Path, root: Path) -> tuple[str, int]:
     digest, size = hashlib.sha256(), 0
-    with _open_no_follow(path) as handle:
+    with _open_no_follow(path, root) as handle:
         while chunk := handle.read(CHUNK):
             digest.update(chunk)
             size += len(chunk)
     return digest.hexdigest(), size
 
 
-def _open_no_follow(path: Path) -> BinaryIO:
-    return os.fdopen(os.open(path, os.O_RDONLY | os.O_NOFOLLOW), "rb")
+def _open_no_follow(path: Path, root: Path) -> BinaryIO:
+    """Opens ``path``, a file under ``root``, through no link at all: each directory below ``root``
+    is opened with O_NOFOLLOW from the one before. O_NOFOLLOW on the whole path guards only its last
+    part, and the main container could swap a directory for a link between a listing and this open,
+    making the uploader read a file of its own mount namespace (the token's, say) as an artifact."""
+    *dirs, name = path.relative_to(root).parts
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        for part in dirs:
+            below = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
+            os.close(fd)
+            fd = below
+        return os.fdopen(os.open(name, os.O_RDONLY | os.O_NOFOLLOW, dir_fd=fd), "rb")
+    finally:
+        os.close(fd)
 
 
 class Uploader:
@@ -192,7 +237,8 @@ class Uploader:
         """Uploads one file; returns its size. Retries connection errors and 5xx with backoff."""
         delay = 1.0
         for attempt in range(1, TRIES + 1):
-            digest, size = sha256_of(path)  # again on every try: a retry after a mismatch rehashes
+            # Again on every try: a retry after a mismatch rehashes.
+            digest, size = sha256_of(path, self.config.shared)
             try:
                 status, body = self._upload(name, path, digest, size)
             except (OSError, http.client.HTTPException) as exc:
@@ -202,7 +248,7 @@ class Uploader:
             if status and status < 500 and status != 429:
                 raise _refusal(name, status, body)
             if attempt == TRIES:
-                raise Refused(f"artifact {name} not uploaded: {body.get('message', status)}")
+                raise Unreachable(f"artifact {name} not uploaded: {body.get('message', status)}")
             time.sleep(delay)
             delay *= 2
         raise AssertionError("unreachable")
@@ -264,7 +310,7 @@ class Uploader:
                 if isinstance(body, bytes):
                     connection.send(body)
                 else:
-                    with _open_no_follow(body) as handle:
+                    with _open_no_follow(body, self.config.shared) as handle:
                         while chunk := handle.read(CHUNK):
                             connection.send(chunk)
             except (BrokenPipeError, ConnectionResetError):
@@ -300,22 +346,57 @@ def _refusal(name: str, status: int, error: dict[str, object]) -> Exception:
     return Refused(f"artifact {name} refused: {message}")
 
 
-def upload_all(config: Config) -> Summary:
-    summary = Summary()
-    uploader = Uploader(config)
-    prefix = f"rank-{config.rank}/" if config.nodes > 1 else ""
-    for name, path in output_files(config.shared / OUTPUT_DIR):
+class Artifacts:
+    """What one uploader sends: the checkpoints while the main container runs, then the rest of the
+    output. A file is sent once, and the summary counts every file sent, early or at the end."""
+
+    def __init__(self, config: Config) -> None:
+        self.uploader = Uploader(config)
+        self.output = config.shared / OUTPUT_DIR
+        self.prefix = f"rank-{config.rank}/" if config.nodes > 1 else ""
+        self.summary = Summary()
+        self.settled: set[str] = set()  # sent, refused or gone: never tried again
+        self.stopped = False  # a Fatal refusal: the cloud takes nothing more of this attempt
+        self.next_listing = 0.0
+
+    def checkpoints(self) -> None:
+        """Sends the checkpoints that appeared since the last listing, at most one listing each
+        ``LISTING_S``."""
+        if self.stopped or time.monotonic() < self.next_listing:
+            return
+        self.next_listing = time.monotonic() + LISTING_S
+        for name, path in checkpoint_files(self.output):
+            if name not in self.settled and not self.stopped:
+                self._send(name, path, final=False)
+
+    def rest(self) -> Summary:
+        """Sends every file not sent yet, once the main container has ended."""
+        for name, path in output_files(self.output):
+            if self.stopped:
+                break
+            if name not in self.settled:
+                self._send(name, path, final=True)
+        return self.summary
+
+    def _send(self, name: str, path: Path, final: bool) -> None:
+        artifact = self.prefix + name
         try:
-            summary.bytes += uploader.put(prefix + name, path)
-            summary.uploaded += 1
+            self.summary.bytes += self.uploader.put(artifact, path)
+            self.summary.uploaded += 1
+        except Unreachable as exc:
+            if not final:
+                return  # the cloud may be back by the next listing, or by the end
+            self.summary.errors.append(str(exc))
         except Refused as exc:
-            summary.errors.append(str(exc))
+            self.summary.errors.append(str(exc))
         except Fatal as exc:
-            summary.errors.append(str(exc))
-            break
+            self.summary.errors.append(str(exc))
+            self.stopped = True
         except OSError as exc:  # the file went away or cannot be read
-            summary.errors.append(f"artifact {prefix + name} not uploaded: {exc.strerror or exc}")
-    return summary
+            if not final and not isinstance(exc, FileNotFoundError):
+                return  # unreadable to this user until the wrapper opens the output up at the end
+            self.summary.errors.append(f"artifact {artifact} not uploaded: {exc.strerror or exc}")
+        self.settled.add(name)
 
 
 def _terminating(signum: int, frame: FrameType | None) -> None:
@@ -331,9 +412,9 @@ def main() -> int:
     log_path = Path(env.get("SXWL_TERMINATION_LOG", "/dev/termination-log"))
     try:
         config = Config.from_env(env)
-        code = wait_for_main(config.shared)
-        summary = upload_all(config)
-        line = summary.line()
+        artifacts = Artifacts(config)
+        code = wait_for_main(config.shared, artifacts.checkpoints)
+        line = artifacts.rest().line()
         if code is None:
             line += "; the main container ended without an exit status"
     except (KeyError, ValueError, OSError) as exc:

@@ -187,9 +187,15 @@ def progress_line(progress: Progress) -> str:
     return PROGRESS_PREFIX + progress.model_dump_json(exclude_none=True)
 
 
+# What a Kubernetes CPod puts before each line of a pod's log (kube_logs.py); a fine-tune has one
+# rank, so only rank 0's lines are its progress.
+RANK_0 = "[rank 0] "
+
+
 def parse_progress(line: str) -> Progress | None:
     """The progress a log line carries, or None (an ordinary line, or a malformed one: a job's
     output never breaks the cloud)."""
+    line = line.removeprefix(RANK_0)
     if not line.startswith(PROGRESS_PREFIX):
         return None
     try:

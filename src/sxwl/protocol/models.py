@@ -76,6 +76,9 @@ class IsolationReport(WireIn):
     isolation: Isolation = "isolated"  # what agents before this field ran as, as far as the cloud knew
     # Accounts (by email) besides the provider whose jobs a CPod without isolation takes.
     trusted_accounts: list[str] = Field(default_factory=list, max_length=100)
+    # Whether the agent fetches fine-tunes' inputs and runs the trainer; None (agents before this
+    # field): the local runtime does, Kubernetes does not.
+    fine_tunes: bool | None = None
 
     @field_validator("trusted_accounts")
     @classmethod

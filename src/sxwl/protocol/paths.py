@@ -29,6 +29,9 @@ UPLOAD_TARGET = "/jobs/{job_id}/upload-targets"
 UPLOAD_DONE = "/jobs/{job_id}/upload-targets/done"
 POD_UPLOAD_TARGET = "/upload-targets/{job_id}/{attempt}"
 POD_UPLOAD_DONE = "/upload-targets/{job_id}/{attempt}/done"
+# One of an attempt's inputs fetched by its Kubernetes pod (the init container, sxwl.agent.pod_fetcher)
+# with the attempt's upload token, not the CPod token.
+POD_INPUT = "/pod-inputs/{job_id}/{attempt}/{name}"
 
 _CONVERTER = re.compile(r"\{(\w+):\w+\}")
 

@@ -63,6 +63,11 @@ class Runtime(Protocol[J]):
     @property
     def jobs(self) -> Mapping[str, J]: ...
 
+    @property
+    def takes_fine_tunes(self) -> bool:
+        """Whether it runs assignments with inputs and the trainer (the cloud sends them only then)."""
+        ...
+
     def knows(self, job_id: str, attempt: int) -> bool:
         """This attempt was started here before (perhaps before a restart): never start it twice."""
         ...

@@ -8,14 +8,16 @@ Tenant pods get no service-account token, no privilege escalation, no host names
 memory-backed ``/dev/shm``, ``nvidia.com/gpu`` limits and a nodeSelector on the GPU product
 (invariant 7, docs/architecture.md), plus the provider's node selector and tolerations. The ranks of a
 multi-node job go to different nodes (a required podAntiAffinity on the host name). With an upload
-config the command runs under kube_wrapper.py's wrapper beside the ``uploader`` of kube_uploads.py."""
+config the command runs under kube_wrapper.py's wrapper beside the ``uploader`` of kube_uploads.py; a
+fine-tune's pod also fetches its inputs in an init container and runs the trainer image
+(kube_inputs.py)."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import Any
 
-from sxwl.agent.runtimes import kube_uploads
+from sxwl.agent.runtimes import kube_inputs, kube_uploads
 from sxwl.agent.runtimes.kube_objects import (
     ATTEMPT,
     COMPLETION_INDEX,
@@ -70,17 +72,27 @@ def _env(job: KubeJob, assignment: Assignment, master_port: int) -> list[dict[st
 
 
 def _container(
-    job: KubeJob, assignment: Assignment, master_port: int, uploads: bool, memory_limit: str | None
+    job: KubeJob,
+    assignment: Assignment,
+    master_port: int,
+    uploads: bool,
+    memory_limit: str | None,
+    trainer_image: str | None,
 ) -> dict[str, Any]:
     container: dict[str, Any] = {
         "name": CONTAINER,
-        "image": assignment.image,
+        "image": trainer_image if assignment.trainer is not None else assignment.image,
         "env": _env(job, assignment, master_port),
         "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}],  # noqa: S108 - the pod's shm,
         "securityContext": {"allowPrivilegeEscalation": False, "privileged": False},
     }
+    if assignment.inputs:
+        container["volumeMounts"].append(kube_inputs.MAIN_MOUNT)
+    if assignment.trainer is not None:
+        container["env"].extend({"name": k, "value": v} for k, v in kube_inputs.TRAINER_ENV.items())
     if uploads:
-        container["command"] = wrapped(assignment.command)
+        command = kube_inputs.trainer_command() if assignment.trainer is not None else assignment.command
+        container["command"] = wrapped(command)
         container["env"].append(kube_uploads.MAIN_ENV)
         container["volumeMounts"].append(kube_uploads.MAIN_MOUNT)
     elif isinstance(assignment.command, str):
@@ -111,9 +123,16 @@ def job_manifest(
     tolerations: list[dict[str, str]] | None = None,
     uploads: UploadConfig | None = None,
     memory_limit: str | None = None,
+    trainer_image: str | None = None,
 ) -> dict[str, Any]:
     """The Job; with ``uploads`` (the agent has an upload URL and the assignment a token) its pods
-    also carry the uploader, the shared volume and the token's Secret (kube_uploads.py)."""
+    also carry the uploader, the shared volume and the token's Secret (kube_uploads.py). An
+    assignment with inputs needs ``uploads`` (its fetcher holds the token), and one that runs the
+    trainer also ``trainer_image``: the runtime refuses it before this."""
+    if (assignment.inputs or assignment.trainer is not None) and uploads is None:
+        raise ValueError("a fine-tune's pod fetches its inputs with the upload token: uploads are needed")
+    if assignment.trainer is not None and not trainer_image:
+        raise ValueError("a fine-tune runs the trainer image: trainer_image is needed")
     multi = job.nodes > 1
     pod_security: dict[str, Any] = {"seccompProfile": {"type": "RuntimeDefault"}}
     if run_as_non_root:
@@ -127,12 +146,17 @@ def job_manifest(
         "hostIPC": False,
         "terminationGracePeriodSeconds": max(0, int(stop_grace_s)),
         "securityContext": pod_security,
-        "containers": [_container(job, assignment, master_port, uploads is not None, memory_limit)],
+        "containers": [
+            _container(job, assignment, master_port, uploads is not None, memory_limit, trainer_image)
+        ],
         "volumes": [{"name": "dshm", "emptyDir": {"medium": "Memory"}}],
     }
     if uploads is not None:
         pod_spec["containers"].append(kube_uploads.uploader_container(job, uploads, _rank_env(job)))
         pod_spec["volumes"].extend(kube_uploads.volumes(job))
+        if assignment.inputs:
+            pod_spec["initContainers"] = [kube_inputs.init_container(job, assignment, uploads)]
+            pod_spec["volumes"].append(kube_inputs.volume())
     selector = dict(node_selector or {})
     if assignment.gpu_product:
         selector[GPU_PRODUCT] = assignment.gpu_product

@@ -1,7 +1,8 @@
 """How an attempt's Job and pods read as an outcome and a reason a user understands: the exit code is
 the ``main`` container's (never the uploader's), a failed rank is named, Kubernetes' own reasons
-(OOMKilled, a container that could not start, an image that cannot be pulled) are said in words, and
-what went wrong with the artifacts is added (kube_uploads.py)."""
+(OOMKilled, a container that could not start, an image that cannot be pulled, inputs that did not
+arrive: kube_inputs.py) are said in words, and what went wrong with the artifacts is added
+(kube_uploads.py)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sxwl.agent.runtimes.base import Outcome
+from sxwl.agent.runtimes.kube_inputs import input_problem
 from sxwl.agent.runtimes.kube_objects import CONTAINER, KubeJob, rank
 from sxwl.agent.runtimes.kube_uploads import upload_problem
 from sxwl.agent.runtimes.kube_wrapper import WRAPPER_NAME
@@ -134,6 +136,7 @@ def outcome(job: KubeJob, item: Any, pods: list[Any]) -> Seen | None:
         return None
     failed = conditions["Failed"]
     code, reason = _rank_failure(job, pods)
+    reason = reason or input_problem(pods)
     deleted = len(pods) < job.nodes or any(p.metadata.deletion_timestamp for p in pods)
     if failed.reason == "DeadlineExceeded":
         code, reason = exit_code(pods), f"max runtime of {job.max_runtime_s} s exceeded"

@@ -11,6 +11,7 @@ command line."""
 from __future__ import annotations
 
 import base64
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -59,12 +60,17 @@ def secret_name(job: KubeJob) -> str:
     return f"{job.k8s_name}-upload"
 
 
-def secret_manifest(job: KubeJob, token: str, config: UploadConfig, owner_uid: str) -> dict[str, Any]:
-    """The Secret, owned by the attempt's Job, so the garbage collector deletes it with the Job."""
-    data = {
-        TOKEN_KEY: base64.b64encode(token.encode()).decode(),
-        PROGRAM_KEY: base64.b64encode(PROGRAM).decode(),
-    }
+def secret_manifest(
+    job: KubeJob,
+    token: str,
+    config: UploadConfig,
+    owner_uid: str,
+    programs: Mapping[str, bytes] | None = None,
+) -> dict[str, Any]:
+    """The Secret, owned by the attempt's Job, so the garbage collector deletes it with the Job.
+    ``programs``: more files that the token's holders run (a fine-tune's fetcher, kube_inputs.py)."""
+    files = {TOKEN_KEY: token.encode(), PROGRAM_KEY: PROGRAM, **(programs or {})}
+    data = {key: base64.b64encode(value).decode() for key, value in files.items()}
     if config.ca_pem is not None:
         data[CA_KEY] = base64.b64encode(config.ca_pem).decode()
     owner = {"apiVersion": "batch/v1", "kind": "Job", "name": job.k8s_name, "uid": owner_uid}

@@ -10,7 +10,8 @@ kube_logs.py.
   cancel delete the Job with foreground propagation.
 - Artifacts leave each pod through its own ``uploader`` container (kube_uploads.py), with a token of
   the attempt's in a Secret the Job owns; the agent never reads pod files (``output_dir`` is None),
-  and an attempt ends only once its pods (uploaders included) have finished.
+  and an attempt ends only once its pods (uploaders included) have finished. A fine-tune's pod
+  fetches its inputs with the same token and runs the trainer image (kube_inputs.py).
 
 All I/O happens in ``refresh`` (one list of Jobs and one of Pods per pass, cluster-wide, filtered by
 label); the other methods only change local state."""
@@ -31,6 +32,7 @@ from kubernetes_asyncio.client.exceptions import ApiException
 
 from sxwl.agent.runtimes.base import RECORD_FILE, AttemptDirs, Outcome
 from sxwl.agent.runtimes.kube_follow import LogFollowers
+from sxwl.agent.runtimes.kube_inputs import FETCHER, FETCHER_KEY, fine_tune_refusal
 from sxwl.agent.runtimes.kube_logs import collect_logs, truncate_spool
 from sxwl.agent.runtimes.kube_manifests import job_manifest, service_manifest
 from sxwl.agent.runtimes.kube_objects import (
@@ -72,6 +74,7 @@ class KubernetesRuntime(AttemptDirs[KubeJob]):
         node_selector: Mapping[str, str] | None = None,
         tolerations: list[dict[str, str]] | None = None,
         memory_limit: str | None = None,
+        trainer_image: str | None = None,
     ) -> None:
         self.api = api_client
         self.batch = client.BatchV1Api(api_client)
@@ -88,6 +91,7 @@ class KubernetesRuntime(AttemptDirs[KubeJob]):
         self.node_selector = dict(node_selector or {})
         self.tolerations = list(tolerations or [])
         self.memory_limit = memory_limit
+        self.trainer_image = trainer_image
         base = state_dir if state_dir is not None else Path(tempfile.mkdtemp(prefix="sxwl-k8s-"))
         super().__init__(base / "k8s-jobs")
         self.jobs: dict[str, KubeJob] = {}
@@ -96,6 +100,11 @@ class KubernetesRuntime(AttemptDirs[KubeJob]):
         self._adopted = False
         self._garbage: dict[str, KubeJob] = {}  # reported attempts whose Job is still to delete
         self._unschedulable_since: dict[str, float] = {}  # pod uid -> first seen unschedulable
+
+    @property
+    def takes_fine_tunes(self) -> bool:
+        """A fine-tune's pod fetches its inputs with the upload token and runs the trainer image."""
+        return self.uploads is not None and self.trainer_image is not None
 
     # ---- state on disk ---------------------------------------------------------------------------
 
@@ -143,9 +152,10 @@ class KubernetesRuntime(AttemptDirs[KubeJob]):
         key = f"{assignment.job_id}:{assignment.attempt}"
         if key in self.jobs:
             return self.jobs[key]
-        if assignment.inputs or assignment.trainer is not None:  # pods would need them in a volume
-            raise RuntimeError("fine-tunes run on local CPods in this release")
-        if not assignment.image:
+        problem = fine_tune_refusal(assignment, self.takes_fine_tunes)
+        if problem is not None:
+            raise RuntimeError(problem)
+        if not assignment.image and assignment.trainer is None:
             raise RuntimeError(
                 "the job has no container image; a Kubernetes CPod runs every job as a container"
             )
@@ -316,7 +326,9 @@ class KubernetesRuntime(AttemptDirs[KubeJob]):
                 node_selector=self.node_selector,
                 tolerations=self.tolerations,
                 memory_limit=self.memory_limit,
-                uploads=self.uploads if self._uploads_for(assignment) else None,
+                # Pods upload their artifacts when the agent has an upload URL and the cloud sent a token.
+                uploads=self.uploads if assignment.upload_token is not None else None,
+                trainer_image=self.trainer_image,
             )
             create = self.batch.create_namespaced_job
             created = await create_ignoring_conflict(create, job.namespace, manifest)
@@ -338,16 +350,15 @@ class KubernetesRuntime(AttemptDirs[KubeJob]):
             job.attempt,
         )
 
-    def _uploads_for(self, assignment: Assignment) -> bool:
-        """Pods upload their artifacts when the agent has an upload URL and the cloud sent a token."""
-        return self.uploads is not None and assignment.upload_token is not None
-
     async def _make_secret(self, job: KubeJob, item: Any) -> None:
         """The upload token's Secret, owned by the Job (made first, for its uid), so it goes with it;
         the pods' volume waits for it. Then the token is dropped from the record on disk."""
         assignment = Assignment.model_validate(job.spec) if job.spec is not None else None
         if assignment is not None and self.uploads is not None and assignment.upload_token is not None:
-            manifest = secret_manifest(job, assignment.upload_token, self.uploads, item.metadata.uid)
+            programs = {FETCHER_KEY: FETCHER} if assignment.inputs else None
+            manifest = secret_manifest(
+                job, assignment.upload_token, self.uploads, item.metadata.uid, programs
+            )
             try:
                 await create_ignoring_conflict(self.core.create_namespaced_secret, job.namespace, manifest)
             except ApiException as exc:

@@ -95,6 +95,8 @@ NOT_ISOLATED = (
 
 
 class LocalRuntime(AttemptDirs[LocalJob]):
+    takes_fine_tunes = True  # the agent's cache fetches the inputs; the agent's own trainer runs
+
     def __init__(
         self,
         state_dir: Path,

@@ -25,6 +25,7 @@ def cpod_out(cpod: CPod, owner_email: str) -> CPodOut:
         revoked=cpod.revoked_at is not None,
         runtime=cpod.runtime,
         isolation=cpod.isolation,
+        fine_tunes=cpod.takes_fine_tunes,
         agent_version=cpod.agent_version,
         created_at=cpod.created_at,
         last_heartbeat_at=cpod.last_heartbeat_at,

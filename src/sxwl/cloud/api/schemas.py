@@ -98,6 +98,8 @@ class CPodOut(BaseModel):
     runtime: str
     # "none": its jobs run without isolation, so it takes only its provider's and trusted accounts' jobs.
     isolation: Isolation
+    # Whether it runs fine-tunes: the local runtime, a Kubernetes one whose agent has a trainer image.
+    fine_tunes: bool
     agent_version: str
     created_at: datetime
     last_heartbeat_at: datetime | None

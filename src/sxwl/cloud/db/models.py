@@ -10,6 +10,7 @@ from typing import Any
 from sqlalchemy import (
     JSON,
     BigInteger,
+    Boolean,
     Enum,
     Float,
     ForeignKey,
@@ -18,6 +19,7 @@ from sqlalchemy import (
     LargeBinary,
     String,
     UniqueConstraint,
+    false,
     text,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
@@ -153,6 +155,9 @@ class CPod(Base):
     offered_until: Mapped[datetime | None] = mapped_column(UTCDateTime())
     # The inputs the agent last reported holding in its cache: [{sha256, size}] (docs/finetune.md).
     cached_inputs: Mapped[list[dict[str, Any]]] = mapped_column(JSON, server_default=text("'[]'"))
+    # Whether its agent fetches a fine-tune's inputs and runs the trainer (the local runtime; a
+    # Kubernetes one with a trainer image), as it said at its last start.
+    takes_fine_tunes: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
     # Set by triggers on every write of a column the scheduler reads (services/capacity_marks.py),
     # never by the code: a scheduling pass reads only the CPods marked since its last one.
     capacity_mark: Mapped[int] = mapped_column(BigInteger, server_default=text("0"), index=True)

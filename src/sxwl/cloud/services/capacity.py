@@ -50,6 +50,7 @@ class Hold:
 @dataclass(frozen=True)
 class _Snapshot:
     runtime: str
+    takes_fine_tunes: bool
     takes_only: frozenset[str] | None  # the owners whose jobs it may run (CPod.takes_only)
     nodes: list[dict[str, Any]]
     reported: frozenset[str]  # "<job_id>:<attempt>" the agent said it holds
@@ -111,6 +112,7 @@ class CapacityCache:
             CPod.status,
             CPod.revoked_at,
             CPod.runtime,
+            CPod.takes_fine_tunes,
             CPod.isolation,
             CPod.owner_id,
             CPod.trusted_owner_ids,
@@ -127,6 +129,7 @@ class CapacityCache:
                 continue
             self._snapshots[row.id] = _Snapshot(
                 row.runtime,
+                row.takes_fine_tunes,
                 None if row.isolation == "isolated" else frozenset((row.owner_id, *row.trusted_owner_ids)),
                 row.nodes,
                 frozenset(row.reported_jobs),
@@ -170,7 +173,11 @@ class CapacityCache:
                 for name in hold.node_names:
                     unreported[name] += hold.gpus_per_node
         entry = CPodCapacity(
-            cpod_id, runtime=snapshot.runtime, takes_only=snapshot.takes_only, cached=snapshot.cached
+            cpod_id,
+            runtime=snapshot.runtime,
+            takes_fine_tunes=snapshot.takes_fine_tunes,
+            takes_only=snapshot.takes_only,
+            cached=snapshot.cached,
         )
         for node in snapshot.nodes:
             gpu = node.get("gpu") or {}

@@ -99,6 +99,7 @@ def _register(ctx: CloudContext, session: Session, owner: User, req: RegisterReq
             name=req.name or default_name(req.cluster_uid),
             cluster_uid=req.cluster_uid,
             runtime=req.runtime,
+            takes_fine_tunes=takes_fine_tunes(req, req.runtime),  # no event: "registered" says enough
             agent_version=req.agent_version,
             token_hash=token_hash(token),
             status=CPodStatus.OFFLINE,
@@ -122,9 +123,19 @@ def _register(ctx: CloudContext, session: Session, owner: User, req: RegisterReq
     return cpod, token
 
 
+def takes_fine_tunes(report: IsolationReport, runtime: str) -> bool:
+    """What the agent said, or for agents from before it said anything, what their runtime did."""
+    return report.fine_tunes if report.fine_tunes is not None else runtime == "local"
+
+
 def set_isolation(session: Session, cpod: CPod, report: IsolationReport) -> frozenset[str] | None:
-    """Records how the CPod's agent runs jobs; returns whose jobs it may run (None: anyone's). The
-    scheduler reads the columns every pass, so a change counts from the next one."""
+    """Records how the CPod's agent runs jobs (isolated or not, fine-tunes or not); returns whose
+    jobs it may run (None: anyone's). The scheduler reads the columns every pass, so a change counts
+    from the next one."""
+    fine_tunes = takes_fine_tunes(report, cpod.runtime)
+    if cpod.takes_fine_tunes != fine_tunes:
+        add_event(session, cpod.id, "fine-tunes", "runs fine-tunes" if fine_tunes else "runs no fine-tunes")
+        cpod.takes_fine_tunes = fine_tunes
     trusted: list[str] = []
     if report.isolation == "none":
         for index, email in enumerate(report.trusted_accounts):

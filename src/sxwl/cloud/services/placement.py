@@ -27,6 +27,9 @@ class CPodCapacity:
     id: str
     nodes: list[NodeCapacity] = field(default_factory=list)
     runtime: str = "kubernetes"  # "local": jobs are processes, a container image cannot be run
+    # Its agent fetches inputs and runs the trainer: the local runtime, a Kubernetes one with a
+    # trainer image.
+    takes_fine_tunes: bool = False
     # The owners whose jobs it may run (a CPod without isolation); None: anyone's.
     takes_only: frozenset[str] | None = None
     cached: frozenset[str] = frozenset()  # the sha256 of the inputs its agent keeps fetched
@@ -35,8 +38,8 @@ class CPodCapacity:
         """Why this CPod can never take ``need``'s job, whatever is free."""
         if need.image and self.runtime == "local":
             return "image"
-        if self.runtime != "local" and need.local_only:
-            return "runtime"
+        if need.fine_tune and not self.takes_fine_tunes:
+            return "fine-tune"
         if self.takes_only is not None and need.owner_id not in self.takes_only:
             return "isolation"
         return None
@@ -58,8 +61,8 @@ class Need:
     trainer: bool = False
 
     @property
-    def local_only(self) -> bool:
-        """Only the local runtime fetches inputs and runs the trainer so far (not Kubernetes)."""
+    def fine_tune(self) -> bool:
+        """Whether only a CPod that takes fine-tunes can run it: it fetches inputs or runs the trainer."""
         return self.trainer or bool(self.inputs)
 
     def describe(self) -> str:
@@ -258,14 +261,14 @@ def why_not(need: Need, cpods: Iterable[CPodCapacity], pinned_online: bool | Non
             f"the CPods that offer {need.describe()} run jobs as local processes and cannot run a "
             "container image: submit the job without image, or wait for a Kubernetes CPod"
         )
-    if "runtime" in refusals:
-        kubernetes = (
-            f"the CPods that offer {need.describe()} run jobs on Kubernetes, which cannot fetch a "
-            "job's inputs or run a fine-tune yet"
+    if "fine-tune" in refusals:
+        no_trainer = (
+            f"the CPods that offer {need.describe()} do not run fine-tunes (a Kubernetes CPod needs "
+            "its agent's --trainer-image)"
         )
         if "isolation" not in refusals:
-            return f"{kubernetes}: wait for a CPod with the local runtime"
-        return f"{kubernetes}, or take only the jobs of their provider and of the accounts it trusts"
+            return f"{no_trainer}: wait for one that does"
+        return f"{no_trainer}, or take only the jobs of their provider and of the accounts it trusts"
     return (
         f"the CPods that offer {need.describe()} run jobs without isolation and take only the jobs "
         "of their provider and of the accounts it trusts"

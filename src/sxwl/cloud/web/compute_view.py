@@ -52,6 +52,7 @@ class CPodView:
     # online | unknown | offline | revoked (a revoked CPod shows as revoked whatever its last status)
     status: str
     runtime: str
+    fine_tunes: bool
     agent_version: str
     created_at: datetime
     last_heartbeat_at: datetime | None
@@ -103,14 +104,16 @@ def event_name(lang: str, kind: str) -> str:
 
 _AGENT = re.compile(r"^(?P<runtime>local|kubernetes) agent (?P<version>.+)$")
 _COUNTED = re.compile(r"^(?P<n>\d+) (?P<what>nodes reported|heartbeats missed)$")
-_AGAIN = {
+_PHRASES = {
     "registered again (new agent token)": "event.detail.again",
     "registered again after revocation": "event.detail.again_revoked",
+    "runs fine-tunes": "event.detail.fine_tunes",
+    "runs no fine-tunes": "event.detail.no_fine_tunes",
 }
 
 
 # Kinds whose details the service writes itself; a rename's detail carries names people chose.
-_SERVICE_DETAILS = {"registered", "online", "unknown", "offline"}
+_SERVICE_DETAILS = {"registered", "online", "unknown", "offline", "fine-tunes"}
 
 
 def event_detail(lang: str, kind: str, detail: str | None) -> str:
@@ -122,8 +125,8 @@ def event_detail(lang: str, kind: str, detail: str | None) -> str:
         return detail
     parts = []
     for part in detail.split("; "):
-        if part in _AGAIN:
-            parts.append(translate(lang, _AGAIN[part]))
+        if part in _PHRASES:
+            parts.append(translate(lang, _PHRASES[part]))
         elif agent := _AGENT.match(part):
             parts.append(translate(lang, "event.detail.agent", **agent.groupdict()))
         elif counted := _COUNTED.match(part):
@@ -192,6 +195,7 @@ def cpod_views(session: Session, user: User, now: datetime) -> list[CPodView]:
                 owner_email=email,
                 status=display_status(cpod),
                 runtime=cpod.runtime,
+                fine_tunes=cpod.takes_fine_tunes,
                 agent_version=cpod.agent_version,
                 created_at=cpod.created_at,
                 last_heartbeat_at=last,

@@ -1,0 +1,76 @@
+"""The trainer image of the tests' real nodes: what deploy/docker/trainer.Dockerfile builds, made
+offline from this machine's own packages. The Debian test image has the same CPython (3.11), so the
+test environment's installed distributions of the training stack (torch, transformers, peft and
+what they require) and the project's source are added as one layer to
+``/usr/local/lib/python3.11/dist-packages``, which Debian's python3 reads first. NVIDIA's CUDA
+wheels and triton stay out: the nodes have no GPU, and torch imports without them."""
+
+from __future__ import annotations
+
+import importlib.metadata as metadata
+import re
+import sysconfig
+from pathlib import Path
+
+from packaging.requirements import Requirement
+
+from tests.support.k8s import REPO
+from tests.support.k8s_images import PYTHON_IMAGE
+from tests.support.k8s_node import RealNodes
+
+TRAINER_IMAGE = "sxwl.test/trainer:1"
+DIST_PACKAGES = "/usr/local/lib/python3.11/dist-packages"
+# What the trainer imports: the `train` extra of pyproject.toml, and pydantic for sxwl.protocol.
+ROOTS = (
+    "torch",
+    "transformers",
+    "peft",
+    "accelerate",
+    "safetensors",
+    "tokenizers",
+    "huggingface-hub",
+    "pydantic",
+)
+LEFT_OUT = re.compile(r"^(nvidia-.*|triton|cuda-.*)$")
+
+
+def _key(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def distributions() -> dict[str, metadata.Distribution]:
+    """The installed distributions ``ROOTS`` need, by normalised name (GPU-only ones left out)."""
+    found: dict[str, metadata.Distribution] = {}
+    todo = list(ROOTS)
+    while todo:
+        name = _key(todo.pop())
+        if name in found or LEFT_OUT.match(name):
+            continue
+        try:
+            dist = metadata.distribution(name)
+        except metadata.PackageNotFoundError:
+            continue  # an optional dependency of some environment marker's: not installed here
+        found[name] = dist
+        for line in dist.requires or []:
+            requirement = Requirement(line)
+            if requirement.marker is None or requirement.marker.evaluate({"extra": ""}):
+                todo.append(requirement.name)
+    return found
+
+
+def trainer_files() -> dict[str, Path]:
+    """{path in the image: path here}: each distribution's top-level entries, and ``sxwl``."""
+    site = Path(sysconfig.get_paths()["purelib"])
+    tops = {
+        file.parts[0]
+        for dist in distributions().values()
+        for file in dist.files or []
+        if file.parts and file.parts[0] != ".."  # scripts in bin/: the trainer runs none
+    }
+    files = {f"{DIST_PACKAGES}/{top}": site / top for top in sorted(tops) if (site / top).exists()}
+    files[f"{DIST_PACKAGES}/sxwl"] = REPO / "src" / "sxwl"
+    return files
+
+
+def trainer_image(nodes: RealNodes) -> str:
+    return nodes.image_with_files(PYTHON_IMAGE, TRAINER_IMAGE, trainer_files())
