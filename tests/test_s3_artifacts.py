@@ -10,7 +10,7 @@ import hashlib
 import os
 import subprocess
 import time
-from collections.abc import Coroutine, Iterator
+from collections.abc import AsyncIterator, Coroutine, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
@@ -24,6 +24,8 @@ from sxwl.agent import pod_uploader
 from sxwl.agent.client import CloudClient, Unreachable
 from sxwl.cloud.app import create_app
 from sxwl.cloud.config import Settings
+from sxwl.cloud.storage import Artifact
+from sxwl.cloud.storage.s3 import S3ArtifactStore
 from sxwl.cloud.storage.select import StoreSettingsError, artifact_store
 from sxwl.protocol import PROTOCOL_HEADER, paths
 from tests.conftest import MakeSettings, login, register
@@ -290,3 +292,24 @@ def test_the_uploader_names_the_upload_target_routes_it_cannot_import() -> None:
     assert pod_uploader.DONE_PATH.format(job_id="j", attempt=2) == paths.url(
         paths.POD_UPLOAD_DONE, job_id="j", attempt=2
     )
+
+
+def test_what_the_cloud_puts_past_the_threshold_goes_in_parts_each_checked(
+    make_settings: MakeSettings, seaweed: SeaweedFS, tmp_path: Path
+) -> None:
+    store = artifact_store(s3_settings(make_settings, seaweed, tmp_path))
+    assert isinstance(store, S3ArtifactStore)
+    store.multipart_threshold = store.part_bytes = 5 * 1024 * 1024  # S3's smallest part
+    data = os.urandom(12 * 1024 * 1024 + 7)
+
+    async def chunks() -> AsyncIterator[bytes]:
+        for start in range(0, len(data), 1024 * 1024):
+            yield data[start : start + 1024 * 1024]
+
+    where = Artifact("models", 0, "big/model.tar")
+    size, digest = run(store.put(where, chunks(), len(data)))
+    assert (size, digest) == (len(data), hashlib.sha256(data).hexdigest())
+    client = store._client
+    got = client.get_object(Bucket=BUCKET, Key="models/0/big/model.tar")
+    assert got["Body"].read() == data
+    assert str(got["ETag"]).strip('"').endswith("-3")  # three parts: 5 + 5 + 2 MiB

@@ -102,7 +102,7 @@ def test_a_fine_tune_trains_in_the_trainer_image_and_hands_back_an_adapter_that_
     events = httpx.get(
         f"{cpod.url}/v1/fine_tuning/jobs/{fine_tune_id}/events", headers=cpod.user, params={"limit": 100}
     ).json()["data"]
-    assert done["status"] == "succeeded", ([e["message"] for e in events], cpod.agent_log[-3000:])
+    assert done["status"] == "succeeded", ([e["message"] for e in events], cpod.log(done["job_id"])[-3000:])
     assert done["fine_tuned_model"] == f"ft:{MODEL}:k8s:{fine_tune_id}"
     steps = {int(e["data"]["step"]) for e in events if e["type"] == "metrics" and e.get("data")}
     assert max(steps) == 12  # 24 examples / 4 per step, 2 epochs: the trainer's progress lines came back

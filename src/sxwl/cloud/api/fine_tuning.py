@@ -42,8 +42,11 @@ def _unix(at: datetime | None) -> int | None:
 
 
 def job_out(session: Session, fine_tune: FineTune, job: Job) -> FineTuningJobOut:
+    return _out(fine_tune, job, fine_tune_estimate.estimate(session, fine_tune, job))
+
+
+def _out(fine_tune: FineTune, job: Job, estimate: fine_tune_estimate.Estimate) -> FineTuningJobOut:
     status = fine_tunes.status(fine_tune, job)
-    estimate = fine_tune_estimate.estimate(session, fine_tune, job)
     error = None
     if status == fine_tunes.Status.FAILED:
         error = FineTuneErrorOut(code="job_failed", message=job.reason or "the job failed")
@@ -94,7 +97,8 @@ def list_jobs(
 ) -> FineTuningJobListOut:
     with ctx.db.session() as session:
         page = fine_tunes.list_for(session, user, after=after, limit=limit, everyone=all)
-        data = [job_out(session, ft, job) for ft, job in page.items]
+        found = fine_tune_estimate.estimates(session, page.items)
+        data = [_out(ft, job, estimate) for (ft, job), estimate in zip(page.items, found, strict=True)]
         return FineTuningJobListOut(data=data, has_more=page.has_more)
 
 

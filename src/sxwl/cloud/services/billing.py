@@ -137,22 +137,51 @@ class JobCost:
 
 
 def job_cost(session: Session, job: Job, now: datetime | None = None) -> JobCost:
+    return job_costs(session, [job.id], now)[job.id]
+
+
+def job_costs(session: Session, job_ids: list[str], now: datetime | None = None) -> dict[str, JobCost]:
+    """``job_cost`` of each job, in two queries however many (a page of a list)."""
     now = now or utcnow()
-    total, per_hour, running = 0, 0, False
-    for placed in session.scalars(select(JobAttempt).where(JobAttempt.job_id == job.id)):
-        total += _so_far(session, placed, now)
-        if placed.started_at is not None and placed.finished_at is None:
-            per_hour += placed.units * placed.price_per_hour
-            running = True
-    return JobCost(total, per_hour, running)
+    attempts = attempts_of(session, job_ids)
+    open_on = {p.cpod_id for placed in attempts.values() for p in placed if _accruing(p) and p.cpod_id}
+    beats = {
+        cpod_id: (at, frozenset(reported))
+        for cpod_id, at, reported in session.execute(
+            select(CPod.id, CPod.last_heartbeat_at, CPod.reported_jobs).where(CPod.id.in_(open_on))
+        )
+    }
+    costs = {}
+    for job_id in job_ids:
+        total, per_hour, running = 0, 0, False
+        for placed in attempts.get(job_id, []):
+            total += _so_far(placed, beats.get(placed.cpod_id or ""), now)
+            if placed.started_at is not None and placed.finished_at is None:
+                per_hour += placed.units * placed.price_per_hour
+                running = True
+        costs[job_id] = JobCost(total, per_hour, running)
+    return costs
 
 
-def _so_far(session: Session, placed: JobAttempt, now: datetime) -> int:
+def attempts_of(session: Session, job_ids: list[str]) -> dict[str, list[JobAttempt]]:
+    """The attempts of each job, in attempt order."""
+    found: dict[str, list[JobAttempt]] = {}
+    query = select(JobAttempt).where(JobAttempt.job_id.in_(job_ids)).order_by(JobAttempt.attempt)
+    for placed in session.scalars(query):
+        found.setdefault(placed.job_id, []).append(placed)
+    return found
+
+
+def _accruing(placed: JobAttempt) -> bool:
+    return placed.started_at is not None and not placed.rated_done
+
+
+def _so_far(placed: JobAttempt, beat: tuple[datetime | None, frozenset[str]] | None, now: datetime) -> int:
+    """``beat``: the last heartbeat of the attempt's CPod and the attempts it listed, if it has one."""
     if placed.started_at is None or placed.rated_done:
         return placed.charged
-    cpod = session.get(CPod, placed.cpod_id) if placed.cpod_id else None
-    listed = cpod is not None and f"{placed.job_id}:{placed.attempt}" in cpod.reported_jobs
-    end = proof(placed, cpod.last_heartbeat_at if cpod else None, listed)
+    listed = beat is not None and f"{placed.job_id}:{placed.attempt}" in beat[1]
+    end = proof(placed, beat[0] if beat else None, listed)
     if placed.finished_at is None:
         end = min(end, now)
     usage = max(placed.rated_us, (end - placed.started_at) // _US)

@@ -66,22 +66,40 @@ def step_rate(session: Session, fine_tune: FineTune) -> float | None:
 
 
 def estimate(session: Session, fine_tune: FineTune, job: Job, now: datetime | None = None) -> Estimate:
+    return estimates(session, [(fine_tune, job)], now)[0]
+
+
+def estimates(
+    session: Session, pairs: list[tuple[FineTune, Job]], now: datetime | None = None
+) -> list[Estimate]:
+    """``estimate`` of each fine-tune of a page: its cost and price read for the whole page at once,
+    and a step rate (one indexed query of at most ``RECENT_EVENTS`` rows) only for those still
+    running, which are few on any page."""
     now = now or utcnow()
-    so_far = billing.job_cost(session, job, now)
-    percent = min(100.0, 100.0 * fine_tune.step / fine_tune.total_steps) if fine_tune.total_steps else None
-    if job.state in TERMINAL_STATES:
-        return Estimate(percent, None, so_far.cost, so_far.cost)
-    rate = step_rate(session, fine_tune) if fine_tune.total_steps else None
-    if rate is None:
-        return Estimate(percent, None, so_far.cost, None)
-    remaining_s = max(0, fine_tune.total_steps - fine_tune.step) / rate
-    since = fine_tune.progress_at or now
-    finish_at = since + timedelta(seconds=remaining_s)
-    per_hour = so_far.per_hour or _last_price(session, job)
-    remaining_us = max(0, int((finish_at - now).total_seconds() * 1_000_000))
-    return Estimate(percent, finish_at, so_far.cost, so_far.cost + cost(1, per_hour, remaining_us))
+    costs = billing.job_costs(session, [job.id for _, job in pairs], now)
+    live = [job.id for fine_tune, job in pairs if job.state not in TERMINAL_STATES and fine_tune.total_steps]
+    attempts = billing.attempts_of(session, live) if live else {}
+    found = []
+    for fine_tune, job in pairs:
+        so_far = costs[job.id]
+        done = fine_tune.step / fine_tune.total_steps if fine_tune.total_steps else None
+        percent = min(100.0, 100.0 * done) if done is not None else None
+        if job.state in TERMINAL_STATES:
+            found.append(Estimate(percent, None, so_far.cost, so_far.cost))
+            continue
+        rate = step_rate(session, fine_tune) if fine_tune.total_steps else None
+        if rate is None:
+            found.append(Estimate(percent, None, so_far.cost, None))
+            continue
+        remaining_s = max(0, fine_tune.total_steps - fine_tune.step) / rate
+        finish_at = (fine_tune.progress_at or now) + timedelta(seconds=remaining_s)
+        per_hour = so_far.per_hour or _last_price(attempts.get(job.id, []), job)
+        remaining_us = max(0, int((finish_at - now).total_seconds() * 1_000_000))
+        found.append(Estimate(percent, finish_at, so_far.cost, so_far.cost + cost(1, per_hour, remaining_us)))
+    return found
 
 
-def _last_price(session: Session, job: Job) -> int:
-    placed = session.get(JobAttempt, (job.id, job.attempt)) if job.attempt else None
+def _last_price(attempts: list[JobAttempt], job: Job) -> int:
+    """What the job's current attempt was placed at, per hour (0 when not placed)."""
+    placed = next((a for a in attempts if a.attempt == job.attempt), None)
     return placed.units * placed.price_per_hour if placed is not None else 0

@@ -18,6 +18,8 @@ from typing import IO, TYPE_CHECKING
 from urllib.parse import quote
 
 import boto3
+from boto3.exceptions import S3UploadFailedError
+from boto3.s3.transfer import TransferConfig
 from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError
 from starlette.responses import RedirectResponse, Response
@@ -33,8 +35,13 @@ from sxwl.cloud.storage import (
 if TYPE_CHECKING:
     from types_boto3_s3 import S3Client
 
-# The largest object one PUT may create (S3's own limit); artifact_max_bytes must stay within it.
-SINGLE_PUT_MAX_BYTES = 5 * 1024**3
+# What the cloud puts itself (a base model's archive, a file, an agent's upload through the cloud)
+# goes as one PUT up to this size and in parts past it: one PUT stops at 5 GiB, and a model may be
+# bigger. Presigned uploads (CPods, pods) are one PUT, so artifact_max_bytes stays within 5 GiB.
+MULTIPART_THRESHOLD = 1024**3
+# S3 takes at most 10,000 parts of at least 5 MiB (the last one excepted).
+MIN_PART_BYTES = 64 * 1024**2
+MAX_PARTS = 10_000
 OCTET_STREAM = "application/octet-stream"
 
 
@@ -103,6 +110,7 @@ def _unavailable(exc: Exception) -> StoreUnavailable:
 class S3ArtifactStore:
     def __init__(self, location: S3Location, credentials: S3Credentials) -> None:
         self.location = location
+        self.multipart_threshold, self.part_bytes = MULTIPART_THRESHOLD, MIN_PART_BYTES
         self._client = _client(location.endpoint, location.region, credentials)
         # URLs for CPods and browsers name the endpoint they reach; signing needs no connection.
         self._signer = _client(location.public_endpoint, location.region, credentials)
@@ -170,6 +178,9 @@ class S3ArtifactStore:
 
     def _put_spooled(self, spool: IO[bytes], artifact: Artifact, size: int, sha256: str) -> None:
         spool.seek(0)
+        if size > self.multipart_threshold:
+            self._put_in_parts(spool, artifact, size)
+            return
         try:
             self._client.put_object(
                 Bucket=self.location.bucket,
@@ -180,6 +191,22 @@ class S3ArtifactStore:
                 ChecksumSHA256=_checksum(sha256),
             )
         except (BotoCoreError, ClientError) as exc:
+            raise _unavailable(exc) from None
+
+    def _put_in_parts(self, spool: IO[bytes], artifact: Artifact, size: int) -> None:
+        """A multipart upload. The store checks each part's own sha256 (a whole object's sha256 is
+        not a multipart checksum S3 keeps); the cloud hashed all of it while spooling."""
+        part = max(self.part_bytes, -(-size // MAX_PARTS))
+        transfer = TransferConfig(multipart_threshold=part, multipart_chunksize=part, max_concurrency=4)
+        try:
+            self._client.upload_fileobj(
+                spool,
+                self.location.bucket,
+                self._key(artifact),
+                ExtraArgs={"ContentType": OCTET_STREAM, "ChecksumAlgorithm": "SHA256"},
+                Config=transfer,
+            )
+        except (BotoCoreError, ClientError, S3UploadFailedError) as exc:
             raise _unavailable(exc) from None
 
     async def delete(self, artifact: Artifact) -> None:

@@ -194,7 +194,10 @@ class FineTuneRow:
 
 
 def row_of(session: Session, fine_tune: FineTune, job: Job, now: datetime) -> FineTuneRow:
-    estimate = fine_tune_estimate.estimate(session, fine_tune, job, now)
+    return _row(fine_tune, job, fine_tune_estimate.estimate(session, fine_tune, job, now))
+
+
+def _row(fine_tune: FineTune, job: Job, estimate: fine_tune_estimate.Estimate) -> FineTuneRow:
     return FineTuneRow(
         id=fine_tune.id,
         name=fine_tune.suffix or fine_tune.model,
@@ -221,7 +224,8 @@ class FineTuneList:
 
 def fine_tune_list(session: Session, user: User, now: datetime, after: str | None) -> FineTuneList:
     page = fine_tunes.list_for(session, user, after=after, limit=LIST_LIMIT)
-    rows = [row_of(session, ft, job, now) for ft, job in page.items]
+    found = fine_tune_estimate.estimates(session, page.items, now)
+    rows = [_row(ft, job, estimate) for (ft, job), estimate in zip(page.items, found, strict=True)]
     has_files = bool(training_files(session, user)) if not rows else True
     return FineTuneList(rows, page.has_more, has_files)
 
