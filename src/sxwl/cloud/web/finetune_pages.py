@@ -15,6 +15,7 @@ from starlette.datastructures import UploadFile
 
 from sxwl.cloud.api.deps import Principal, csrf_ok
 from sxwl.cloud.body_rules import body_rule
+from sxwl.cloud.db.models import Role
 from sxwl.cloud.db.types import utcnow
 from sxwl.cloud.errors import AppError
 from sxwl.cloud.services import cpods, datasets, fine_tunes
@@ -67,16 +68,22 @@ def _seconds_left(row: finetune_view.FineTuneRow) -> int | None:
 
 def _list_values(request: Request, principal: Principal) -> dict[str, Any]:
     after = request.query_params.get("after", "").strip()[:64] or None
+    everyone = request.query_params.get("all") == "1" and principal.user.role == Role.ADMIN
     try:
         with ctx_of(request).db.session() as session:
-            listing = finetune_view.fine_tune_list(session, principal.user, utcnow(), after)
+            listing = finetune_view.fine_tune_list(
+                session, principal.user, utcnow(), after, everyone=everyone
+            )
     except AppError:  # an `after` that is not one of theirs: the first page
         with ctx_of(request).db.session() as session:
-            listing = finetune_view.fine_tune_list(session, principal.user, utcnow(), None)
+            listing = finetune_view.fine_tune_list(session, principal.user, utcnow(), None, everyone=everyone)
         after = None
     return {
         "listing": listing,
         "after": after,
+        "everyone": everyone,
+        "is_admin": principal.user.role == Role.ADMIN,
+        "all_query": "all=1&" if everyone else "",
         "seconds_left": _seconds_left,
         **_helpers(language(request)),
     }

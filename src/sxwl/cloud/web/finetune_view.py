@@ -5,7 +5,7 @@ cancelling go through ``sxwl.cloud.services.fine_tunes``; the form is finetune_f
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 from urllib.parse import quote
@@ -22,7 +22,7 @@ from sxwl.cloud.db.finetune_models import (
     FineTuneEvent,
     ModelKind,
 )
-from sxwl.cloud.db.models import TERMINAL_STATES, Job, User
+from sxwl.cloud.db.models import TERMINAL_STATES, Job, Role, User
 from sxwl.cloud.services import datasets, fine_tune_estimate, fine_tunes, model_catalog
 from sxwl.cloud.web.finetune_chart import Chart, loss_chart
 from sxwl.cloud.web.i18n import translate
@@ -182,6 +182,7 @@ class FineTuneRow:
     created_at: datetime
     fine_tuned_model: str | None
     cancel_requested: bool
+    owner_email: str | None = None  # shown when an administrator lists every user's
 
     @property
     def percent_text(self) -> str:
@@ -222,10 +223,23 @@ class FineTuneList:
     has_files: bool  # a processed file to train on: the empty state's next step
 
 
-def fine_tune_list(session: Session, user: User, now: datetime, after: str | None) -> FineTuneList:
-    page = fine_tunes.list_for(session, user, after=after, limit=LIST_LIMIT)
+def fine_tune_list(
+    session: Session, user: User, now: datetime, after: str | None, *, everyone: bool = False
+) -> FineTuneList:
+    """A page of the caller's fine-tunes; ``everyone``: every user's, with their emails, for an
+    administrator (ignored for anyone else, as in ``fine_tunes.list_for``)."""
+    page = fine_tunes.list_for(session, user, after=after, limit=LIST_LIMIT, everyone=everyone)
     found = fine_tune_estimate.estimates(session, page.items, now)
     rows = [_row(ft, job, estimate) for (ft, job), estimate in zip(page.items, found, strict=True)]
+    if everyone and user.role == Role.ADMIN:
+        owners = {ft.owner_id for ft, _ in page.items}
+        emails: dict[str, str] = dict(
+            session.execute(select(User.id, User.email).where(User.id.in_(owners))).all()
+        )
+        rows = [
+            replace(row, owner_email=emails.get(ft.owner_id))
+            for row, (ft, _) in zip(rows, page.items, strict=True)
+        ]
     has_files = bool(training_files(session, user)) if not rows else True
     return FineTuneList(rows, page.has_more, has_files)
 
