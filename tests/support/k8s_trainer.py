@@ -2,13 +2,16 @@
 offline from this machine's own packages. The Debian test image has the same CPython (3.11), so the
 test environment's installed distributions of the training stack (torch, transformers, peft and
 what they require) and the project's source are added as one layer to
-``/usr/local/lib/python3.11/dist-packages``, which Debian's python3 reads first. NVIDIA's CUDA
-wheels and triton stay out: the nodes have no GPU, and torch imports without them."""
+``/usr/local/lib/python3.11/dist-packages``, which Debian's python3 reads first. Of NVIDIA's CUDA
+wheels only the libraries that importing torch maps go in (about half of their 3 GB: torch's CUDA
+build links them at import, GPU or not), and triton stays out: the nodes have no GPU."""
 
 from __future__ import annotations
 
 import importlib.metadata as metadata
 import re
+import subprocess
+import sys
 import sysconfig
 from pathlib import Path
 
@@ -68,8 +71,27 @@ def trainer_files() -> dict[str, Path]:
         if file.parts and file.parts[0] != ".."  # scripts in bin/: the trainer runs none
     }
     files = {f"{DIST_PACKAGES}/{top}": site / top for top in sorted(tops) if (site / top).exists()}
+    for library in cuda_libraries(site):
+        files[f"{DIST_PACKAGES}/{library.relative_to(site).as_posix()}"] = library
     files[f"{DIST_PACKAGES}/sxwl"] = REPO / "src" / "sxwl"
     return files
+
+
+# What a process that imports the training stack has mapped of NVIDIA's wheels, one path a line.
+_MAPPED = (
+    "import torch, transformers, peft\n"
+    "paths = {line.split()[-1] for line in open('/proc/self/maps') if '/nvidia/' in line}\n"
+    "print('\\n'.join(sorted(paths)))\n"
+)
+
+
+def cuda_libraries(site: Path) -> list[Path]:
+    """The NVIDIA libraries of ``site`` that importing torch loads (found through torch's RPATH)."""
+    done = subprocess.run(
+        [sys.executable, "-c", _MAPPED], capture_output=True, text=True, timeout=300, check=True
+    )
+    found = [Path(line) for line in done.stdout.splitlines() if line.startswith(f"{site}/nvidia/")]
+    return [path for path in found if path.is_file()]
 
 
 def trainer_image(nodes: RealNodes) -> str:
