@@ -208,3 +208,41 @@ def test_notifications_are_counted_and_a_replica_skips_its_own(tmp_path: Path, p
         b.db.dispose()
     assert (a.notifier.notifications_sent, a.notifier.notifications_received) == (2, 0)
     assert (b.notifier.notifications_sent, b.notifier.notifications_received) == (0, 2)
+
+
+def test_a_listener_gone_deaf_is_found_by_its_probe_and_listens_again(
+    tmp_path: Path, pg: TempPostgres, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(listener, "PROBE_S", 0.3)
+    monkeypatch.setattr(listener, "PROBE_TIMEOUT_S", 0.5)
+    monkeypatch.setattr(listener, "CONNECT_TIMEOUT_S", 2)
+    network = Balancer(pg.port)
+    url = pg.create_database().replace(f":{pg.port}/", f":{network.port}/")
+    ctx = CloudContext.from_settings(settings_for(tmp_path / "r", url))
+    migrate.upgrade(ctx.db.engine)
+
+    async def scenario() -> None:
+        ctx.notifier.bind(asyncio.get_running_loop())
+        task = asyncio.create_task(listener.run(ctx))
+        await until(lambda: ctx.notifier.hearing, "listening")
+        await asyncio.sleep(1.5)  # quiet, but its probes come back: nothing counts as lost
+        assert ctx.notifier.hearing
+        assert not [r for r in caplog.records if getattr(r, "event", None) == "listener_lost"]
+        woken = ctx.notifier.waiter("cpod-1")
+        network.stalled = True  # no FIN, no error: only the probe can tell
+        await until(lambda: not ctx.notifier.hearing, "the deaf listener found")
+        assert woken.is_set()  # whatever waits re-reads, and goes on re-reading every second
+        assert ctx.notifier.reread_s(3600) == 1.0
+        network.stalled = False
+        await until(lambda: ctx.notifier.hearing, "listening again")
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+    try:
+        with ThreadPoolExecutor(1) as apart:
+            apart.submit(asyncio.run, scenario()).result()
+    finally:
+        ctx.db.dispose()
+        network.close()
+    lost = [r.getMessage() for r in caplog.records if getattr(r, "event", None) == "listener_lost"]
+    assert lost and lost[0].endswith("its own probe did not come back within 0.5 s"), lost

@@ -203,10 +203,12 @@ class RawCPod:
 
 class Balancer:
     """A TCP load balancer on loopback: each new connection goes to the replica it points at now, so
-    an agent with one URL moves to another replica as it would behind a real one."""
+    an agent with one URL moves to another replica as it would behind a real one. While ``stalled``,
+    it drops whatever passes, both ways, and closes nothing: a network that went silent."""
 
     def __init__(self, target: int) -> None:
         self.target = target
+        self.stalled = False
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self._server = socket.create_server(("127.0.0.1", self.port))
@@ -225,16 +227,20 @@ class Balancer:
                 continue
             upstream.settimeout(None)
             for source, sink in ((client, upstream), (upstream, client)):
-                threading.Thread(target=_pipe, args=(source, sink), daemon=True).start()
+                threading.Thread(target=self._pipe, args=(source, sink), daemon=True).start()
 
     def close(self) -> None:
         self._server.close()
 
+    def _pipe(self, source: socket.socket, sink: socket.socket) -> None:
+        with contextlib.suppress(OSError):
+            while data := source.recv(65536):
+                if not self.stalled:
+                    sink.sendall(data)
+        _shut(source, sink)
 
-def _pipe(source: socket.socket, sink: socket.socket) -> None:
-    with contextlib.suppress(OSError):
-        while data := source.recv(65536):
-            sink.sendall(data)
-    for end in (source, sink):
+
+def _shut(*ends: socket.socket) -> None:
+    for end in ends:
         with contextlib.suppress(OSError):
             end.shutdown(socket.SHUT_RDWR)

@@ -114,8 +114,9 @@ class Settings(BaseSettings):
     workers: int = Field(default=1, ge=1, le=256)
 
     # Replicas on PostgreSQL wake each other with NOTIFY (docs/replicas.md); a waiting long-poll
-    # re-reads on its own only this often, against a lost notification.
-    longpoll_backstop_s: float = Field(default=600.0, gt=0)
+    # re-reads on its own only this often, against a lost notification. Longer than a hold, so an
+    # idle CPod's renewal reads nothing: a deaf listener is found by its own probe within ~40 s.
+    longpoll_backstop_s: float = Field(default=3600.0, gt=0)
 
     @field_validator("data_dir")
     @classmethod
