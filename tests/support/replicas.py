@@ -237,10 +237,6 @@ class Balancer:
             while data := source.recv(65536):
                 if not self.stalled:
                     sink.sendall(data)
-        _shut(source, sink)
-
-
-def _shut(*ends: socket.socket) -> None:
-    for end in ends:
-        with contextlib.suppress(OSError):
-            end.shutdown(socket.SHUT_RDWR)
+        for end in (source, sink):
+            with contextlib.suppress(OSError):
+                end.shutdown(socket.SHUT_RDWR)
