@@ -155,9 +155,12 @@ def test_an_attempt_left_fetching_by_a_restart_is_reported_lost(
     eventually(lambda: not list((tmp_path / "state" / "cache" / ".pending").iterdir()), what="marker gone")
 
 
-def test_a_kubernetes_cpod_refuses_a_fine_tune(servers: tuple[Served, Served], tmp_path: Path) -> None:
-    """Fine-tunes run on local CPods in this release: the Kubernetes runtime ends such an attempt
-    failed with that reason, before fetching anything or calling its API server."""
+def test_a_kubernetes_cpod_without_trainer_images_refuses_a_fine_tune(
+    servers: tuple[Served, Served], tmp_path: Path
+) -> None:
+    """A Kubernetes agent started without --trainer-image and --uploader-image runs no fine-tunes:
+    it ends such an attempt failed saying which flags it lacks, before fetching anything or calling
+    its API server."""
     from kubernetes_asyncio.client import ApiClient, Configuration
 
     from sxwl.agent.runtimes.kubernetes import KubernetesRuntime
@@ -182,7 +185,10 @@ def test_a_kubernetes_cpod_refuses_a_fine_tune(servers: tuple[Served, Served], t
         {
             "attempt": 1,
             "state": "failed",
-            "reason": "could not start: fine-tunes run on local CPods in this release",
+            "reason": (
+                "could not start: this CPod runs no fine-tunes: its agent needs --trainer-image"
+                " and --uploader-image"
+            ),
         }
     ]
     assert not any("/inputs/" in path for path, _ in cloud.seen)

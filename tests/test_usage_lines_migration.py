@@ -14,7 +14,7 @@ from sqlalchemy.orm import Session
 
 from sxwl.cloud.db import migrate
 from sxwl.cloud.db.engine import make_engine
-from sxwl.cloud.db.models import CPod, CPodStatus, Job, Role, User
+from sxwl.cloud.db.models import CPodStatus, Job, Role, User
 from sxwl.cloud.db.money_models import UsageLine
 from sxwl.cloud.db.types import UTCDateTime
 from sxwl.cloud.services import billing, ledger
@@ -33,6 +33,13 @@ _TRANSACTIONS = table(
     *(column(name) for name in ("id", "idempotency_key", "kind", "payer_id", "provider_id", "job_id")),
     *(column(name) for name in ("attempt", "cpod_id", "resource", "gpu_product", "units", "usage_us")),
     *(column(name) for name in ("unit_price", "gross", "fee", "net")),
+    column("created_at", UTCDateTime()),
+)
+_CPODS = table(
+    "cpods",
+    *(column(name) for name in ("id", "owner_id", "name", "cluster_uid", "runtime", "agent_version")),
+    *(column(name) for name in ("status", "last_seq", "heartbeat_interval_s", "isolation")),
+    *(column(name, JSON) for name in ("nodes", "reported_jobs", "trusted_owner_ids")),
     column("created_at", UTCDateTime()),
 )
 _ACCOUNTS = table("ledger_accounts", *(column(name) for name in ("id", "key", "kind", "owner_id", "balance")))
@@ -65,17 +72,21 @@ def _old_ledger(db: Connection) -> None:
         ],
     )
     db.execute(
-        insert(CPod).values(
+        insert(_CPODS).values(
             id=CPOD,
             owner_id=PROVIDER,
             name="c",
             cluster_uid="c",
             runtime="local",
             agent_version="t",
-            status=CPodStatus.ONLINE,
+            status=CPodStatus.ONLINE.value,
+            last_seq=0,
             heartbeat_interval_s=10.0,
+            isolation="isolated",
             nodes=[],
             reported_jobs=[],
+            trusted_owner_ids=[],
+            created_at=T0,
         )
     )
     db.execute(
