@@ -12,8 +12,8 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from sxwl.cli import server
 from sxwl.cli.client import CliError
+from sxwl.cli.cloud_settings import settings_for
 from sxwl.cloud.services.model_archive import pack_directory
 
 out = Console()
@@ -28,7 +28,7 @@ def _register(data_dir: Path, name: str, archive: Path) -> str:
     from sxwl.cloud.errors import AppError
     from sxwl.cloud.services import model_catalog
 
-    ctx = CloudContext.from_settings(server.settings_for(data_dir))
+    ctx = CloudContext.from_settings(settings_for(data_dir))
     migrate.upgrade(ctx.db.engine)
     try:
         # In a thread of its own: the caller may already run an event loop (a test, a notebook).

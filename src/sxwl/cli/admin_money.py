@@ -15,8 +15,8 @@ from rich.console import Console
 from rich.table import Table
 from sqlalchemy.orm import Session
 
-from sxwl.cli import server
 from sxwl.cli.client import CliError
+from sxwl.cli.cloud_settings import settings_for
 from sxwl.cloud.context import CloudContext
 from sxwl.cloud.db import migrate
 from sxwl.cloud.db.models import Role, User
@@ -63,7 +63,7 @@ FLAGS = {
 @contextmanager
 def database(data_dir: Path) -> Iterator[CloudContext]:
     """The cloud's database (migrated), as `sxwl admin create-user` opens it."""
-    ctx = CloudContext.from_settings(server.settings_for(data_dir))
+    ctx = CloudContext.from_settings(settings_for(data_dir))
     migrate.upgrade(ctx.db.engine)
     try:
         yield ctx

@@ -12,8 +12,9 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from sxwl.cli import admin_models, admin_money, billing, client, finetune, jobs, server
+from sxwl.cli import admin_models, admin_money, billing, client, finetune, jobs
 from sxwl.cli.client import CliError, Credentials
+from sxwl.cli.cloud_settings import settings_for
 from sxwl.cloud.logs import LogFormat
 
 app = typer.Typer(
@@ -82,7 +83,9 @@ def serve(
     ] = None,
 ) -> None:
     """Run the cloud server (applies database migrations first)."""
-    settings = server.settings_for(data_dir, port, host, log_format)
+    from sxwl.cli import server  # the web application: only the commands that serve it import it
+
+    settings = settings_for(data_dir, port, host, log_format)
     server.serve(settings, host, port, workers or settings.workers)
 
 
@@ -90,7 +93,9 @@ def serve(
 def up(port: Port = 8000, data_dir: DataDir = Path(".sxwl"), log_format: LogFormatOption = None) -> None:
     """Run the cloud with demo accounts (a provider, a user, an admin) and this machine as the demo
     provider's CPod; print the console URL and the logins."""
-    settings = server.settings_for(data_dir, port, log_format=log_format)
+    from sxwl.cli import server
+
+    settings = settings_for(data_dir, port, log_format=log_format)
     demo = server.ensure_demo_accounts(settings)
     server.print_banner(demo, settings.public_url)
     agent = server.start_local_agent(settings, demo.provider_access_key)
@@ -171,7 +176,7 @@ def create_user(
     except ValueError as exc:
         raise CliError(f"--email: {exc}", exit_code=2) from None
     password = read_password(password_stdin, confirm=True)
-    settings = server.settings_for(data_dir)
+    settings = settings_for(data_dir)
     ctx = CloudContext.from_settings(settings)
     migrate.upgrade(ctx.db.engine)
     try:
@@ -199,7 +204,7 @@ def set_gpu_limit(
     from sxwl.cloud.db import migrate
     from sxwl.cloud.services import accounts
 
-    ctx = CloudContext.from_settings(server.settings_for(data_dir))
+    ctx = CloudContext.from_settings(settings_for(data_dir))
     migrate.upgrade(ctx.db.engine)
     try:
         with ctx.db.session() as session:

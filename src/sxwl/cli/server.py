@@ -42,19 +42,6 @@ DEMO_ACCOUNTS = (
 )
 
 
-def settings_for(
-    data_dir: Path, port: int | None = None, host: str = "127.0.0.1", log_format: logs.LogFormat | None = None
-) -> Settings:
-    if log_format is not None:  # the flag wins over the environment, and is validated like it
-        os.environ["SXWL_LOG_FORMAT"] = log_format
-    settings = Settings(data_dir=data_dir)  # absolute from here on (Settings resolves it)
-    os.environ.setdefault("SXWL_DATA_DIR", str(settings.data_dir))
-    if port is not None and not settings.public_url:
-        shown = "127.0.0.1" if host in ("0.0.0.0", "::") else host  # noqa: S104 - comparing, not binding
-        settings = settings.model_copy(update={"public_url": f"http://{shown}:{port}"})
-    return settings
-
-
 class Server(uvicorn.Server):
     """Tells the cloud it is stopping as soon as the signal arrives, before uvicorn waits for open
     connections: long-polls end at once and liveness stops blaming CPods for the cloud's own exit."""

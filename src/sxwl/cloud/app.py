@@ -15,7 +15,7 @@ from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
 import sxwl
-from sxwl.cloud import errors, logs, metrics_route, web
+from sxwl.cloud import error_handlers, errors, logs, metrics_route, web
 from sxwl.cloud.api import (
     admin,
     agent,
@@ -101,7 +101,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         lifespan=lifespan,
     )
     app.state.ctx = ctx
-    errors.install(app)
+    error_handlers.install(app)
 
     api = APIRouter(prefix=API_PREFIX, dependencies=[Depends(plain_parameters)])
     for router in API_ROUTERS:
