@@ -1,23 +1,29 @@
 """Container images for the tests' real nodes, built without any registry (docs/k8s-testing.md,
 "Images"): `scripts/k8s-test-images.sh` caches the slow bases (pause; Debian with python3 and numpy)
 as OCI layouts; `image_with_files` puts repository files on top of a base as one small layer at test
-time, so changing a file never rebuilds a base. Layouts are imported into a node's containerd with
-`ctr images import`.
+time (an uncompressed tar written here), so changing a file never rebuilds a base. Layouts are
+imported into a node's containerd with `ctr images import`.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import shutil
 import subprocess
-from pathlib import Path
+import tarfile
+from datetime import UTC, datetime
+from pathlib import Path, PurePosixPath
+from typing import Any
 
 from tests.support.k8s import REPO
 
 IMAGES_SCRIPT = REPO / "scripts" / "k8s-test-images.sh"
 PAUSE_IMAGE = "sxwl.test/pause:1"
 PYTHON_IMAGE = "sxwl.test/python:1"
+REF_NAME = "org.opencontainers.image.ref.name"
+LAYER_TAR = "application/vnd.oci.image.layer.v1.tar"
 
 
 class MissingImagesError(RuntimeError):
@@ -50,52 +56,109 @@ def _split(ref: str) -> tuple[str, str]:
     return repository, tag
 
 
-def _umoci(*args: str) -> None:
-    result = subprocess.run(["umoci", *args], capture_output=True, text=True, check=False, timeout=300)
-    if result.returncode != 0:
-        raise RuntimeError(f"umoci {' '.join(args)} failed: {result.stderr}")
+def _files_key(base: Path, ref: str, files: dict[str, Path]) -> str:
+    """A key of what the layer would hold, from names, sizes and mtimes: the cache lives in the test
+    session's own dir, so nothing but the tests' own checkout can change under it."""
+    key = hashlib.sha256(f"{base}|{ref}".encode())
+    for dest, path in _entries(files):
+        info = path.lstat()
+        key.update(f"{dest}\0{info.st_mode}\0{info.st_size}\0{info.st_mtime_ns}\0".encode())
+    return key.hexdigest()[:16]
+
+
+def _entries(files: dict[str, Path]) -> list[tuple[str, Path]]:
+    """(path in the image, path here) of every file and folder of ``files``, parents first."""
+    entries: list[tuple[str, Path]] = []
+    for dest, src in sorted(files.items()):
+        top = dest.strip("/")
+        entries.append((top, src))
+        if src.is_dir():
+            for path in sorted(src.rglob("*")):
+                if "__pycache__" not in path.relative_to(src).parts:
+                    entries.append((f"{top}/{path.relative_to(src).as_posix()}", path))
+    return entries
+
+
+def _parents(entries: list[tuple[str, Path]]) -> list[str]:
+    """The folders above the entries, which the layer must hold too (an image lacking one is valid)."""
+    named = {dest for dest, _ in entries}
+    parents = {str(parent) for dest, _ in entries for parent in PurePosixPath(dest).parents}
+    return sorted(parents - named - {"."})
+
+
+def _write_layer(files: dict[str, Path], blobs: Path) -> tuple[str, int]:
+    """``files`` as an uncompressed layer tar among ``blobs``: (its digest, its size). Uncompressed,
+    because the nodes unpack it at once on the same disk: gzip would cost both ends CPU for nothing."""
+    entries = _entries(files)
+    partial = blobs / ".layer.partial"
+    with tarfile.open(partial, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for name in _parents(entries):
+            folder = tarfile.TarInfo(name)
+            folder.type, folder.mode = tarfile.DIRTYPE, 0o755
+            tar.addfile(folder)
+        for dest, path in entries:
+            info = tar.gettarinfo(str(path), arcname=dest)
+            info.uid = info.gid = 0
+            info.uname = info.gname = "root"
+            if info.isreg():
+                with path.open("rb") as content:
+                    tar.addfile(info, content)
+            else:
+                tar.addfile(info)
+    with partial.open("rb") as written:
+        digest = hashlib.file_digest(written, "sha256").hexdigest()
+    size = partial.stat().st_size
+    partial.rename(blobs / digest)
+    return f"sha256:{digest}", size
+
+
+def _put_json(blobs: Path, document: dict[str, Any]) -> tuple[str, int]:
+    data = json.dumps(document, separators=(",", ":")).encode()
+    digest = hashlib.sha256(data).hexdigest()
+    (blobs / digest).write_bytes(data)
+    return f"sha256:{digest}", len(data)
 
 
 def layout_with_files(base: Path, base_ref: str, ref: str, files: dict[str, Path], work: Path) -> Path:
     """A copy of the layout `base` (tag of `base_ref`) whose image `ref` has `files` added as one layer:
-    `{destination path in the image: file or folder on the host}`. Cached in `work` by the content."""
-    digest = hashlib.sha256(f"{base}|{ref}".encode())
-    for dest, src in sorted(files.items()):
-        digest.update(f"{dest}\0".encode())
-        for path in sorted([src, *src.rglob("*")] if src.is_dir() else [src]):
-            if "__pycache__" in path.parts:
-                continue
-            digest.update(f"{path.relative_to(src) if src.is_dir() else ''}\0".encode())
-            if path.is_file():
-                digest.update(path.read_bytes())
-    layout = work / f"layout-{digest.hexdigest()[:16]}"
+    `{destination path in the image: file or folder on the host}`. Cached in `work` by what `files`
+    hold (names, sizes, mtimes)."""
+    layout = work / f"layout-{_files_key(base, ref, files)}"
     if (layout / "index.json").is_file():
         return layout
     partial = work / f".{layout.name}.partial"
     shutil.rmtree(partial, ignore_errors=True)
-    # Blobs are content-addressed and never rewritten: link them; umoci rewrites index.json, so copy it.
-    shutil.copytree(base, partial, copy_function=os.link)
-    for name in ("index.json", "oci-layout"):
-        (partial / name).unlink()
-        shutil.copy2(base / name, partial / name)
-    staging = work / f".{layout.name}.files"
-    shutil.rmtree(staging, ignore_errors=True)
-    for dest, src in files.items():
-        target = staging / dest.lstrip("/")
-        target.parent.mkdir(parents=True, exist_ok=True)
-        if src.is_dir():
-            shutil.copytree(src, target, ignore=shutil.ignore_patterns("__pycache__"))
-        else:
-            shutil.copy2(src, target)
+    # Blobs are content-addressed and never rewritten: link them.
+    shutil.copytree(base / "blobs", partial / "blobs", copy_function=os.link)
+    blobs = partial / "blobs" / "sha256"
     base_tag, tag = _split(base_ref)[1], _split(ref)[1]
-    for top in sorted(staging.iterdir()):
-        _umoci("insert", "--image", f"{partial}:{base_tag}", str(top), "/" + top.name)
-    if tag != base_tag:
-        _umoci("tag", "--image", f"{partial}:{base_tag}", tag)
-        _umoci("rm", "--image", f"{partial}:{base_tag}")
-    shutil.rmtree(staging)
+    index = json.loads((base / "index.json").read_text())
+    [entry] = [m for m in index["manifests"] if m.get("annotations", {}).get(REF_NAME) == base_tag]
+    manifest = json.loads((blobs / _hex(entry["digest"])).read_text())
+    config = json.loads((blobs / _hex(manifest["config"]["digest"])).read_text())
+    layer, size = _write_layer(files, blobs)
+    # Uncompressed, the layer's digest is also its diff id.
+    config["rootfs"]["diff_ids"].append(layer)
+    created = datetime.now(UTC).isoformat().replace("+00:00", "Z")
+    config.setdefault("history", []).append({"created": created, "created_by": "tests/support/k8s_images.py"})
+    config_digest, config_size = _put_json(blobs, config)
+    manifest["config"] = {**manifest["config"], "digest": config_digest, "size": config_size}
+    manifest["layers"].append({"mediaType": LAYER_TAR, "digest": layer, "size": size})
+    manifest_digest, manifest_size = _put_json(blobs, manifest)
+    index["manifests"] = [
+        {**entry, "digest": manifest_digest, "size": manifest_size, "annotations": {REF_NAME: tag}}
+    ]
+    (partial / "index.json").write_text(json.dumps(index))
+    shutil.copy2(base / "oci-layout", partial / "oci-layout")
     partial.rename(layout)
     return layout
+
+
+def _hex(digest: str) -> str:
+    algorithm, _, value = digest.partition(":")
+    if algorithm != "sha256":
+        raise ValueError(f"unexpected digest {digest!r}")
+    return value
 
 
 def import_layout(layout: Path, ref: str, containerd_socket: Path) -> None:

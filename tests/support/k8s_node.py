@@ -58,7 +58,6 @@ HOST_TOOLS = (
     "containerd-shim-runc-v2",
     "runc",
     "ctr",
-    "umoci",
     "nsenter",
     "ip",
     "iptables",
