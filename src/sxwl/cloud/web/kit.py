@@ -15,6 +15,7 @@ from urllib.parse import quote
 from fastapi import Depends, Request
 from fastapi.responses import HTMLResponse, PlainTextResponse, RedirectResponse, Response
 from fastapi.templating import Jinja2Templates
+from markupsafe import Markup, escape
 from pydantic import ValidationError
 
 from sxwl.cloud.api.deps import CSRF_COOKIE, Principal, console_principal
@@ -65,7 +66,16 @@ def _format_dt_seconds(value: datetime | None) -> str:
     return value.strftime("%Y-%m-%d %H:%M:%S UTC") if value else "—"
 
 
+def _email_breaks(value: str | None) -> Markup:
+    """An address that a narrow column wraps before its ``@`` and nowhere else (app.css, ``.email``)."""
+    local, at, domain = (value or "").rpartition("@")
+    if not at:
+        return escape(value or "—")
+    return Markup('<span class="email">{}</span><wbr><span class="email">@{}</span>').format(local, domain)
+
+
 templates.env.filters["dt"] = _format_dt
+templates.env.filters["email"] = _email_breaks
 templates.env.filters["dt_s"] = _format_dt_seconds
 templates.env.filters["yuan"] = money_view.money_text
 templates.env.globals["gib"] = compute_view.gib
