@@ -19,7 +19,11 @@ from tests.support.agent import eventually
 
 def start(command: list[str] | str, shared: Path) -> subprocess.Popen[bytes]:
     env = {"PATH": "/usr/bin:/bin", "SXWL_SHARED_DIR": str(shared), "SXWL_OUTPUT_DIR": str(shared / "output")}
-    return subprocess.Popen(wrapped(command), env=env)
+    # SIGINT as a pod's shell gets it: a test run started in the background (``cmd &``) ignores it,
+    # and a shell cannot trap a signal that was ignored when it started.
+    return subprocess.Popen(
+        wrapped(command), env=env, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL)
+    )
 
 
 def test_the_exit_status_is_kept_and_written_for_the_uploader(tmp_path: Path) -> None:

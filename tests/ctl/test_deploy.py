@@ -320,7 +320,7 @@ def test_deploy_interrupted_by_ctrl_c_then_resumed(cluster: Cluster, tmp_path: P
     proc = subprocess.Popen(
         [sys.executable, "-m", "sxwl.ctl", "deploy", "all", f"--access-key={cluster.key}", "--cloud",
          cluster.cloud.url, "-f", str(cluster.config), "--artifact", str(cluster.artifact)],
-        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=default_sigint,
     )  # fmt: skip
     log = cluster.work / "logs" / "kubernetes.log"
     deadline = time.monotonic() + 60
@@ -345,3 +345,9 @@ def test_deploy_interrupted_by_ctrl_c_then_resumed(cluster: Cluster, tmp_path: P
         "create cluster",
         "create cluster",
     ]
+
+
+def default_sigint() -> None:
+    """Ctrl-C as at a terminal: a test run started in the background (``cmd &``) ignores SIGINT, and a
+    Python started with it ignored never raises KeyboardInterrupt."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
