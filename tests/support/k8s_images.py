@@ -56,11 +56,11 @@ def _split(ref: str) -> tuple[str, str]:
     return repository, tag
 
 
-def _files_key(base: Path, ref: str, files: dict[str, Path]) -> str:
+def _files_key(base: Path, ref: str, entries: list[tuple[str, Path]]) -> str:
     """A key of what the layer would hold, from names, sizes and mtimes: the cache lives in the test
     session's own dir, so nothing but the tests' own checkout can change under it."""
     key = hashlib.sha256(f"{base}|{ref}".encode())
-    for dest, path in _entries(files):
+    for dest, path in entries:
         info = path.lstat()
         key.update(f"{dest}\0{info.st_mode}\0{info.st_size}\0{info.st_mtime_ns}\0".encode())
     return key.hexdigest()[:16]
@@ -80,16 +80,16 @@ def _entries(files: dict[str, Path]) -> list[tuple[str, Path]]:
 
 
 def _parents(entries: list[tuple[str, Path]]) -> list[str]:
-    """The folders above the entries, which the layer must hold too (an image lacking one is valid)."""
+    """The folders above the entries that the entries do not name: the layer holds them too, so it
+    unpacks onto any base."""
     named = {dest for dest, _ in entries}
     parents = {str(parent) for dest, _ in entries for parent in PurePosixPath(dest).parents}
     return sorted(parents - named - {"."})
 
 
-def _write_layer(files: dict[str, Path], blobs: Path) -> tuple[str, int]:
-    """``files`` as an uncompressed layer tar among ``blobs``: (its digest, its size). Uncompressed,
+def _write_layer(entries: list[tuple[str, Path]], blobs: Path) -> tuple[str, int]:
+    """``entries`` as an uncompressed layer tar among ``blobs``: (its digest, its size). Uncompressed,
     because the nodes unpack it at once on the same disk: gzip would cost both ends CPU for nothing."""
-    entries = _entries(files)
     partial = blobs / ".layer.partial"
     with tarfile.open(partial, mode="w", format=tarfile.PAX_FORMAT) as tar:
         for name in _parents(entries):
@@ -123,7 +123,8 @@ def layout_with_files(base: Path, base_ref: str, ref: str, files: dict[str, Path
     """A copy of the layout `base` (tag of `base_ref`) whose image `ref` has `files` added as one layer:
     `{destination path in the image: file or folder on the host}`. Cached in `work` by what `files`
     hold (names, sizes, mtimes)."""
-    layout = work / f"layout-{_files_key(base, ref, files)}"
+    entries = _entries(files)  # one walk of the sources, for the key and for the layer
+    layout = work / f"layout-{_files_key(base, ref, entries)}"
     if (layout / "index.json").is_file():
         return layout
     partial = work / f".{layout.name}.partial"
@@ -136,7 +137,7 @@ def layout_with_files(base: Path, base_ref: str, ref: str, files: dict[str, Path
     [entry] = [m for m in index["manifests"] if m.get("annotations", {}).get(REF_NAME) == base_tag]
     manifest = json.loads((blobs / _hex(entry["digest"])).read_text())
     config = json.loads((blobs / _hex(manifest["config"]["digest"])).read_text())
-    layer, size = _write_layer(files, blobs)
+    layer, size = _write_layer(entries, blobs)
     # Uncompressed, the layer's digest is also its diff id.
     config["rootfs"]["diff_ids"].append(layer)
     created = datetime.now(UTC).isoformat().replace("+00:00", "Z")
