@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import base64
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -150,6 +151,14 @@ def test_the_inputs_arrive_in_an_init_container_and_the_trainer_image_reads_them
     assert uploader["name"] == "uploader"
     assert {"name": "sxwl-inputs", "emptyDir": {}} in pod["volumes"]
     assert TOKEN not in json.dumps(pod)
+    assert "SXWL_INPUTS_CACHE_URL" not in env  # no --serve-inputs: the cloud only
+
+    cached = replace(UPLOADS, cache_url="http://sxwl-agent-inputs.sxwl-system.svc:8471")
+    (fetcher,) = pod_spec(fine_tune("model", "training_file"), uploads=cached, trainer_image=TRAINER_IMAGE)[
+        "initContainers"
+    ]
+    env = {e["name"]: e["value"] for e in fetcher["env"]}
+    assert env["SXWL_INPUTS_CACHE_URL"] == "http://sxwl-agent-inputs.sxwl-system.svc:8471"
 
     secret = secret_manifest(record(), TOKEN, UPLOADS, "uid-1", {FETCHER_KEY: FETCHER})
     assert base64.b64decode(secret["data"][FETCHER_KEY]) == Path(pod_fetcher.__file__).read_bytes()

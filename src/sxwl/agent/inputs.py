@@ -8,6 +8,9 @@ read-only (0444 files, 0555 dirs: attempts get hard links of them, never a writa
 being fetched, so that a restarted agent reports such an attempt lost instead of leaving it
 ``starting`` on the cloud forever.
 
+On a Kubernetes CPod (``unpack_archives=False``) every entry stays the file the cloud sent: the
+agent serves it to the attempt's pods (cache_server.py), whose fetcher unpacks it in the pod.
+
 With a size cap, a fetch first makes room by removing the least recently used entries (an entry's
 mtime is touched each time an attempt takes it). Removing one never harms a running attempt, whose
 inputs are hard links of their own; entries taken in the last ``RECENT_S`` are kept, so an attempt
@@ -52,10 +55,18 @@ class Pending:
 
 
 class InputCache:
-    def __init__(self, root: Path, client: CloudClient, max_bytes: int | None = None) -> None:
+    def __init__(
+        self,
+        root: Path,
+        client: CloudClient,
+        max_bytes: int | None = None,
+        *,
+        unpack_archives: bool = True,
+    ) -> None:
         self.root = root
         self.client = client
         self.max_bytes = max_bytes  # None: no cap
+        self.unpack_archives = unpack_archives
         self._locks: dict[str, asyncio.Lock] = {}
         self._sizes: dict[str, int] | None = None  # sha256 -> bytes held, read from disk once
 
@@ -66,7 +77,7 @@ class InputCache:
         concurrent attempts needing the same sha256 wait for the first one's download."""
         lock = self._locks.setdefault(item.sha256, asyncio.Lock())
         async with lock:
-            unpack = unpacks(item)
+            unpack = self.unpack_archives and unpacks(item)
             final = self._tree(item.sha256) if unpack else self._file(item.sha256)
             if final.exists():
                 await asyncio.to_thread(_touch, final)
@@ -133,6 +144,16 @@ class InputCache:
             with contextlib.suppress(FileNotFoundError):
                 return entry.stat().st_mtime
         return 0.0
+
+    def held_file(self, sha256: str) -> Path | None:
+        """The cached file of ``sha256``, marked as just taken; None when it is not (or no longer)
+        here as a file."""
+        path = self._file(sha256)
+        try:
+            _touch(path)
+        except FileNotFoundError:
+            return None
+        return path if path.is_file() else None
 
     # ---- what the heartbeat reports -------------------------------------------------------------
 

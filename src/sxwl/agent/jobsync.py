@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Generic
 
 from sxwl.agent.client import CloudClient, LogGap, Rejected, Stale, Unreachable
+from sxwl.agent.input_grants import InputGrants
 from sxwl.agent.inputs import InputCache, InputError
 from sxwl.agent.runtimes.base import J, Runtime
 from sxwl.protocol import AgentJobState, Assignment, AssignmentsReply, JobReport, JobStatus
@@ -30,14 +31,21 @@ CACHE_REPORT_MAX = 10_000  # what a heartbeat may carry (protocol.Heartbeat.cach
 
 class JobSync(Generic[J]):
     def __init__(
-        self, client: CloudClient, runtime: Runtime[J], token: str, cache: InputCache | None = None
+        self,
+        client: CloudClient,
+        runtime: Runtime[J],
+        token: str,
+        cache: InputCache | None = None,
+        grants: InputGrants | None = None,
     ) -> None:
-        """``cache``: where the attempts' inputs are fetched to; None where the runtime takes none
-        (Kubernetes: it refuses assignments with inputs itself)."""
+        """``cache``: where the attempts' inputs are fetched to before they start; None where the
+        runtime's pods fetch their own (Kubernetes without --serve-inputs). ``grants``: which
+        started attempt's pods may read which cached input (cache_server.py)."""
         self.client = client
         self.runtime = runtime
         self.token = token
         self.cache = cache
+        self.grants = grants
         self.fetch_retry_s: tuple[float, ...] = FETCH_RETRY_S
         # Attempts found dead at start-up, to report as lost (the runtime's own record type).
         self.lost: list[J] = []
@@ -195,6 +203,9 @@ class JobSync(Generic[J]):
                 return
             job.reported_state = "starting"
             self.runtime.save(job)
+            if self.grants is not None and assignment.upload_token is not None:
+                shas = frozenset(item.sha256 for item in assignment.inputs)
+                self.grants.allow(assignment.job_id, assignment.attempt, assignment.upload_token, shas)
             assert self.cache is not None
             self.cache.clear_pending(assignment.job_id, assignment.attempt)
         except (Unreachable, Rejected) as exc:
@@ -276,7 +287,7 @@ class JobSync(Generic[J]):
                     uploading = None
                 if job.fenced and job.outcome is not None:
                     if uploading is None:
-                        self.runtime.done(job)
+                        self._done(job)
                 elif job.outcome is not None:
                     if uploading is None:  # a checkpoint still on its way is not sent twice
                         await self._finalise(job)
@@ -375,4 +386,10 @@ class JobSync(Generic[J]):
             outcome = "failed" if outcome == "succeeded" else outcome
             reason = "; ".join(r for r in (reason, *job.artifact_problems) if r)
         await self._report(job, outcome, job.exit_code, reason)
+        self._done(job)
+
+    def _done(self, job: J) -> None:
+        """The cloud has the attempt's end: the runtime forgets it, and its pods' grant goes."""
         self.runtime.done(job)
+        if self.grants is not None:
+            self.grants.revoke(job.job_id, job.attempt)

@@ -11,7 +11,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Generic, Protocol, TypeVar
+from typing import TYPE_CHECKING, Generic, Protocol, TypeVar
 
 import sxwl
 from sxwl.agent.client import CloudClient, Refused, Rejected, Unreachable
@@ -21,6 +21,9 @@ from sxwl.agent.runtimes.base import J, Runtime
 from sxwl.agent.runtimes.sandbox import Isolation
 from sxwl.agent.state import SavedRegistration, StateDir
 from sxwl.protocol import Heartbeat, IsolationReport, Node, RegisterRequest
+
+if TYPE_CHECKING:  # uvicorn and starlette only where the agent serves its cache
+    from sxwl.agent.cache_server import CacheServer
 
 log = logging.getLogger("sxwl.agent")
 T = TypeVar("T")
@@ -84,6 +87,7 @@ class AgentConfig:
     isolation: Isolation | None = None
     trusted_accounts: tuple[str, ...] = ()  # whose jobs besides the provider's, without isolation
     input_cache_max_bytes: int | None = None  # the cap of fine-tunes' input cache; None: no cap
+    input_cache_dir: Path | None = None  # where that cache is; None: the state dir's ``cache``
 
     def isolation_report(self) -> IsolationReport:
         isolated = self.isolation is None or self.isolation.isolated
@@ -112,9 +116,12 @@ class Agent(Generic[J]):
         runtime: Runtime[J],
         state: TokenStore | None = None,
         leader: Elector | None = None,
+        cache_server: CacheServer | None = None,
     ) -> None:
         """``runtime`` runs the jobs, ``state`` keeps the CPod token (the state dir when not given),
-        ``leader`` elects one replica of several (none: always leads)."""
+        ``leader`` elects one replica of several (none: always leads), ``cache_server`` serves the
+        input cache to a Kubernetes CPod's pods (none: each pod fetches its own from the cloud)."""
+        self.cache_server = cache_server
         self.config = config
         self.inventory = inventory
         self.client = client or CloudClient(config.api_url)
@@ -254,6 +261,16 @@ class Agent(Generic[J]):
                 log.warning("cloud unreachable while reporting jobs (%s); the jobs keep running", exc)
             await self._sleep(SUPERVISE_S)
 
+    def _input_cache(self) -> InputCache | None:
+        """Local CPods keep fine-tunes' inputs unpacked, for hard links into the attempts' dirs; a
+        Kubernetes CPod that serves them keeps the files as they came (its pods unpack them), and
+        one that does not has none: each pod fetches its own from the cloud."""
+        if self.config.runtime != "local" and self.cache_server is None:
+            return None
+        root = self.config.input_cache_dir or self.config.state_dir / "cache"
+        unpack = self.config.runtime == "local"
+        return InputCache(root, self.client, self.config.input_cache_max_bytes, unpack_archives=unpack)
+
     async def run(self) -> None:
         """Returns when stopped; raises Refused when the cloud will not have this agent. Running jobs
         are left running on stop: a restarted agent takes them back."""
@@ -270,13 +287,9 @@ class Agent(Generic[J]):
                 await start()
             saved = await self.registration()
             await self.report_isolation(saved.cpod_token)
-            # Local CPods keep fine-tunes' inputs in the state dir; a Kubernetes pod fetches its own.
-            cache = (
-                InputCache(self.config.state_dir / "cache", self.client, self.config.input_cache_max_bytes)
-                if self.config.runtime == "local"
-                else None
-            )
-            sync = JobSync(self.client, self.runtime, saved.cpod_token, cache)
+            cache = self._input_cache()
+            grants = self.cache_server.grants if self.cache_server is not None else None
+            sync = JobSync(self.client, self.runtime, saved.cpod_token, cache, grants)
             sync.lost = await _resolved(self.runtime.adopt())
             await self._retrying("reports of unstarted attempts", sync.report_left_pending)
             tasks = [
@@ -284,6 +297,9 @@ class Agent(Generic[J]):
                 asyncio.create_task(self._assignments(saved.cpod_token, sync), name="assignments"),
                 asyncio.create_task(self._supervise(sync), name="supervise"),
             ]
+            if self.cache_server is not None and cache is not None:
+                serving = self.cache_server.run(cache, self.stop_event)
+                tasks.append(asyncio.create_task(serving, name="input cache"))
             if keeper is not None:
                 if keeper.done():
                     keeper.result()  # lost the Lease while starting: LeadershipLost

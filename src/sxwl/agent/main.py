@@ -27,6 +27,7 @@ from sxwl.agent.state import local_cluster_uid
 if TYPE_CHECKING:  # the Kubernetes client is imported only by agents that use it: it is slow to load
     from kubernetes_asyncio.client import ApiClient
 
+    from sxwl.agent.cache_server import CacheServer
     from sxwl.agent.runtimes.kubernetes import KubernetesRuntime
 
 # Exit statuses a supervisor can tell apart: restarting helps after 1, never after 3.
@@ -101,11 +102,31 @@ def run(
     input_cache_gib: Annotated[
         float,
         typer.Option(
-            help="local runtime: GiB the cache of fine-tunes' models and datasets may hold before the "
-            "least recently used are removed; 0: no limit.",
+            help="GiB the cache of fine-tunes' models and datasets may hold before the least recently "
+            "used are removed; 0: no limit.",
             min=0,
         ),
     ] = DEFAULT_INPUT_CACHE_GIB,
+    input_cache_dir: Annotated[
+        Path | None, typer.Option(help="Where that cache is kept (default: STATE_DIR/cache).")
+    ] = None,
+    serve_inputs: Annotated[
+        str | None,
+        typer.Option(
+            envvar="SXWL_SERVE_INPUTS",
+            metavar="HOST:PORT",
+            help="kubernetes runtime: fetch fine-tunes' inputs into the agent's cache once and serve them "
+            "to the CPod's pods on this address (the chart's Service points at it). Needs --trainer-image.",
+        ),
+    ] = None,
+    inputs_url: Annotated[
+        str | None,
+        typer.Option(
+            envvar="SXWL_INPUTS_URL",
+            help="kubernetes runtime: --serve-inputs as the pods reach it, e.g. "
+            "http://sxwl-agent-inputs.sxwl-system.svc:8471 (default: http://HOST:PORT).",
+        ),
+    ] = None,
     isolation: Annotated[
         IsolationSetting,
         typer.Option(
@@ -214,6 +235,16 @@ def run(
             None,
         ),
     )
+    cache_server = None
+    if serve_inputs is not None:
+        from sxwl.agent.cache_server import CacheServer
+
+        try:
+            cache_server, url = CacheServer.from_flags(serve_inputs, inputs_url, runtime, trainer_image)
+        except ValueError as exc:
+            typer.echo(f"error: {exc}", err=True)
+            raise typer.Exit(2) from None
+        pods = PodSettings(**{**pods.__dict__, "inputs_url": url})
     config = AgentConfig(
         api_url=api_url.rstrip("/"),
         access_key=access_key,
@@ -226,6 +257,7 @@ def run(
         isolation=mode,
         trusted_accounts=tuple(trust_account or ()),
         input_cache_max_bytes=int(input_cache_gib * 2**30) or None,
+        input_cache_dir=input_cache_dir.resolve() if input_cache_dir else None,
     )
     try:
         if runtime == "local":
@@ -236,7 +268,7 @@ def run(
             )
             asyncio.run(_run(Agent(config, inventory, runtime=local)))
         else:
-            asyncio.run(_run_kubernetes(config, pods, kubeconfig, namespace, leader_elect))
+            asyncio.run(_run_kubernetes(config, pods, kubeconfig, namespace, leader_elect, cache_server))
     except Refused as exc:
         where = (
             f"remove {state_dir / 'cpod.json'}"
@@ -334,7 +366,9 @@ def job_runtime(api: ApiClient, config: AgentConfig, pods: PodSettings | None = 
     pods = pods or PodSettings(upload_url=config.api_url)
     uploads = None
     if pods.uploader_image:
-        uploads = UploadConfig(url=pods.upload_url, image=pods.uploader_image, ca_pem=pods.upload_ca)
+        uploads = UploadConfig(
+            url=pods.upload_url, image=pods.uploader_image, ca_pem=pods.upload_ca, cache_url=pods.inputs_url
+        )
     else:
         logging.getLogger("sxwl.agent").warning(
             "no --uploader-image: files that jobs write to $SXWL_OUTPUT_DIR do not reach the cloud"
@@ -354,7 +388,12 @@ def job_runtime(api: ApiClient, config: AgentConfig, pods: PodSettings | None = 
 
 
 async def _run_kubernetes(
-    config: AgentConfig, pods: PodSettings, kubeconfig: Path | None, namespace: str, leader_elect: bool
+    config: AgentConfig,
+    pods: PodSettings,
+    kubeconfig: Path | None,
+    namespace: str,
+    leader_elect: bool,
+    cache_server: CacheServer | None = None,
 ) -> None:
     from kubernetes_asyncio.client.exceptions import ApiException
 
@@ -383,6 +422,7 @@ async def _run_kubernetes(
             runtime=job_runtime(api, config, pods),
             state=SecretState(api, namespace),
             leader=LeaseElector(api, namespace) if leader_elect else None,
+            cache_server=cache_server,
         )
         await _run(agent)
 

@@ -1,21 +1,24 @@
 """The ``inputs`` init container of a fine-tune's Kubernetes pod: fetches every input of its attempt
-(the base model's tar, the training and validation files, the checkpoint it resumes from) from the
-cloud with the attempt's upload token, and leaves each read-only in the inputs dir that the main
-container mounts (docs/agent.md, "Fine-tunes on Kubernetes").
+(the base model's tar, the training and validation files, the checkpoint it resumes from) with the
+attempt's upload token, and leaves each read-only in the inputs dir that the main container mounts
+(docs/agent.md, "Fine-tunes on Kubernetes").
 
 It must run on any image with a ``python3``, Debian bookworm's 3.11.2 included (which has no tarfile
 ``data`` filter), so it is the standard library only and imports nothing of sxwl (``python3 -I
 /sxwl-upload/pod_fetcher.py``). Each input streams to a temporary file in the inputs dir, hashed as
-it arrives, and is kept only if its size and sha256 are those of the assignment; the cloud's redirect
-to the object store's presigned URL is followed once, without the token. A model's tar is unpacked
-here, member by member (regular files and directories only), into a staging dir that is renamed into
-place, so the main container never sees half a tree; the ``resume`` checkpoint stays the tar the
-trainer unpacks itself. Last the ``TrainerRun`` (SXWL_TRAINER_RUN) is written beside the inputs.
+it arrives, and is kept only if its size and sha256 are those of the assignment. With
+SXWL_INPUTS_CACHE_URL it is asked first, once, of the CPod's input cache (the agent's
+cache_server.py, with ``cache_credential``, never the token itself); whatever goes wrong there falls
+back to the cloud, the authority on what the attempt may have, whose redirect to the object store's
+presigned URL is followed once, without the token. A model's tar is unpacked here, member by member
+(regular files and directories only), into a staging dir renamed into place, so the main container
+never sees half a tree; the ``resume`` checkpoint stays the tar the trainer unpacks itself. Last the
+``TrainerRun`` (SXWL_TRAINER_RUN) is written beside the inputs.
 
 What happened is one line in the termination log, which the agent makes the job's reason; the exit
-status is 1 on any error, which fails the pod before the trainer starts. Any failed input fails the
-pod, so the first error ends the fetch. SXWL_FETCH_RETRY_S sets the first delay between tries
-(default 1 s, doubled each time; tests make it small)."""
+status is 1 on any error, which fails the pod before the trainer starts. The first failed input ends
+the fetch. SXWL_FETCH_RETRY_S sets the first delay between tries of the cloud (default 1 s, doubled
+each time; tests make it small)."""
 
 from __future__ import annotations
 
@@ -31,6 +34,7 @@ import sys
 import tarfile
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
@@ -41,11 +45,12 @@ from urllib.parse import SplitResult, quote, urljoin, urlsplit
 PROTOCOL_HEADER = "X-SXWL-Protocol"
 SHA256_HEADER = "X-SXWL-Sha256"
 INPUT_PATH = "/api/v1/agent/pod-inputs/{job_id}/{attempt}/{name}"
+CACHE_PATH = "/v1/inputs/{job_id}/{attempt}/{sha256}"
+CACHE_CREDENTIAL = b"sxwl-input-cache\0"
 RUN_FILE = "trainer-run.json"
 # Unpacked by the trainer itself (it wrote it), so it stays a tar.
 RESUME = "resume"
-# Every temporary name starts with it: a run killed half-way leaves only such names, which the next
-# run of the init container removes.
+# A run killed half-way leaves only names with it, which the next run of the init container removes.
 TEMP_PREFIX = ".sxwl-fetch-"
 
 CHUNK = 1024 * 1024
@@ -108,6 +113,7 @@ class Config:
     inputs: list[Input]
     trainer_run: str | None
     retry_s: float
+    cache_url: str | None = None
 
     @classmethod
     def from_env(cls, env: dict[str, str]) -> Config:
@@ -126,6 +132,7 @@ class Config:
             inputs=[Input.parse(item) for item in listed],
             trainer_run=env.get("SXWL_TRAINER_RUN") or None,
             retry_s=float(env.get("SXWL_FETCH_RETRY_S", RETRY_S)),
+            cache_url=env.get("SXWL_INPUTS_CACHE_URL") or None,
         )
 
 
@@ -136,37 +143,65 @@ class Fetcher:
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ValueError(f"SXWL_UPLOAD_URL must be an http(s) URL, not {config.url!r}")
         self.cloud = parts
+        self.cache = urlsplit(config.cache_url) if config.cache_url else None
+        if self.cache is not None and (self.cache.scheme != "http" or not self.cache.hostname):
+            raise ValueError(f"SXWL_INPUTS_CACHE_URL must be an http URL, not {config.cache_url!r}")
         self.tls = ssl.create_default_context(cafile=config.ca_file) if parts.scheme == "https" else None
-        # The object store may be another host with a public certificate: the system's CAs and the
-        # cloud's own.
+        # The object store may be another host with a public certificate: the system's CAs too.
         self.store_tls = ssl.create_default_context()
         if config.ca_file:
             self.store_tls.load_verify_locations(config.ca_file)
 
-    def fetch(self, item: Input) -> None:
-        """Fetches, checks and places one input. Connection errors, 5xx, 429 and bytes that are not
-        the expected ones are tried again with backoff; any other refusal is final at once."""
+    def fetch(self, item: Input) -> str:
+        """Fetches, checks and places one input; where it came from. From the cloud, connection
+        errors, 5xx, 429 and bytes that are not the expected ones are tried again with backoff; any
+        other refusal is final at once."""
+        if self.cache is not None:
+            why = self._into_place(item, self._try_cache)
+            if why is None:
+                return "the CPod's cache"
+            print(f"input {item.name}: not from the CPod's cache ({why}); from the cloud", file=sys.stderr)
         delay = self.config.retry_s
         for attempt in range(1, TRIES + 1):
-            handle, name = tempfile.mkstemp(prefix=f"{TEMP_PREFIX}{item.name}.", dir=self.config.inputs_dir)
-            temp = Path(name)
-            try:
-                try:
-                    with os.fdopen(handle, "wb") as out:
-                        why = self._try(item, out)
-                except (OSError, http.client.HTTPException) as exc:
-                    why = f"{type(exc).__name__}: {exc}"
-                if why is None:
-                    place(item, temp, self.config.inputs_dir)
-                    return
-            finally:
-                temp.unlink(missing_ok=True)
+            why = self._into_place(item, self._try)
+            if why is None:
+                return "the cloud"
             if attempt == TRIES:
                 raise FetchError(f"input {item.name}: not fetched in {TRIES} tries: {why}")
             print(f"input {item.name}: try {attempt} failed ({why}); again in {delay:g} s", file=sys.stderr)
             time.sleep(delay)
             delay *= 2
         raise AssertionError("unreachable")
+
+    def _into_place(self, item: Input, get: Callable[[Input, BinaryIO], str | None]) -> str | None:
+        """One try of ``get`` into a temporary file, placed when its bytes are the input's; else why not."""
+        handle, name = tempfile.mkstemp(prefix=f"{TEMP_PREFIX}{item.name}.", dir=self.config.inputs_dir)
+        temp = Path(name)
+        try:
+            try:
+                with os.fdopen(handle, "wb") as out:
+                    why = get(item, out)
+            except (OSError, http.client.HTTPException) as exc:
+                why = f"{type(exc).__name__}: {exc}"
+            if why is None:
+                place(item, temp, self.config.inputs_dir)
+            return why
+        finally:
+            temp.unlink(missing_ok=True)
+
+    def _try_cache(self, item: Input, out: BinaryIO) -> str | None:
+        assert self.cache is not None
+        job_id, attempt = quote(self.config.job_id, safe=""), self.config.attempt
+        target = self.cache.path + CACHE_PATH.format(job_id=job_id, attempt=attempt, sha256=item.sha256)
+        auth = {"Authorization": f"Bearer {cache_credential(self.config.token)}"}
+        connection, response = self._get(self.cache, target, auth)
+        try:
+            if response.status != 200:
+                return f"HTTP {response.status}"
+            size, digest = _save(response, out, item.size)
+        finally:
+            connection.close()
+        return _mismatch(item, size, digest)
 
     def _try(self, item: Input, out: BinaryIO) -> str | None:
         """One try, its bytes written to ``out``: None when they are the input's, otherwise why this
@@ -192,13 +227,7 @@ class Fetcher:
             size, digest = _save(response, out, item.size)
         finally:
             connection.close()
-        if size > item.size:
-            return f"more than the expected {item.size} bytes arrived"
-        if size != item.size:
-            return f"{size} bytes arrived, not the expected {item.size}"
-        if digest != item.sha256:
-            return f"sha256 {digest} is not the expected {item.sha256}"
-        return None
+        return _mismatch(item, size, digest)
 
     def _get(
         self, where: SplitResult, target: str, headers: dict[str, str]
@@ -216,6 +245,22 @@ class Fetcher:
         except BaseException:
             connection.close()
             raise
+
+
+def cache_credential(upload_token: str) -> str:
+    """What a pod shows the CPod's input cache: derived from the upload token, so the cache (plain
+    HTTP inside the cluster) never sees the token that reaches the cloud."""
+    return hashlib.sha256(CACHE_CREDENTIAL + upload_token.encode()).hexdigest()
+
+
+def _mismatch(item: Input, size: int, digest: str) -> str | None:
+    if size > item.size:
+        return f"more than the expected {item.size} bytes arrived"
+    if size != item.size:
+        return f"{size} bytes arrived, not the expected {item.size}"
+    if digest != item.sha256:
+        return f"sha256 {digest} is not the expected {item.sha256}"
+    return None
 
 
 def _save(response: http.client.HTTPResponse, out: BinaryIO, expected: int) -> tuple[int, str]:
@@ -255,11 +300,7 @@ def _store_failure(item: Input, response: http.client.HTTPResponse) -> str:
     if status >= 500 or status == 429:
         return f"the object store answered HTTP {status}"
     raw = response.read(64 * 1024)
-    code = (
-        raw.split(b"<Code>", 1)[1].split(b"<", 1)[0][:100].decode(errors="replace")
-        if b"<Code>" in raw
-        else ""
-    )
+    code = raw.partition(b"<Code>")[2].split(b"<", 1)[0][:100].decode(errors="replace")
     raise FetchError(f"input {item.name}: refused by the object store: HTTP {status} {code}".rstrip())
 
 
@@ -324,13 +365,9 @@ def _member_parts(name: str) -> tuple[str, ...]:
 
 
 def _kind(member: tarfile.TarInfo) -> str:
-    if member.issym():
-        return f"a symbolic link to {member.linkname!r}"
-    if member.islnk():
-        return f"a hard link to {member.linkname!r}"
-    if member.isdev():
-        return "a device or a FIFO"
-    return f"of tar type {member.type!r}"
+    if member.issym() or member.islnk():
+        return f"a {'symbolic' if member.issym() else 'hard'} link to {member.linkname!r}"
+    return "a device or a FIFO" if member.isdev() else f"of tar type {member.type!r}"
 
 
 def read_only(root: Path) -> None:
@@ -368,13 +405,16 @@ def fetch_all(config: Config) -> str:
         if leftover.name.startswith(TEMP_PREFIX):
             remove(leftover)
     fetcher = Fetcher(config)
+    cached = 0
     for item in config.inputs:
-        fetcher.fetch(item)
-        print(f"input {item.name}: {item.size} bytes fetched", file=sys.stderr)
+        source = fetcher.fetch(item)
+        cached += source == "the CPod's cache"
+        print(f"input {item.name}: {item.size} bytes fetched from {source}", file=sys.stderr)
     if config.trainer_run is not None:
         write_run(config.inputs_dir, config.trainer_run)
     count, total = len(config.inputs), sum(item.size for item in config.inputs)
-    return f"ok: {count} input{'s' if count != 1 else ''} ({total} bytes) fetched"
+    line = f"ok: {count} input{'s' if count != 1 else ''} ({total} bytes) fetched"
+    return line + (f", {cached} from the CPod's cache" if fetcher.cache is not None else "")
 
 
 def _stop(signum: int, frame: FrameType | None) -> None:

@@ -1,6 +1,6 @@
 """What the ``kubernetes`` runtime adds to every tenant pod, from the agent's flags: where the pods'
-uploaders send artifacts, the image that runs fine-tunes, and the provider's node selector and
-tolerations (docs/agent.md)."""
+uploaders send artifacts, the image that runs fine-tunes, where fine-tunes' pods find the agent's
+input cache, and the provider's node selector and tolerations (docs/agent.md)."""
 
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ class PodSettings:
     node_selector: tuple[tuple[str, str], ...] = field(default_factory=tuple)
     tolerations: tuple[dict[str, str], ...] = field(default_factory=tuple)
     memory_limit: str | None = None  # a Kubernetes quantity, e.g. "16Gi"
+    inputs_url: str | None = None  # the agent's input cache as pods reach it (--serve-inputs)
 
 
 def _key_value(text: str, what: str) -> tuple[str, str | None]:
@@ -50,6 +51,15 @@ def toleration(text: str) -> dict[str, str]:
     if value is None:
         return {"key": key, "operator": "Exists", "effect": effect}
     return {"key": key, "operator": "Equal", "value": value, "effect": effect}
+
+
+def listen_address(text: str) -> tuple[str, int]:
+    """``HOST:PORT`` (``[::]:8471`` for IPv6): where the agent serves its input cache."""
+    host, colon, port = text.rpartition(":")
+    host = host.removeprefix("[").removesuffix("]")
+    if not colon or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError("expected HOST:PORT, e.g. 0.0.0.0:8471")
+    return host, int(port)
 
 
 _QUANTITY = re.compile(r"[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)?")

@@ -3,15 +3,18 @@ attempt has inputs and runs the trainer.
 
 - The ``inputs`` init container runs ``sxwl.agent.pod_fetcher`` (its file travels in the upload
   Secret, like the uploader's) on the uploader's image, as nobody, with the Secret mounted. It
-  fetches each input from the cloud with the attempt's upload token, checks its sha256 and size,
-  and leaves it read-only in the ``sxwl-inputs`` emptyDir: a model's archive unpacked, a file as it
-  is. Last it writes the ``TrainerRun``, whose paths are those the main container sees.
+  fetches each input (from the agent's cache, or the cloud) with the attempt's upload token,
+  checks its sha256 and size, and leaves it read-only in the ``sxwl-inputs`` emptyDir: a model's
+  archive unpacked, a file as it is. Last it writes the ``TrainerRun``, whose paths are those the
+  main container sees.
 - The main container runs the CPod's trainer image (``python3 -m sxwl.trainer``) under the
   wrapper of kube_wrapper.py, the inputs mounted read-only; its checkpoints and adapter go out
   through the uploader like any job's outputs.
 
-Each pod fetches for itself, so there is no CPod-wide cache on Kubernetes: the heartbeat reports
-none, and the scheduler's preference for CPods holding the inputs applies to local CPods."""
+With ``--serve-inputs`` the agent has fetched the inputs into its cache before it made the Job
+(cache_server.py), and the fetcher reads them from there (SXWL_INPUTS_CACHE_URL), falling back to
+the cloud; the heartbeat reports that cache, so the scheduler prefers this CPod for the next job
+with the same inputs. Without it each pod fetches its own from the cloud."""
 
 from __future__ import annotations
 
@@ -105,6 +108,8 @@ def init_container(job: KubeJob, assignment: Assignment, config: UploadConfig) -
         env.append({"name": "SXWL_TRAINER_RUN", "value": run.model_dump_json()})
     if config.ca_pem is not None:
         env.append({"name": "SXWL_UPLOAD_CA_FILE", "value": f"{TOKEN_DIR}/{CA_KEY}"})
+    if config.cache_url is not None:
+        env.append({"name": "SXWL_INPUTS_CACHE_URL", "value": config.cache_url})
     return {
         "name": INPUTS,
         "image": config.image,

@@ -48,12 +48,14 @@ UPLOADER_RESOURCES = {"requests": {"cpu": "10m", "memory": "32Mi"}, "limits": {"
 @dataclass(frozen=True)
 class UploadConfig:
     """Where the pods' uploaders send artifacts: the cloud's URL as pods reach it, the image that runs
-    the uploader (any image with a python3; the agent's own by default), and the CA bundle that the
-    cloud's certificate is checked against, if not the system's."""
+    the uploader (any image with a python3; the agent's own by default), the CA bundle that the
+    cloud's certificate is checked against, if not the system's, and the agent's input cache as
+    pods reach it (cache_server.py), which a fine-tune's fetcher asks before the cloud."""
 
     url: str
     image: str
     ca_pem: bytes | None = None
+    cache_url: str | None = None
 
 
 def secret_name(job: KubeJob) -> str:
