@@ -28,7 +28,6 @@ from sxwl.agent.main import app as agent_app
 from sxwl.agent.pod_fetcher import CACHE_PATH, cache_credential
 from sxwl.protocol import SHA256_HEADER
 from sxwl.protocol.finetune import JobInput
-from tests.support.net import free_port
 from tests.test_pod_inputs import FILES, MODEL_TAR, WEIGHTS, Cloud, cloud, fetch, placed
 
 __all__ = ["cloud"]  # the fixture
@@ -55,7 +54,7 @@ class Agent:
         self.cloud = cloud
         self.cpod_token = cloud.ft.agent["Authorization"].removeprefix("Bearer ")
         self.cache = InputCache(root / "cache", CloudClient(cloud.url), unpack_archives=False)
-        self.server = CacheServer.listen("127.0.0.1", 0)
+        self.server = CacheServer.bind("127.0.0.1", 0)
         self.url = f"http://127.0.0.1:{self.server.sock.getsockname()[1]}"
         self.grants: InputGrants = self.server.grants
         self.loop = asyncio.new_event_loop()
@@ -182,13 +181,18 @@ def test_whatever_goes_wrong_at_the_cache_the_pod_gets_its_inputs_from_the_cloud
     assert pod_input_requests(cloud.url) == before + 2
     assert (tmp_path / "pod" / "inputs" / "model" / "model.safetensors").read_bytes() == WEIGHTS
 
-    # An agent restarted since (no grants) or one that is not there at all: the cloud, every input.
+    # An agent restarted since (no grants), or a replica that is not the leader (bound, not serving):
+    # the cloud, every input, and at once.
     agent.grants.revoke(assignment["job_id"], assignment["attempt"])
     code, message, stderr = fetch(tmp_path / "pod2", cloud.url, assignment, SXWL_INPUTS_CACHE_URL=agent.url)
     assert code == 0 and message.endswith("fetched, 0 from the CPod's cache"), stderr
     assert "(HTTP 403); from the cloud" in stderr
-    gone = f"http://127.0.0.1:{free_port()}"
-    code, message, stderr = fetch(tmp_path / "pod3", cloud.url, assignment, SXWL_INPUTS_CACHE_URL=gone)
+    idle = CacheServer.bind("127.0.0.1", 0)
+    gone = f"http://127.0.0.1:{idle.sock.getsockname()[1]}"
+    try:
+        code, message, stderr = fetch(tmp_path / "pod3", cloud.url, assignment, SXWL_INPUTS_CACHE_URL=gone)
+    finally:
+        idle.sock.close()
     assert code == 0 and message.endswith("fetched, 0 from the CPod's cache"), stderr
     assert "ConnectionRefusedError" in stderr
     assert pod_input_requests(cloud.url) == before + 2 + 3 + 3
@@ -218,7 +222,8 @@ def test_serve_inputs_refuses_what_cannot_work_and_names_the_fix(
 
 
 def test_serve_inputs_on_a_port_that_is_taken_stops_the_agent_at_start(tmp_path: Path) -> None:
-    taken = CacheServer.listen("127.0.0.1", 0)
+    taken = CacheServer.bind("127.0.0.1", 0)
+    taken.sock.listen()  # another program serving there
     port = taken.sock.getsockname()[1]
     flags = [*FINE_TUNES, "--serve-inputs", f"127.0.0.1:{port}"]
     try:

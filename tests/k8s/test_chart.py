@@ -170,6 +170,45 @@ def test_chart_lints_and_renders(k8s_cluster: K8sCluster) -> None:
     assert failed == ""  # neither a Secret nor a key: helm refuses to render
 
 
+def test_a_chart_with_a_trainer_image_serves_its_input_cache_to_its_pods(k8s_cluster: K8sCluster) -> None:
+    def rendered(*values: str) -> dict[str, dict[str, Any]]:
+        text = k8s_cluster.helm(
+            "template", "x", str(CHART), "--set=existingSecret=s", "-n", "sxwl-system", *values
+        )
+        return {doc["kind"]: doc for doc in yaml.safe_load_all(text) if doc}
+
+    docs = rendered("--set=jobs.trainerImage=ghcr.io/sxwl-ai/sxwl-trainer:0.1.0")
+    pod = docs["Deployment"]["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    for arg in (
+        "--serve-inputs=0.0.0.0:8471",
+        "--inputs-url=http://x-sxwl-agent-inputs.sxwl-system.svc:8471",
+        "--input-cache-dir=/var/cache/sxwl-inputs",
+        "--input-cache-gib=100",
+    ):
+        assert arg in container["args"]
+    assert container["ports"] == [{"name": "inputs", "containerPort": 8471}]
+    assert {"name": "input-cache", "mountPath": "/var/cache/sxwl-inputs"} in container["volumeMounts"]
+    assert {"name": "input-cache", "emptyDir": {"sizeLimit": "102Gi"}} in pod["volumes"]
+    service = docs["Service"]
+    assert service["metadata"]["name"] == "x-sxwl-agent-inputs"
+    assert service["spec"]["ports"] == [{"name": "inputs", "port": 8471, "targetPort": "inputs"}]
+    assert service["spec"]["selector"] == docs["Deployment"]["spec"]["selector"]["matchLabels"]
+
+    kept = rendered(
+        "--set=jobs.trainerImage=t", "--set=inputCache.existingClaim=cache", "--set=inputCache.maxGiB=500"
+    )
+    pod = kept["Deployment"]["spec"]["template"]["spec"]
+    assert {"name": "input-cache", "persistentVolumeClaim": {"claimName": "cache"}} in pod["volumes"]
+    assert "--input-cache-gib=500" in pod["containers"][0]["args"]
+    # No trainer image (no fine-tunes) or the cache turned off: each pod fetches from the cloud.
+    for values in ((), ("--set=jobs.trainerImage=t", "--set=inputCache.enabled=false")):
+        plain = rendered(*values)
+        assert "Service" not in plain
+        args = plain["Deployment"]["spec"]["template"]["spec"]["containers"][0]["args"]
+        assert not [a for a in args if a.startswith(("--serve-inputs", "--inputs-url", "--input-cache"))]
+
+
 def test_chart_installs_and_the_agent_registers_with_its_service_account(
     k8s_cluster: K8sCluster, cloud: CloudProcess, tmp_path: Path
 ) -> None:

@@ -1,12 +1,15 @@
 """A fine-tune on a Kubernetes CPod (docs/agent.md, "Fine-tunes on Kubernetes"), on the real test
-nodes: the agent has a trainer image (tests/support/k8s_trainer.py), the pod's ``inputs`` init
-container fetches the tiny Llama and the dataset from the cloud with the attempt's upload token (on
-Debian's python3, as nobody), the trainer image trains on them for real, its checkpoints and adapter
+nodes: the agent has a trainer image (tests/support/k8s_trainer.py) and serves its input cache
+(--serve-inputs): it fetches the tiny Llama and the dataset from the cloud once, reports them in its
+heartbeat, and the pod's ``inputs`` init container (Debian's python3, as nobody) reads them from the
+agent, never from the cloud; the trainer image trains on them for real, its checkpoints and adapter
 go back through the uploader, and the adapter loads with peft."""
 
 from __future__ import annotations
 
+import json
 import os
+import sqlite3
 import tarfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,8 +22,10 @@ from tests.support.agent import eventually
 from tests.support.k8s import K8sCluster
 from tests.support.k8s_node import RealNodes
 from tests.support.k8s_trainer import trainer_image
+from tests.support.net import free_port
 from tests.support.real_cpod import RealCPod
 from tests.support.tiny_finetune import build_model, register_public_model, run_python, write_dataset
+from tests.test_cpod_input_cache import pod_input_requests
 
 pytestmark = pytest.mark.k8s
 pytest.importorskip("peft", reason="fine-tunes need the training extra: pip install -e '.[train]'")
@@ -34,8 +39,12 @@ def cpod(
     k8s_cluster: K8sCluster, real_nodes: RealNodes, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[RealCPod]:
     image = trainer_image(real_nodes)
+    serve = f"{real_nodes.host_address}:{free_port(real_nodes.host_address)}"
     real = RealCPod(
-        k8s_cluster, real_nodes, tmp_path_factory.mktemp("real-finetune"), "--trainer-image", image
+        k8s_cluster,
+        real_nodes,
+        tmp_path_factory.mktemp("real-finetune"),
+        *("--trainer-image", image, "--serve-inputs", serve),
     )
     yield real
     real.stop()
@@ -135,3 +144,11 @@ def test_a_fine_tune_trains_in_the_trainer_image_and_hands_back_an_adapter_that_
     )
     assert loaded.strip() == "PeftModelForCausalLM"
     cpod.nothing_left(job_id)
+
+    # The inputs came from the agent's cache, which the cloud now knows this CPod holds.
+    assert pod_input_requests(cpod.url) == 0
+    with sqlite3.connect(cpod.root / "sxwl.db") as db:
+        (cached,) = db.execute("SELECT cached_inputs FROM cpods").fetchone()
+        (inputs,) = db.execute("SELECT inputs FROM jobs WHERE id = ?", (job_id,)).fetchone()
+    needed = {item["sha256"]: item["size"] for item in json.loads(inputs)}
+    assert {entry["sha256"]: entry["size"] for entry in json.loads(cached)} == needed

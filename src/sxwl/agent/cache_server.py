@@ -93,21 +93,22 @@ class CacheServer:
         if url is None and host in ("0.0.0.0", "::"):  # noqa: S104 - refusing it as the pods' address
             raise ValueError(f"--serve-inputs {address}: give --inputs-url, the address pods reach")
         try:
-            server = cls.listen(host, port)
+            server = cls.bind(host, port)
         except OSError as exc:
             raise ValueError(f"--serve-inputs {address}: cannot listen: {exc.strerror or exc}") from None
         shown = f"[{host}]" if ":" in host else host
         return server, (url or f"http://{shown}:{port}").rstrip("/")
 
     @classmethod
-    def listen(cls, host: str, port: int) -> CacheServer:
-        """Bound before the agent registers, so a port that is taken fails its start (OSError)."""
+    def bind(cls, host: str, port: int) -> CacheServer:
+        """Bound before the agent registers, so a port that is taken fails its start (OSError). It
+        listens only once ``run`` serves: until then (a replica that is not the leader, say) pods
+        are refused at once and fetch from the cloud instead of waiting on a queue nobody takes."""
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         sock = socket.socket(family, socket.SOCK_STREAM)
         try:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             sock.bind((host, port))
-            sock.listen(128)
         except OSError:
             sock.close()
             raise

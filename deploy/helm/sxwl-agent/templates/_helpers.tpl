@@ -28,6 +28,11 @@ app.kubernetes.io/name: {{ include "sxwl-agent.name" . }}
 app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end -}}
 
+{{/* Whether the agent serves the input cache: only a CPod that takes fine-tunes has inputs to serve. */}}
+{{- define "sxwl-agent.servesInputs" -}}
+{{- if and .Values.inputCache.enabled .Values.jobs.trainerImage -}}true{{- end -}}
+{{- end -}}
+
 {{/* The Secret that holds SXWL_ACCESS_KEY (and SXWL_API_URL when cloud.url is empty). */}}
 {{- define "sxwl-agent.accessKeySecret" -}}
 {{- if .Values.existingSecret -}}
