@@ -66,11 +66,11 @@ def register_cpod(client: TestClient, key: str, cluster_uid: str, **extra: Any) 
     return body["cpod_id"], body["cpod_token"]
 
 
-def beat(client: TestClient, token: str, seq: int, nodes: list[dict[str, Any]]) -> int:
+def beat(client: TestClient, token: str, seq: int, nodes: list[dict[str, Any]], **extra: Any) -> int:
     response = client.post(
         "/api/v1/agent/heartbeat",
         headers={"Authorization": f"Bearer {token}"},
-        json={"seq": seq, "nodes": nodes},
+        json={"seq": seq, "nodes": nodes, **extra},
     )
     status: int = response.status_code
     return status
@@ -474,6 +474,17 @@ def test_the_card_says_whether_the_cpod_takes_fine_tunes_and_when_that_changed(c
     kube = card(browser.get("/compute").text, kube_id)
     assert re.findall(fine_tunes, kube) == ["接受"]
     assert 'data-kind="fine-tunes"' in kube and ">微调<" in kube and "开始接受微调任务" in kube
+    cache = r'class="cpod-input-cache"[^>]*>(.*?)</dd>'
+    assert re.findall(cache, kube) == ['<span class="muted">空</span>']
+    assert "cpod-input-cache" not in card(html, kube_id)  # no fine-tunes: no line for a cache
+    # The agent reports what it fetched (a model and a dataset): the provider sees it on the card.
+    held = [{"sha256": "a" * 64, "size": 3 * 2**30 // 2}, {"sha256": "b" * 64, "size": 2**20}]
+    assert beat(client, kube_token, 1, [], cache=held) == 200
+    kube = card(browser.get("/compute").text, kube_id)
+    assert re.findall(cache, kube) == ["2 项 · 1.5 GiB"]
+    api = browser.get(f"/api/v1/cpods/{kube_id}")
+    assert api.json()["input_cache"] == {"entries": 2, "bytes": 3 * 2**30 // 2 + 2**20}
     browser.get("/lang/en?next=/compute")
     kube = card(browser.get("/compute").text, kube_id)
     assert re.findall(fine_tunes, kube) == ["Taken"] and "now takes fine-tunes" in kube
+    assert re.findall(cache, kube) == ["2 items · 1.5 GiB"]

@@ -6,7 +6,7 @@ from fastapi import APIRouter, Response
 
 from sxwl.cloud.api.deps import Ctx, CurrentUser
 from sxwl.cloud.api.responses import SIGNED_IN, WITH_BODY, errors
-from sxwl.cloud.api.schemas import CPodEventOut, CPodOut, CPodRenameIn
+from sxwl.cloud.api.schemas import CPodEventOut, CPodOut, CPodRenameIn, InputCacheOut
 from sxwl.cloud.db.models import CPod
 from sxwl.cloud.services import cpods
 from sxwl.cloud.services.gpu_summary import GpuAvailability, GpuSummary, summarize
@@ -26,6 +26,7 @@ def cpod_out(cpod: CPod, owner_email: str) -> CPodOut:
         runtime=cpod.runtime,
         isolation=cpod.isolation,
         fine_tunes=cpod.takes_fine_tunes,
+        input_cache=InputCacheOut(entries=len(cpod.cached_inputs), bytes=cpods.cached_bytes(cpod)),
         agent_version=cpod.agent_version,
         created_at=cpod.created_at,
         last_heartbeat_at=cpod.last_heartbeat_at,

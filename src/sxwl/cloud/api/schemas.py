@@ -89,6 +89,13 @@ class AccessKeyRecordOut(BaseModel):
     revoked_by: str | None
 
 
+class InputCacheOut(BaseModel):
+    """What the CPod's agent last reported holding of fine-tunes' inputs (models, datasets)."""
+
+    entries: int
+    bytes: int
+
+
 class CPodOut(BaseModel):
     id: str
     name: str
@@ -100,6 +107,8 @@ class CPodOut(BaseModel):
     isolation: Isolation
     # Whether it runs fine-tunes: the local runtime, a Kubernetes one whose agent has a trainer image.
     fine_tunes: bool
+    # The scheduler prefers, among CPods that fit, one that holds a job's inputs (docs/finetune-locality.md).
+    input_cache: InputCacheOut
     agent_version: str
     created_at: datetime
     last_heartbeat_at: datetime | None

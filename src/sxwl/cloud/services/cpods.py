@@ -123,6 +123,11 @@ def _register(ctx: CloudContext, session: Session, owner: User, req: RegisterReq
     return cpod, token
 
 
+def cached_bytes(cpod: CPod) -> int:
+    """The bytes of its agent's last reported input cache."""
+    return sum(int(entry.get("size", 0)) for entry in cpod.cached_inputs or ())
+
+
 def takes_fine_tunes(report: IsolationReport, runtime: str) -> bool:
     """What the agent said, or for agents from before it said anything, what their runtime did."""
     return report.fine_tunes if report.fine_tunes is not None else runtime == "local"

@@ -17,6 +17,7 @@ from sxwl.cloud.db.models import CPod, CPodEvent, CPodStatus, User
 from sxwl.cloud.services import cpods
 from sxwl.cloud.services.gpu_summary import GpuSummary, add_up, summarize
 from sxwl.cloud.web.i18n import translate
+from sxwl.cloud.web.jobs_view import size
 
 # How many of a CPod's newest events the page shows.
 EVENTS_SHOWN = 20
@@ -53,6 +54,8 @@ class CPodView:
     status: str
     runtime: str
     fine_tunes: bool
+    cache_entries: int  # the agent's last reported input cache
+    cache_size: str
     agent_version: str
     created_at: datetime
     last_heartbeat_at: datetime | None
@@ -82,9 +85,9 @@ def ago(lang: str, seconds: int | None) -> str:
     if seconds is None:
         return translate(lang, "compute.never")
     seconds = max(seconds, 0)
-    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
-        if seconds >= size:
-            return translate(lang, f"compute.ago_{unit}").replace("{n}", str(seconds // size))
+    for unit, span in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= span:
+            return translate(lang, f"compute.ago_{unit}").replace("{n}", str(seconds // span))
     return translate(lang, "compute.ago_s").replace("{n}", str(seconds))
 
 
@@ -196,6 +199,8 @@ def cpod_views(session: Session, user: User, now: datetime) -> list[CPodView]:
                 status=display_status(cpod),
                 runtime=cpod.runtime,
                 fine_tunes=cpod.takes_fine_tunes,
+                cache_entries=len(cpod.cached_inputs or ()),
+                cache_size=size(cpods.cached_bytes(cpod)),
                 agent_version=cpod.agent_version,
                 created_at=cpod.created_at,
                 last_heartbeat_at=last,

@@ -51,7 +51,7 @@ def _helpers(lang: str) -> dict[str, Any]:
         "duration": lambda seconds: jobs_view.duration(lang, seconds),
         "params_text": finetune_view.params_text,
         "problem_text": lambda message: finetune_view.problem_text(lang, message),
-        "size": finetune_view.size,
+        "size": jobs_view.size,
         "chart_box": Chart,
         "cli_example": CLI_EXAMPLE,
     }
@@ -165,7 +165,7 @@ async def upload_file(request: Request, principal: JobsViewer) -> Response:
         )
     except AppError as exc:
         key = {413: "ft.files.too_large", 503: "ft.files.unavailable"}.get(exc.status)
-        limit = finetune_view.size(ctx.settings.file_max_bytes)
+        limit = jobs_view.size(ctx.settings.file_max_bytes)
         message = translate(lang, key, max=limit) if key else exc.message
         return _files(request, principal, error=message, status=exc.status if exc.status < 500 else 503)
     finally:

@@ -26,6 +26,7 @@ from sxwl.cloud.db.models import TERMINAL_STATES, Job, Role, User
 from sxwl.cloud.services import datasets, fine_tune_estimate, fine_tunes, model_catalog
 from sxwl.cloud.web.finetune_chart import Chart, loss_chart
 from sxwl.cloud.web.i18n import translate
+from sxwl.cloud.web.jobs_view import size
 
 LIST_LIMIT = 50
 FILES_LIMIT = 100
@@ -139,15 +140,6 @@ def event_text(lang: str, message: str) -> str:
     """An event's message (English, as the API gives it) in the console's language; a message this
     console does not know is shown as it is."""
     return _translated(lang, message, _EVENTS)
-
-
-def size(num_bytes: int) -> str:
-    value = float(num_bytes)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if value < 1024 or unit == "GiB":
-            return f"{int(value)} B" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    return f"{num_bytes} B"  # pragma: no cover - the loop always returns
 
 
 def params_text(parameters: int | None) -> str:
