@@ -31,7 +31,9 @@ T = TypeVar("T")
 BACKOFF_BASE_S = 1.0
 BACKOFF_CAP_S = 60.0
 # Held by the cloud up to its SXWL_LONGPOLL_MAX_S, kept open meanwhile by its keep-alive newlines.
-LONG_POLL_S = 600.0
+# A renewal is most of what an idle CPod costs the cloud (docs/replicas.md), and the hold bounds
+# nothing else: heartbeats notice a revoked token within an interval.
+LONG_POLL_S = 1200.0
 SUPERVISE_S = 0.5
 
 

@@ -90,7 +90,7 @@ class Settings(BaseSettings):
     scheduler_batch: int = Field(default=2000, ge=1)
     # An agent's long-poll is held this long at most; one held past ``longpoll_keepalive_s`` gets a
     # newline that often, so load balancers that cut idle connections leave it open.
-    longpoll_max_s: float = Field(default=600.0, gt=0)
+    longpoll_max_s: float = Field(default=1200.0, gt=0)
     longpoll_keepalive_s: float = Field(default=25.0, gt=0)
     log_chunk_max_bytes: int = Field(default=512 * 1024, ge=1)
     log_read_max_bytes: int = Field(default=1024 * 1024, ge=1)
