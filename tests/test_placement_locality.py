@@ -144,6 +144,14 @@ def test_inputs_and_fine_tunes_go_only_to_cpods_that_take_them() -> None:
     # A Kubernetes CPod whose agent has a trainer image takes them, and its cache counts as any.
     trainer = CPodCapacity("k2", kube.nodes, runtime="kubernetes", takes_fine_tunes=True)
     assert Pool([trainer]).place(fine_tune()) == Placement("k2", ["k1-n0"])
+    # One that serves its input cache (--serve-inputs) and holds the inputs wins over a tighter fit.
+    roomy = pod("k3", 8).nodes
+    holder = CPodCapacity(
+        "k3", roomy, runtime="kubernetes", takes_fine_tunes=True, cached=frozenset((MODEL, DATA))
+    )
+    assert Pool([pod("l2", 2), holder]).place(fine_tune()) == Placement("k3", ["k3-n0"])
+    bare = CPodCapacity("k4", roomy, runtime="kubernetes", takes_fine_tunes=True)  # holds nothing
+    assert Pool([pod("l2", 2), bare]).place(fine_tune()) == Placement("l2", ["l2-n0"])  # best fit
 
 
 # ---- scheduling passes against a database -------------------------------------------------------------
