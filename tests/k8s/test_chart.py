@@ -200,6 +200,7 @@ def test_a_chart_with_a_trainer_image_serves_its_input_cache_to_its_pods(k8s_clu
     )
     pod = kept["Deployment"]["spec"]["template"]["spec"]
     assert {"name": "input-cache", "persistentVolumeClaim": {"claimName": "cache"}} in pod["volumes"]
+    assert pod["securityContext"]["fsGroup"] == 10001  # the claim's files are the agent's group's
     assert "--input-cache-gib=500" in pod["containers"][0]["args"]
     # No trainer image (no fine-tunes) or the cache turned off: each pod fetches from the cloud.
     for values in ((), ("--set=jobs.trainerImage=t", "--set=inputCache.enabled=false")):
