@@ -85,16 +85,22 @@ class Agent:
 def running_agent(cloud: Cloud, root: Path) -> Iterator[Agent]:
     agent = Agent(cloud, root)
     stop = asyncio.Event()
-    thread = threading.Thread(
-        target=agent.loop.run_until_complete, args=(agent.server.run(agent.cache, stop),), daemon=True
-    )
+
+    async def serve() -> None:
+        try:
+            await agent.server.run(agent.cache, stop)
+        finally:
+            await agent.cache.client.close()
+
+    # Everything of the agent's loop runs in its thread: the main thread may hold another running
+    # loop (Playwright's sync API leaves one behind in an xdist worker).
+    thread = threading.Thread(target=agent.loop.run_until_complete, args=(serve(),), daemon=True)
     thread.start()
     try:
         yield agent
     finally:
         agent.loop.call_soon_threadsafe(stop.set)
         thread.join(30)
-        agent.loop.run_until_complete(agent.cache.client.close())
         agent.loop.close()
 
 
