@@ -9,7 +9,7 @@ the two replicas and of PostgreSQL while the fleet is idle and while it heartbea
 p99, and submit-to-agent latency for a probe CPod long-polling the other replica than the one the
 job was submitted to, against one polling the same replica.
 Prints a table and appends a dated section to bench/RESULTS.md.
-Run: ``.venv/bin/python bench/fleet.py [--cpods N] [--window S] [--probes K]``; a scaled-down fleet
+Run: ``.venv/bin/python bench/fleet.py [--cpods N] [--window S] [--probes K] [--hold S]``; a scaled-down fleet
 (``--cpods``) heartbeats at the same 10 s interval, so its rate is N/10 per second.
 """
 
@@ -120,6 +120,7 @@ async def beat(conn: RawConnection, cpod: Cpod, body_nodes: bytes) -> float:
 @dataclass
 class Fleet:
     cpods: list[Cpod]
+    hold: float = LONG_POLL_S
     stop: asyncio.Event = field(default_factory=asyncio.Event)
     beating: asyncio.Event = field(default_factory=asyncio.Event)
     latencies: list[float] = field(default_factory=list)
@@ -138,12 +139,12 @@ class Fleet:
         polls = RawConnection(cpod.url)
         beats, turn = self.beat_connection(cpod.url, index)
         body_nodes = json.dumps([node(FLEET_PRODUCT, 8)]).encode()
-        poll_head = polls.head("GET", f"{API}/agent/assignments?wait={LONG_POLL_S:g}", cpod.headers)
+        poll_head = polls.head("GET", f"{API}/agent/assignments?wait={self.hold:g}", cpod.headers)
         # Spread over the interval, so the fleet beats at an even N/10 per second.
         phase = HEARTBEAT_S * index / len(self.cpods)
 
         async def poll_forever() -> None:
-            await asyncio.sleep(LONG_POLL_S * index / len(self.cpods))
+            await asyncio.sleep(self.hold * index / len(self.cpods))
             while not self.stop.is_set():
                 try:
                     await polls.request(poll_head, b"")
@@ -247,11 +248,11 @@ async def run(
     key = provider_access_key(urls[0])
     user = compute_user(urls[0])
     cpods = await register(urls, key, args.cpods, "fleet")
-    fleet = Fleet(cpods)
+    fleet = Fleet(cpods, hold=args.hold)
     tasks = [asyncio.create_task(fleet.run_one(i, c)) for i, c in enumerate(cpods)]
     # The first long-polls start spread over one hold; from the end of the first hold on, every
     # CPod renews as an agent would, a hold after its previous read.
-    await asyncio.sleep(LONG_POLL_S + 10)
+    await asyncio.sleep(args.hold + 10)
     meter = Meter(roots, [db_pid] if db_pid else [])
     polls_before = fleet.polls
     idle = await measure_window(meter, args.window)
@@ -292,7 +293,7 @@ def section(args: argparse.Namespace, r: dict[str, float]) -> str:
         f"## fleet: {utc_now()}\n\n"
         f"{machine_line()}, load average {os.getloadavg()[0]:.2f}\n"
         f"- {args.cpods} simulated CPods (issue: 10,000) on 2 replicas (`sxwl serve` processes) on one "
-        f"PostgreSQL, each holding a {LONG_POLL_S:.0f} s long-poll ({r['renewals_per_s']:.1f} renewals/s "
+        f"PostgreSQL, each holding a {args.hold:.0f} s long-poll ({r['renewals_per_s']:.1f} renewals/s "
         "while idle); load: a heartbeat each every "
         f"{HEARTBEAT_S:.0f} s; windows of {args.window:.0f} s; {args.probes} probe jobs per path\n\n"
         "| | replicas, cores | PostgreSQL, cores |\n|---|---|---|\n"
@@ -311,6 +312,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cpods", type=int, default=10_000)
     parser.add_argument("--window", type=float, default=20.0, help="seconds of each CPU measurement")
     parser.add_argument("--probes", type=int, default=30, help="jobs timed per path")
+    parser.add_argument(
+        "--hold",
+        type=float,
+        default=LONG_POLL_S,
+        help="seconds each long-poll asks for (default: the agent's)",
+    )
     parser.add_argument("--no-results", action="store_true", help="do not append to bench/RESULTS.md")
     args = parser.parse_args(argv)
     processes = Processes()
@@ -324,6 +331,7 @@ def main(argv: list[str] | None = None) -> int:
                 "SXWL_BILLING_ENABLED": "false",
                 "SXWL_ARGON2_TIME_COST": "1",
                 "SXWL_ARGON2_MEMORY_KIB": "1024",
+                "SXWL_LONGPOLL_MAX_S": f"{args.hold:g}",
             }
             root = Path(tempfile.mkdtemp(prefix="sxwl-fleet-"))
             processes.add(lambda: shutil.rmtree(root, ignore_errors=True))
