@@ -173,7 +173,7 @@ def browser(playwright: Playwright) -> Iterator[Browser]:
 def seaweed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SeaweedFS]:
     """One S3-compatible server (SeaweedFS, tests/support/seaweedfs.py) for the session's tests."""
     server = SeaweedFS(tmp_path_factory.mktemp("seaweedfs"))
-    server.start()
+    server.start_first()
     try:
         yield server
     finally:

@@ -37,16 +37,30 @@ def weed_binary() -> Path:
     return binary
 
 
+# What weed writes when one of its ports is not free: its own check before it starts, or a fatal
+# ("F…") bind. Its warning about a legacy admin port that another weed holds is harmless.
+PORT_CHECK_FAILED = b"Port allocation failed"
+BIND_FAILED = b"address already in use"
+
+
+class PortTaken(RuntimeError):
+    pass
+
+
+def _port_taken(log: Path, since: int) -> bool:
+    with log.open("rb") as handle:
+        handle.seek(since)
+        lines = handle.read().splitlines()
+    return any(PORT_CHECK_FAILED in line or (line.startswith(b"F") and BIND_FAILED in line) for line in lines)
+
+
 class SeaweedFS:
     """Started once; ``stop`` and ``start`` again keep its ports and data (a store that went away)."""
 
     def __init__(self, workdir: Path) -> None:
         self.workdir = workdir
         self.binary = weed_binary()
-        # gRPC ports too: their default (HTTP port + 10000) may be taken on a shared machine.
-        names = ("master", "volume", "filer", "s3")
-        self.ports = {f"{name}.port{kind}": free_port() for name in names for kind in ("", ".grpc")}
-        self.endpoint = f"http://127.0.0.1:{self.ports['s3.port']}"
+        self._pick_ports()
         self.process: subprocess.Popen[bytes] | None = None
         (workdir / "data").mkdir(parents=True, exist_ok=True)
         self.config = workdir / "s3.json"
@@ -57,6 +71,25 @@ class SeaweedFS:
         }
         self.config.write_text(json.dumps({"identities": [identity]}))
         self.config.chmod(0o600)
+
+    def _pick_ports(self) -> None:
+        # gRPC ports too: their default (HTTP port + 10000) may be taken on a shared machine.
+        names = ("master", "volume", "filer", "s3")
+        self.ports = {f"{name}.port{kind}": free_port() for name in names for kind in ("", ".grpc")}
+        self.endpoint = f"http://127.0.0.1:{self.ports['s3.port']}"
+
+    def start_first(self, tries: int = 3) -> None:
+        """The first start. free_port's ports come from the kernel's ephemeral range, which every
+        outgoing connection of a busy test run draws its source port from too: when one was taken
+        before weed could bind it, new ports are tried (no client knows the old ones yet)."""
+        for attempt in range(1, tries + 1):
+            try:
+                self.start()
+                return
+            except PortTaken:
+                if attempt == tries:
+                    raise
+                self._pick_ports()
 
     def command(self) -> list[str]:
         return [
@@ -76,7 +109,9 @@ class SeaweedFS:
         ]
 
     def start(self, timeout_s: float = 90) -> None:
-        log = (self.workdir / "weed.log").open("ab")
+        log_path = self.workdir / "weed.log"
+        seen = log_path.stat().st_size if log_path.exists() else 0
+        log = log_path.open("ab")
         self.process = subprocess.Popen(
             self.command(), stdout=log, stderr=subprocess.STDOUT, cwd=self.workdir, start_new_session=True
         )
@@ -84,6 +119,9 @@ class SeaweedFS:
         client = self.client()
         deadline = time.monotonic() + timeout_s
         while True:
+            if _port_taken(log_path, seen):
+                self.stop()  # it may wait on for a port it will never have
+                raise PortTaken(f"a port of SeaweedFS was taken; see {log_path}")
             if self.process.poll() is not None:
                 raise RuntimeError(
                     f"weed mini exited ({self.process.returncode}); see {self.workdir / 'weed.log'}"
