@@ -31,8 +31,8 @@ T = TypeVar("T")
 BACKOFF_BASE_S = 1.0
 BACKOFF_CAP_S = 60.0
 # Held by the cloud up to its SXWL_LONGPOLL_MAX_S, kept open meanwhile by its keep-alive newlines.
-# A renewal is most of what an idle CPod costs the cloud (docs/replicas.md), and the hold bounds
-# nothing else: heartbeats notice a revoked token within an interval.
+# Renewals were about a third of what an idle fleet cost the cloud (docs/replicas.md), and the hold
+# bounds nothing else: heartbeats notice a revoked token within an interval.
 LONG_POLL_S = 1200.0
 SUPERVISE_S = 0.5
 
