@@ -181,7 +181,7 @@ def test_a_fine_tune_runs_the_agents_trainer_on_its_inputs_read_only(tmp_path: P
     assert run_file.model_dir == str(work / "inputs" / "model")
     assert run_file.training_file == str(work / "inputs" / "training_file")
     assert run_file.validation_file is None and run_file.resume_from is None
-    assert run_file.output_dir == str(runtime.output_dir(job))
+    assert run_file.output_dir == str(runtime.outputs(job).path)
     assert (work / "inputs" / "training_file").stat().st_ino == data.stat().st_ino
     log = runtime.log_path(job).read_text()
     # Whichever trainer this checkout has, it was the one run, on the run file: the real one reads it

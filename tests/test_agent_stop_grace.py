@@ -32,7 +32,7 @@ def stop_and_time(tmp_path: Path, grace_s: float | None) -> tuple[LocalJob, floa
             job_id="j1", attempt=1, name="t", owner_id="u", command=SAVES_ON_TERM, gpus_per_node=0, nodes=1
         )
     )
-    output = runtime.output_dir(job)
+    output = runtime.outputs(job).path
     eventually(lambda: (output / "ready").exists(), what="the job to start")
     stopped_at = time.monotonic()
     runtime.stop("j1", 1, "balance exhausted", cancel=True, grace_s=grace_s)

@@ -22,6 +22,7 @@ from pydantic import ValidationError
 
 from sxwl.agent import pod_uploader
 from sxwl.agent.client import CloudClient, Unreachable
+from sxwl.agent.tenant_files import OutputTree
 from sxwl.cloud.app import create_app
 from sxwl.cloud.config import Settings
 from sxwl.cloud.storage import Artifact
@@ -68,9 +69,10 @@ def upload(cloud: Cloud, assignment: dict[str, Any], path: str, file: Path) -> N
     async def go() -> None:
         client = CloudClient(cloud.url)
         try:
-            await client.upload_artifact(
-                cloud.setup.token, assignment["job_id"], assignment["attempt"], path, file
-            )
+            with OutputTree(file.parent, os.geteuid()).open(file.name) as opened:
+                await client.upload_artifact(
+                    cloud.setup.token, assignment["job_id"], assignment["attempt"], path, opened
+                )
         finally:
             await client.close()
 

@@ -12,6 +12,7 @@ from typing import Any, BinaryIO
 import httpx
 
 import sxwl
+from sxwl.agent.tenant_files import OutputFile
 from sxwl.protocol import (
     PROTOCOL_HEADER,
     PROTOCOL_VERSION,
@@ -143,13 +144,16 @@ class CloudClient:
         )
         return LogAppendReply.model_validate(response.json()).next_offset
 
-    async def upload_artifact(self, token: str, job_id: str, attempt: int, path: str, file: Path) -> None:
+    async def upload_artifact(
+        self, token: str, job_id: str, attempt: int, path: str, file: OutputFile
+    ) -> None:
         """Asks the cloud where the file goes, naming its size and sha256 from a first pass, then
         streams it there: to the cloud, which stores it only if the bytes hash the same, or to the
         object store's presigned URL, after which the cloud checks and records it
-        (docs/object-storage.md). Either way nothing is recorded that is not stored."""
-        size, digest = await asyncio.to_thread(_size_and_sha256, file)
-        upload = ArtifactUpload(path=path, size=size, sha256=digest).model_dump()
+        (docs/object-storage.md). Either way nothing is recorded that is not stored. Both passes
+        read the one open file (tenant_files.py), never its name again."""
+        digest = await asyncio.to_thread(_sha256, file)
+        upload = ArtifactUpload(path=path, size=file.size, sha256=digest).model_dump()
         params = {"attempt": attempt}
         answer = await self._call(
             "POST", paths.url(paths.UPLOAD_TARGET, job_id=job_id), token, params=params, json=upload
@@ -195,7 +199,7 @@ class CloudClient:
             raise Unreachable(f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__) from None
         return size, digest.hexdigest()
 
-    async def _put_to_store(self, url: str, headers: dict[str, str], file: Path) -> None:
+    async def _put_to_store(self, url: str, headers: dict[str, str], file: OutputFile) -> None:
         """The presigned PUT: no token of ours goes with it, and the headers are the signed ones
         (their Content-Length keeps httpx from a chunked body, which S3 refuses)."""
         try:
@@ -212,13 +216,10 @@ class CloudClient:
             )
 
 
-async def _chunks(file: Path) -> AsyncIterator[bytes]:
-    handle = await asyncio.to_thread(file.open, "rb")
-    try:
-        while chunk := await asyncio.to_thread(handle.read, 1024 * 1024):
-            yield chunk
-    finally:
-        handle.close()
+async def _chunks(file: OutputFile) -> AsyncIterator[bytes]:
+    chunks = file.chunks()
+    while chunk := await asyncio.to_thread(next, chunks, b""):
+        yield chunk
 
 
 def _write_and_hash(handle: BinaryIO, digest: hashlib._Hash, chunk: bytes) -> None:
@@ -226,13 +227,11 @@ def _write_and_hash(handle: BinaryIO, digest: hashlib._Hash, chunk: bytes) -> No
     digest.update(chunk)
 
 
-def _size_and_sha256(file: Path) -> tuple[int, str]:
-    digest, size = hashlib.sha256(), 0
-    with file.open("rb") as handle:
-        while chunk := handle.read(1024 * 1024):
-            digest.update(chunk)
-            size += len(chunk)
-    return size, digest.hexdigest()
+def _sha256(file: OutputFile) -> str:
+    digest = hashlib.sha256()
+    for chunk in file.chunks():
+        digest.update(chunk)
+    return digest.hexdigest()
 
 
 def _raise_for(response: httpx.Response) -> None:

@@ -239,12 +239,11 @@ def read_only_tree(root: Path) -> None:
 
 def writable_tree(root: Path) -> None:
     """Makes the dirs below ``root`` writable again so it can be removed (files keep their modes:
-    they may be hard links of the cache's)."""
-    if not root.exists() or root.is_symlink():
-        return
-    for path in [root, *root.rglob("*")]:
-        if path.is_dir() and not path.is_symlink():
-            os.chmod(path, stat.S_IMODE(path.stat().st_mode) | stat.S_IRWXU)
+    they may be hard links of the cache's). The tree may be a job's: each dir is changed through
+    the descriptor that ``fwalk`` opened without following links, so a link swapped in for a dir
+    never has root change the mode of what it points to."""
+    for _where, _dirs, _files, dir_fd in os.fwalk(root, follow_symlinks=False):
+        os.fchmod(dir_fd, stat.S_IMODE(os.fstat(dir_fd).st_mode) | stat.S_IRWXU)
 
 
 def materialise(source: Path, dest: Path) -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
+from collections.abc import Coroutine
 from pathlib import Path
 from typing import Generic
 
@@ -18,6 +18,7 @@ from sxwl.agent.client import CloudClient, LogGap, Rejected, Stale, Unreachable
 from sxwl.agent.input_grants import InputGrants
 from sxwl.agent.inputs import InputCache, InputError
 from sxwl.agent.runtimes.base import J, Runtime
+from sxwl.agent.tenant_files import OutputTree
 from sxwl.protocol import AgentJobState, Assignment, AssignmentsReply, JobReport, JobStatus
 from sxwl.protocol.finetune import CHECKPOINT_DIR, CachedInput, JobInput
 from sxwl.protocol.models import REASON_MAX_CHARS
@@ -122,9 +123,10 @@ class JobSync(Generic[J]):
                     JobStatus(attempt=assignment.attempt, state="failed", reason=f"could not start: {exc}"),
                 )
                 continue
+            job.artifact_max_bytes = assignment.artifact_max_bytes
             if await self._report(job, "starting"):
                 job.reported_state = "starting"
-                self.runtime.save(job)
+            self.runtime.save(job)
         for command in reply.commands:
             fetching = self.preparing.pop(f"{command.job_id}:{command.attempt}", None)
             if fetching is not None:
@@ -202,6 +204,7 @@ class JobSync(Generic[J]):
                 await self._end_preparing(assignment, "failed", f"could not start: {exc}")
                 return
             job.reported_state = "starting"
+            job.artifact_max_bytes = assignment.artifact_max_bytes
             self.runtime.save(job)
             if self.grants is not None and assignment.upload_token is not None:
                 shas = frozenset(item.sha256 for item in assignment.inputs)
@@ -278,20 +281,20 @@ class JobSync(Generic[J]):
             self.lost.pop(0)
         self.lost.extend(await self.runtime.refresh())
         self.runtime.poll()
+        for key in [k for k, task in self._uploads.items() if task.done()]:
+            self._uploads.pop(key)
         for job in list(self.runtime.jobs.values()):
+            uploading = self._uploads.get(job.key)
             try:
-                await self._ship_log(job)
-                uploading = self._uploads.get(job.key)
-                if uploading is not None and uploading.done():
-                    self._uploads.pop(job.key)
-                    uploading = None
-                if job.fenced and job.outcome is not None:
-                    if uploading is None:
+                if uploading is None or job.outcome is None:  # an ending attempt's task ships its log
+                    await self._ship_log(job)
+                # While a checkpoint or final upload is on its way nothing more starts: none twice.
+                if uploading is None and job.outcome is not None:
+                    if job.fenced:
                         self._done(job)
-                elif job.outcome is not None:
-                    if uploading is None:  # a checkpoint still on its way is not sent twice
-                        await self._finalise(job)
-                elif not job.fenced and uploading is None:
+                    else:
+                        self._in_background(job, self._finalise(job), "final upload")
+                elif uploading is None and not job.fenced:
                     self._upload_checkpoints(job)
                 if (
                     job.outcome is None
@@ -304,42 +307,67 @@ class JobSync(Generic[J]):
             except Rejected as exc:
                 log.warning("cloud refused a report for job %s: %s", job.job_id, exc)
 
+    def _in_background(self, job: J, work: Coroutine[None, None, None], what: str) -> None:
+        """Runs an attempt's uploads (and, at its end, its final report) in a task of its own, so
+        that hashing and sending one attempt's big outputs never delays another attempt's reports
+        or end (which would bill its user for the wait). One task per attempt at a time; what did
+        not get through is tried again by a later pass."""
+
+        async def guarded() -> None:
+            try:
+                await work
+            except (Unreachable, Rejected) as exc:
+                log.warning("job %s: %s not finished (%s); trying again", job.job_id, what, exc)
+
+        self._uploads[job.key] = asyncio.create_task(guarded(), name=f"{what} {job.key}")
+
     def _upload_checkpoints(self, job: J) -> None:
         """Starts uploading the checkpoints that appeared in ``<output>/checkpoints`` (one listing per
-        pass): the trainer renames each in complete, so a name there is a finished file. Uploaded in
-        a task, so a big one holds up no report; each is recorded once it is sent."""
-        output = self.runtime.output_dir(job)
-        if output is None:
+        pass): the trainer renames each in complete, so a name there is a finished file. Each is
+        recorded once it is sent."""
+        tree = self.runtime.outputs(job)
+        if tree is None:
             return
-        try:
-            names = sorted(
-                e.name
-                for e in os.scandir(output / CHECKPOINT_DIR)
-                if not e.name.startswith(".") and e.is_file(follow_symlinks=False)
-            )
-        except OSError:
-            return
-        new = [
-            f"{CHECKPOINT_DIR}/{n}" for n in names if f"{CHECKPOINT_DIR}/{n}" not in job.artifacts_uploaded
-        ]
+        new = [r for r in tree.files(CHECKPOINT_DIR, recursive=False) if r not in job.artifacts_uploaded]
         if new:
-            self._uploads[job.key] = asyncio.create_task(
-                self._send(job, output, new), name=f"checkpoints {job.key}"
-            )
+            self._in_background(job, self._send(job, tree, new, final=False), "checkpoint upload")
 
-    async def _send(self, job: J, output: Path, relatives: list[str]) -> None:
+    async def _send(self, job: J, tree: OutputTree, relatives: list[str], *, final: bool) -> None:
+        """Uploads each file, read through tenant_files.py (never by its name, never through a
+        link). A file the cloud would refuse as too large is refused here by its size, unread. Not
+        ``final``: a file that cannot be sent now is tried again by the next pass."""
         for relative in relatives:
             try:
-                await self.client.upload_artifact(
-                    self.token, job.job_id, job.attempt, relative, output / relative
-                )
-            except Rejected as exc:
-                job.artifact_problems.append(f"artifact {relative} refused: {exc}")
-            except (Unreachable, Stale, OSError) as exc:
-                log.warning("checkpoint %s of job %s not uploaded yet: %s", relative, job.job_id, exc)
-                return  # tried again next pass
+                file = await asyncio.to_thread(tree.open, relative)
+            except FileNotFoundError:
+                continue  # gone since the listing (the job's to remove); nothing to send
+            except OSError as exc:  # a link swapped in, say: refused, and the result says so
+                self._problem(job, relative, f"artifact {relative} not read: {exc}")
+                continue
+            with file:
+                limit = job.artifact_max_bytes
+                if limit is not None and file.size > limit:
+                    message = f"artifact {relative} refused: {file.size} bytes, over the limit of {limit}"
+                    self._problem(job, relative, message)
+                    continue
+                try:
+                    await self.client.upload_artifact(self.token, job.job_id, job.attempt, relative, file)
+                except Rejected as exc:
+                    self._problem(job, relative, f"artifact {relative} refused: {exc}")
+                    continue
+                except (Unreachable, Stale, OSError) as exc:
+                    if final:
+                        raise
+                    log.warning("checkpoint %s of job %s not uploaded yet: %s", relative, job.job_id, exc)
+                    return
             job.artifacts_uploaded.append(relative)
             self.runtime.save(job)
+
+    def _problem(self, job: J, relative: str, problem: str) -> None:
+        """An artifact that will not be uploaded: never tried again, and the result says why."""
+        job.artifact_problems.append(problem)
+        job.artifacts_uploaded.append(relative)
+        self.runtime.save(job)
 
     async def _ship_log(self, job: J) -> None:
         path = self.runtime.log_path(job)
@@ -362,19 +390,19 @@ class JobSync(Generic[J]):
                 self.runtime.save(job)
 
     async def _finalise(self, job: J) -> None:
-        output = self.runtime.output_dir(job)
-        files = [] if output is None else output.rglob("*")
-        for file in sorted(p for p in files if p.is_file() and not p.is_symlink()):
-            assert output is not None
-            relative = file.relative_to(output).as_posix()
-            if relative in job.artifacts_uploaded:
-                continue
+        tree = self.runtime.outputs(job)
+        if tree is not None:
+            listed = await asyncio.to_thread(tree.files)
             try:
-                await self.client.upload_artifact(self.token, job.job_id, job.attempt, relative, file)
-            except Rejected as exc:  # too large, say: retrying cannot help, and the job must still end
-                job.artifact_problems.append(f"artifact {relative} refused: {exc}")
-            job.artifacts_uploaded.append(relative)
-            self.runtime.save(job)
+                await self._send(
+                    job, tree, [r for r in listed if r not in job.artifacts_uploaded], final=True
+                )
+            except (Stale, OSError) as exc:
+                if isinstance(exc, Stale):  # a newer attempt holds the job: report nothing more
+                    job.fenced = True
+                    self.runtime.save(job)
+                    return
+                raise Unreachable(f"an artifact could not be sent: {exc}") from None
         await self._ship_log(job)
         assert job.outcome is not None
         reason = job.stop_reason or (f"exit code {job.exit_code}" if job.exit_code else None)

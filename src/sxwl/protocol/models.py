@@ -169,6 +169,8 @@ class Assignment(Wire):
     # spec (docs/finetune.md): the agent then runs its own trainer instead of ``command``.
     inputs: list[JobInput] = Field(default_factory=list)
     trainer: TrainerSpec | None = None
+    # The largest artifact the cloud stores; None from a cloud that predates it (it still refuses).
+    artifact_max_bytes: int | None = Field(default=None, ge=1)
 
 
 class Command(Wire):

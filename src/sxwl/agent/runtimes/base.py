@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Generic, Literal, Protocol, TypeVar
 
+from sxwl.agent.tenant_files import OutputTree
 from sxwl.protocol import Assignment, Node
 
 Outcome = Literal["succeeded", "failed", "cancelled"]
@@ -43,6 +44,7 @@ class AttemptRecord:
     lost_reason: str | None = None  # why it was found gone when the agent came back
     artifacts_uploaded: list[str] = field(default_factory=list)  # refused ones too: never sent twice
     artifact_problems: list[str] = field(default_factory=list)  # why the cloud refused an artifact
+    artifact_max_bytes: int | None = None  # the cloud's limit, from the assignment: bigger is not read
 
     @property
     def key(self) -> str:
@@ -107,8 +109,9 @@ class Runtime(Protocol[J]):
         """A local file holding the attempt's output; JobSync ships it by offset."""
         ...
 
-    def output_dir(self, job: J) -> Path | None:
-        """Files to upload as artifacts when the attempt ends, or None when the runtime has none."""
+    def outputs(self, job: J) -> OutputTree | None:
+        """The attempt's files that the agent uploads as artifacts (its checkpoints while it runs,
+        the rest when it ends), or None when the runtime has none (its pods upload their own)."""
         ...
 
     def used_gpu_count(self) -> int:

@@ -9,7 +9,7 @@ kube_logs.py.
   start and pods unschedulable past a timeout end the attempt as failed with the reason; stop and
   cancel delete the Job with foreground propagation.
 - Artifacts leave each pod through its own ``uploader`` container (kube_uploads.py), with a token of
-  the attempt's in a Secret the Job owns; the agent never reads pod files (``output_dir`` is None),
+  the attempt's in a Secret the Job owns; the agent never reads pod files (``outputs`` is None),
   and an attempt ends only once its pods (uploaders included) have finished. A fine-tune's pod
   fetches its inputs with the same token and runs the trainer image (kube_inputs.py).
 
@@ -50,6 +50,7 @@ from sxwl.agent.runtimes.kube_objects import (
 from sxwl.agent.runtimes.kube_status import Seen, exit_code, outcome, settled, start_problem
 from sxwl.agent.runtimes.kube_tenancy import Tenancy
 from sxwl.agent.runtimes.kube_uploads import UploadConfig, secret_manifest
+from sxwl.agent.tenant_files import OutputTree
 from sxwl.protocol import Assignment, Node
 
 log = logging.getLogger("sxwl.agent.kubernetes")
@@ -111,7 +112,7 @@ class KubernetesRuntime(AttemptDirs[KubeJob]):
     def log_path(self, job: KubeJob) -> Path:
         return self.workdir(job.job_id, job.attempt) / "output.log"
 
-    def output_dir(self, job: KubeJob) -> Path | None:
+    def outputs(self, job: KubeJob) -> OutputTree | None:
         return None  # the pods' uploaders put the artifacts themselves (kube_uploads.py)
 
     def adopt(self) -> list[KubeJob]:

@@ -23,6 +23,7 @@ from sxwl.agent.inputs import READ_ONLY_DIR, materialise, writable_tree
 from sxwl.agent.runtimes.base import RECORD_FILE, AttemptDirs, AttemptRecord, Outcome
 from sxwl.agent.runtimes.launcher import EXIT_FILE, REASON_FD, REASON_FILE
 from sxwl.agent.runtimes.sandbox import UID_BASE, UID_COUNT, Isolation, SandboxPaths, job_argv
+from sxwl.agent.tenant_files import OutputTree
 from sxwl.protocol import Assignment, Node
 from sxwl.protocol.finetune import TrainerRun, TrainerSpec
 
@@ -348,5 +349,8 @@ class LocalRuntime(AttemptDirs[LocalJob]):
     def log_path(self, job: LocalJob) -> Path:
         return self.workdir(job.job_id, job.attempt) / "output.log"
 
-    def output_dir(self, job: LocalJob) -> Path:
-        return self.workdir(job.job_id, job.attempt) / "output"
+    def outputs(self, job: LocalJob) -> OutputTree:
+        """The attempt's output dir, whose files are its uid's (the agent's own where the attempt
+        runs under the agent's uid: unisolated, or in a user namespace)."""
+        owner = job.uid if job.uid is not None else os.geteuid()
+        return OutputTree(self.workdir(job.job_id, job.attempt) / "output", owner)

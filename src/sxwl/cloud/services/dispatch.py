@@ -9,9 +9,11 @@ from sxwl.cloud.db.models import AgentCommand, Job, JobState
 from sxwl.protocol import Assignment, AssignmentsReply, Command
 
 
-def assignment(job: Job) -> Assignment:
-    """The attempt ``job`` is on, as its CPod's agent receives it."""
-    return Assignment.model_validate(job, from_attributes=True)
+def assignment(job: Job, artifact_max_bytes: int) -> Assignment:
+    """The attempt ``job`` is on, as its CPod's agent receives it, with the largest artifact the
+    cloud takes (so that the agent refuses a bigger output before it reads any of it)."""
+    found = Assignment.model_validate(job, from_attributes=True)
+    return found.model_copy(update={"artifact_max_bytes": artifact_max_bytes})
 
 
 def pending(ctx: CloudContext, cpod_id: str) -> AssignmentsReply:
@@ -28,7 +30,7 @@ def pending(ctx: CloudContext, cpod_id: str) -> AssignmentsReply:
             .order_by(AgentCommand.id)
         ).all()
         return AssignmentsReply(
-            assignments=[assignment(job) for job in jobs],
+            assignments=[assignment(job, ctx.settings.artifact_max_bytes) for job in jobs],
             commands=[
                 Command(
                     id=c.id,
