@@ -120,7 +120,7 @@ def test_making_a_tree_writable_for_removal_changes_nothing_a_link_points_to(tmp
     tree = tmp_path / "work"
     (tree / "inputs").mkdir(parents=True)
     (tree / "escape").symlink_to(outside)
-    os.chmod(tree / "inputs", 0o555)
+    os.chmod(tree / "inputs", 0o500)
     writable_tree(tree)
     assert (tree / "inputs").stat().st_mode & 0o700 == 0o700
     assert outside.stat().st_mode & 0o777 == 0o500
@@ -165,7 +165,9 @@ def test_a_job_gets_none_of_the_agents_files_as_artifacts(world: World, tmp_path
     for artifact in artifacts:
         assert artifact["sha256"] != stolen, artifact
         got = httpx.get(f"{world.url}/api/v1/jobs/{job_id}/artifacts/{artifact['path']}", headers=world.user)
-        assert b"token" not in got.content and got.content.startswith((b"checkpoint ", b"honest")), got.content
+        assert b"token" not in got.content and got.content.startswith((b"checkpoint ", b"honest")), (
+            got.content
+        )
     # A checkpoint swapped for a link while it was being read is refused, and the result says so.
     if job["state"] == "failed":
         assert "not read" in job["reason"], job
@@ -182,13 +184,14 @@ def test_an_output_over_the_cloud_limit_is_refused_by_its_size_unread(tmp_path: 
         other = world.submit("echo quick")
         job = world.wait_state(big, "failed", "succeeded", timeout=60)
         assert job["state"] == "failed", job
-        assert f"big.bin refused: {12 * 1024**3} bytes, over the limit of {1024 * 1024}" in job["reason"]
+        assert f"big.bin refused: {12 * 1024**3} bytes, over the limit of {1024 * 1024} bytes" in job["reason"]
         artifacts = httpx.get(f"{world.url}/api/v1/jobs/{big}/artifacts", headers=world.user).json()
         assert [a["path"] for a in artifacts] == ["ok.txt"]
         assert world.wait_state(other, "succeeded", "failed")["state"] == "succeeded"
         eventually(
-            lambda: sorted(p.name for p in (tmp_path / "agent-a" / "jobs" / f"{big}-1").iterdir())
-            == ["job.json"],
+            lambda: (
+                sorted(p.name for p in (tmp_path / "agent-a" / "jobs" / f"{big}-1").iterdir()) == ["job.json"]
+            ),
             what="the big output removed",
         )
     finally:

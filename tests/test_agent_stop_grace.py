@@ -88,9 +88,11 @@ def test_an_exhausted_balance_stops_a_job_with_the_clouds_grace(
         me = httpx.get(f"{world.url}/api/v1/me", headers=world.user).json()
         top_up = {"user_id": me["id"], "amount_yuan": "20", "note": "test"}
         httpx.post(f"{world.url}/api/v1/admin/top-ups", headers=admin, json=top_up).raise_for_status()
+        # Both submitted before any CPod is up: a first job already metered would leave too little
+        # for the second's first 20 s (a race that a busy machine lost).
+        jobs = [world.submit(TICKS_ON_TERM, max_runtime_s=20) for _ in range(2)]
         world.agent()  # --stop-grace 1
         world.online()
-        jobs = [world.submit(TICKS_ON_TERM, max_runtime_s=20) for _ in range(2)]
         for job_id in jobs:
             job = world.wait_state(job_id, "cancelled", "failed", "succeeded", timeout=60)
             assert (job["state"], job["reason"]) == ("cancelled", "balance exhausted")

@@ -242,8 +242,11 @@ def writable_tree(root: Path) -> None:
     they may be hard links of the cache's). The tree may be a job's: each dir is changed through
     the descriptor that ``fwalk`` opened without following links, so a link swapped in for a dir
     never has root change the mode of what it points to."""
-    for _where, _dirs, _files, dir_fd in os.fwalk(root, follow_symlinks=False):
-        os.fchmod(dir_fd, stat.S_IMODE(os.fstat(dir_fd).st_mode) | stat.S_IRWXU)
+    try:
+        for _where, _dirs, _files, dir_fd in os.fwalk(root, follow_symlinks=False):
+            os.fchmod(dir_fd, stat.S_IMODE(os.fstat(dir_fd).st_mode) | stat.S_IRWXU)
+    except FileNotFoundError:  # the top is gone already: nothing to make writable
+        return
 
 
 def materialise(source: Path, dest: Path) -> None:
