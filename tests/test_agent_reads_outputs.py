@@ -184,7 +184,9 @@ def test_an_output_over_the_cloud_limit_is_refused_by_its_size_unread(tmp_path: 
         other = world.submit("echo quick")
         job = world.wait_state(big, "failed", "succeeded", timeout=60)
         assert job["state"] == "failed", job
-        assert f"big.bin refused: {12 * 1024**3} bytes, over the limit of {1024 * 1024} bytes" in job["reason"]
+        assert (
+            f"big.bin refused: {12 * 1024**3} bytes, over the limit of {1024 * 1024} bytes" in job["reason"]
+        )
         artifacts = httpx.get(f"{world.url}/api/v1/jobs/{big}/artifacts", headers=world.user).json()
         assert [a["path"] for a in artifacts] == ["ok.txt"]
         assert world.wait_state(other, "succeeded", "failed")["state"] == "succeeded"

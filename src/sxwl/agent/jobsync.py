@@ -347,7 +347,9 @@ class JobSync(Generic[J]):
             with file:
                 limit = job.artifact_max_bytes
                 if limit is not None and file.size > limit:
-                    message = f"artifact {relative} refused: {file.size} bytes, over the limit of {limit} bytes"
+                    message = (
+                        f"artifact {relative} refused: {file.size} bytes, over the limit of {limit} bytes"
+                    )
                     self._problem(job, relative, message)
                     continue
                 try:
