@@ -318,6 +318,8 @@ class JobSync(Generic[J]):
                 await work
             except (Unreachable, Rejected) as exc:
                 log.warning("job %s: %s not finished (%s); trying again", job.job_id, what, exc)
+            except Exception:  # a task's error is otherwise seen by no one; the next pass retries
+                log.exception("job %s: %s failed; trying again", job.job_id, what)
 
         self._uploads[job.key] = asyncio.create_task(guarded(), name=f"{what} {job.key}")
 
