@@ -418,13 +418,18 @@ def test_migration_0005_keeps_the_newest_active_key_and_the_latest_open_attempt(
 def test_concurrent_records_of_one_artifact_path_keep_one_row(queued_job: tuple[CloudContext, str]) -> None:
     ctx, job_id = queued_job
 
-    def record(i: int) -> None:
-        with ctx.db.session() as session:
-            attempts.record_artifact(
-                session, session.get_one(Job, job_id), 1, "out/model.bin", i, f"{i:064x}"
-            )
+    def record(i: int) -> bool:
+        try:
+            with ctx.db.session() as session:
+                attempts.record_artifact(
+                    session, session.get_one(Job, job_id), 1, "out/model.bin", i, f"{i:064x}"
+                )
+        except attempts.ArtifactExists:
+            return False  # an attempt's artifact is written once: the others' bytes are refused
+        return True
 
-    at_once(N, record)
+    recorded = at_once(N, record)
     with ctx.db.session() as session:
         (row,) = session.scalars(select(Artifact).where(Artifact.job_id == job_id)).all()
         assert row.sha256 == f"{row.size:064x}"  # one upload's record, whole
+    assert [i for i, won in enumerate(recorded) if won] == [row.size]

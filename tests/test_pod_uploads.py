@@ -258,11 +258,11 @@ def test_bytes_that_do_not_match_their_sha256_are_refused_and_nothing_is_stored(
         == 201
     )
     wrong = put(
-        cloud, assignment, "m.bin", b"weights v2", **{SHA256_HEADER: hashlib.sha256(b"other").hexdigest()}
+        cloud, assignment, "n.bin", b"weights v2", **{SHA256_HEADER: hashlib.sha256(b"other").hexdigest()}
     )
     assert wrong.status_code == 422 and wrong.json()["error"]["code"] == "digest_mismatch"
     assert wrong.json()["error"]["details"][0]["field"] == SHA256_HEADER
-    malformed = put(cloud, assignment, "n.bin", b"x", **{SHA256_HEADER: "not-hex"})
+    malformed = put(cloud, assignment, "o.bin", b"x", **{SHA256_HEADER: "not-hex"})
     assert malformed.status_code == 422 and SHA256_HEADER in malformed.text
     # The earlier upload of the path is untouched, on disk and in the record.
     assert cloud.artifacts(assignment["job_id"]) == {"m.bin": (len(good), hashlib.sha256(good).hexdigest())}
@@ -273,7 +273,7 @@ def test_bytes_that_do_not_match_their_sha256_are_refused_and_nothing_is_stored(
 
     # The CPod's own route (the local runtime's uploads) checks the same header.
     agent_put = cloud.setup.client.put(
-        f"/api/v1/agent/jobs/{assignment['job_id']}/artifacts/m.bin?attempt={assignment['attempt']}",
+        f"/api/v1/agent/jobs/{assignment['job_id']}/artifacts/n.bin?attempt={assignment['attempt']}",
         headers={**cloud.setup.agent, SHA256_HEADER: "0" * 64},
         content=b"weights v3",
     )

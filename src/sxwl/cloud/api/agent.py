@@ -20,15 +20,17 @@ from sxwl.cloud.body_rules import body_rule
 from sxwl.cloud.context import CloudContext
 from sxwl.cloud.db.models import CPod, Job, JobState
 from sxwl.cloud.errors import AppError, invalid
-from sxwl.cloud.services import attempts, cpods, job_logs, upload_tokens
+from sxwl.cloud.services import attempt_window, attempts, cpods, job_logs, upload_tokens
 from sxwl.cloud.services.beat import Beat
 from sxwl.cloud.storage import (
+    AlreadyStored,
     Artifact,
     DigestMismatch,
     PathConflict,
     StoreUnavailable,
     TooLarge,
     clean_artifact_path,
+    write_checked,
 )
 from sxwl.protocol import (
     PROTOCOL_HEADER,
@@ -321,7 +323,7 @@ async def upload_pod_artifact(
     sha256: Sha256 = None,
 ) -> dict[str, object]:
     """One output file of a Kubernetes pod, put by its uploader with the attempt's upload token: only
-    this attempt's artifacts, while it is current or just ended (docs/agent.md, "Artifacts from pods")."""
+    this attempt's artifacts, within its upload window (docs/agent.md, "Artifacts from pods")."""
     upload_tokens.check_token(ctx.box, bearer_token(request), job_id, attempt)
     return await _put_artifact(
         request,
@@ -330,7 +332,7 @@ async def upload_pod_artifact(
         attempt,
         path,
         sha256,
-        lambda s: upload_tokens.job_for_upload(s, job_id, attempt),
+        lambda s: upload_tokens.job_of_token(s, job_id, attempt),
     )
 
 
@@ -343,24 +345,31 @@ async def _put_artifact(
     sha256: str | None,
     job_of: Callable[[Session], Job],
 ) -> dict[str, object]:
-    """Streams the body into the store and records it, if ``job_of`` finds the attempt allowed to
-    upload, before the body is read and again when it is recorded."""
+    """Streams the body into the store and records it, if ``job_of`` finds the attempt current and
+    its upload window open, before the body is read and again when it is recorded. The store writes
+    the address once: the same bytes again (a retry after a lost answer) change nothing, other bytes
+    are 409 ``artifact_exists``, before the body is read when the attempt recorded the path."""
     try:
         clean = clean_artifact_path(path)
     except ValueError as exc:
         raise invalid("path", str(exc)) from None
-
-    def check() -> None:
-        with ctx.db.session() as session:
-            job_of(session)
-
-    await asyncio.to_thread(check)
-    limit = ctx.settings.artifact_max_bytes
     expected = sha256.lower() if sha256 else None
+
+    def check() -> bool:
+        with ctx.db.session() as session:
+            job = job_of(session)
+            attempt_window.upload_seconds_left(session, job, attempt)
+            return attempts.repeats_recorded(session, job, attempt, clean, None, expected)
+
+    repeat = await asyncio.to_thread(check)
+    limit = ctx.settings.artifact_max_bytes
     try:
-        size, digest = await ctx.artifacts.put(
-            Artifact(job_id, attempt, clean), request.stream(), limit, expected
-        )
+        if repeat:  # read to its end, checked, and stored nowhere: it is stored already
+            size, digest = await write_checked(request.stream(), None, limit, expected)
+        else:
+            size, digest = await ctx.artifacts.put(
+                Artifact(job_id, attempt, clean), request.stream(), limit, expected, once=True
+            )
     except TooLarge:
         raise AppError(
             413, f"artifact larger than {limit} bytes", details={"max_bytes": limit, "path": clean}
@@ -377,12 +386,17 @@ async def _put_artifact(
         ) from None
     except StoreUnavailable as exc:
         raise store_unavailable(exc) from None
+    except AlreadyStored:
+        raise attempts.ArtifactExists(job_id, attempt, clean) from None
 
     def save() -> None:
         with ctx.db.session() as session:
-            attempts.record_artifact(session, job_of(session), attempt, clean, size, digest)
+            job = job_of(session)
+            attempt_window.upload_seconds_left(session, job, attempt)
+            attempts.record_artifact(session, job, attempt, clean, size, digest)
 
-    await asyncio.to_thread(save)
+    if not repeat:
+        await asyncio.to_thread(save)
     return {"path": clean, "size": size, "sha256": digest}
 
 

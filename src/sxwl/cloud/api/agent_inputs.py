@@ -1,5 +1,6 @@
 """What an attempt fetches before it starts (docs/finetune.md): a fine-tune's model, files and the
-checkpoint it resumes from, for the attempt that is current. Two credentials reach the same inputs:
+checkpoint it resumes from, for the attempt that is current and has not ended, whichever credential
+asks (services/attempt_window.py). Two credentials reach the same inputs:
 the CPod's token (the agent's input cache, runtime "local") and the attempt's upload token (a
 Kubernetes pod's init container, ``sxwl.agent.pod_fetcher``: docs/agent.md, "Fine-tunes on
 Kubernetes"). The local store streams the bytes; S3 answers with a presigned redirect, which the
@@ -21,7 +22,7 @@ from sxwl.cloud.api.responses import Responses, errors
 from sxwl.cloud.context import CloudContext
 from sxwl.cloud.db.models import Job
 from sxwl.cloud.errors import AppError
-from sxwl.cloud.services import attempts, upload_tokens
+from sxwl.cloud.services import attempt_window, attempts, upload_tokens
 from sxwl.cloud.storage import Artifact
 from sxwl.protocol import SHA256_HEADER, paths
 from sxwl.protocol.fields import PosInt32
@@ -41,9 +42,11 @@ JobOf = Callable[[Session], Job]
 async def job_input(
     job_id: str, name: str, cpod: CurrentCPod, ctx: Ctx, attempt: Annotated[PosInt32, Query()]
 ) -> Response:
-    """One input of an attempt this CPod runs now, with the CPod token; a stale attempt is 409 and
-    told to stop."""
-    return await _input(ctx, job_id, name, lambda s: attempts.job_for_agent(s, cpod, job_id, attempt))
+    """One input of an attempt this CPod runs now, with the CPod token, while the attempt has not
+    ended; a stale attempt is 409 and told to stop, an ended one 409 ``inputs_closed``."""
+    return await _input(
+        ctx, job_id, attempt, name, lambda s: attempts.job_for_agent(s, cpod, job_id, attempt)
+    )
 
 
 @router.get(
@@ -57,13 +60,15 @@ async def pod_input(job_id: str, attempt: PosInt32, name: str, request: Request,
     attempt is current and has not ended; another attempt's token or the CPod token is 403, a stale or
     ended attempt 409."""
     upload_tokens.check_token(ctx.box, bearer_token(request), job_id, attempt)
-    return await _input(ctx, job_id, name, lambda s: upload_tokens.job_for_inputs(s, job_id, attempt))
+    return await _input(ctx, job_id, attempt, name, lambda s: upload_tokens.job_of_token(s, job_id, attempt))
 
 
-async def _input(ctx: CloudContext, job_id: str, name: str, job_of: JobOf) -> Response:
+async def _input(ctx: CloudContext, job_id: str, attempt: int, name: str, job_of: JobOf) -> Response:
     def find() -> tuple[Artifact, str]:
         with ctx.db.session() as session:
-            return input_object(job_of(session), name)
+            job = job_of(session)
+            attempt_window.check_inputs_open(session, job, attempt)
+            return input_object(job, name)
 
     address, sha256 = await asyncio.to_thread(find)
     return ctx.artifacts.download(address, INPUT_HEADERS | {SHA256_HEADER: sha256}, INPUT_TYPE)

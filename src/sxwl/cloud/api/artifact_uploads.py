@@ -1,15 +1,17 @@
 """Uploads straight to the object store (docs/object-storage.md). An uploader asks where to put an
 artifact's bytes, naming their size and sha256, with the credential it has (the CPod token, or a
-pod's upload token); only the job's current attempt gets an answer. With the local store the answer
-is "through the cloud" (the artifact routes of api/agent.py); with S3 it is a presigned PUT of exactly
-those bytes. After the PUT the uploader says so, and the cloud records the artifact only once the
+pod's upload token); only the job's current attempt, within its upload window
+(services/attempt_window.py), gets an answer, and only for a path it has not stored other bytes at.
+With the local store the answer is "through the cloud" (the artifact routes of api/agent.py); with
+S3 it is a presigned PUT of exactly those bytes that cannot replace an object, valid no longer than
+the window. After the PUT the uploader says so, and the cloud records the artifact only once the
 store shows it holds that size and sha256: nothing is recorded that is not there."""
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from typing import Annotated
+from typing import Annotated, NamedTuple
 
 from fastapi import APIRouter, Depends, Query, Request
 from sqlalchemy.orm import Session
@@ -20,13 +22,18 @@ from sxwl.cloud.api.responses import errors
 from sxwl.cloud.context import CloudContext
 from sxwl.cloud.db.models import Job
 from sxwl.cloud.errors import AppError, invalid
-from sxwl.cloud.services import attempts, upload_tokens
-from sxwl.cloud.storage import Artifact, NotStored, StoreUnavailable, clean_artifact_path
+from sxwl.cloud.services import attempt_window, attempts, upload_tokens
+from sxwl.cloud.storage import AlreadyStored, Artifact, NotStored, StoreUnavailable, clean_artifact_path
 from sxwl.protocol import ArtifactUpload, UploadTargetReply, paths
 from sxwl.protocol.fields import PosInt32
 
 router = APIRouter(prefix=paths.AGENT, tags=["agent"], responses=errors(400, 401, 403, 422))
 JobOf = Callable[[Session], Job]
+
+
+class Allowed(NamedTuple):
+    seconds_left: int  # of the attempt's upload window
+    repeat: bool  # the attempt recorded these very bytes at the path already
 
 
 @router.post(paths.UPLOAD_TARGET, response_model=UploadTargetReply, responses=UPLOAD_ERRORS)
@@ -57,9 +64,7 @@ async def pod_upload_target(
 ) -> UploadTargetReply:
     """Where a Kubernetes pod's uploader puts one artifact, with its attempt's upload token."""
     upload_tokens.check_token(ctx.box, bearer_token(request), job_id, attempt)
-    return await _target(
-        ctx, job_id, attempt, body, lambda s: upload_tokens.job_for_upload(s, job_id, attempt)
-    )
+    return await _target(ctx, job_id, attempt, body, lambda s: upload_tokens.job_of_token(s, job_id, attempt))
 
 
 @router.post(
@@ -69,7 +74,7 @@ async def pod_upload_done(
     job_id: str, attempt: PosInt32, body: ArtifactUpload, request: Request, ctx: Ctx
 ) -> dict[str, object]:
     upload_tokens.check_token(ctx.box, bearer_token(request), job_id, attempt)
-    return await _done(ctx, job_id, attempt, body, lambda s: upload_tokens.job_for_upload(s, job_id, attempt))
+    return await _done(ctx, job_id, attempt, body, lambda s: upload_tokens.job_of_token(s, job_id, attempt))
 
 
 def _artifact(ctx: CloudContext, job_id: str, attempt: int, body: ArtifactUpload) -> Artifact:
@@ -85,10 +90,14 @@ def _artifact(ctx: CloudContext, job_id: str, attempt: int, body: ArtifactUpload
     return Artifact(job_id, attempt, clean)
 
 
-def _allowed(ctx: CloudContext, job_of: JobOf) -> None:
-    """Raises unless the credential's attempt may upload now (404, 409 for a stale attempt)."""
+def _allowed(ctx: CloudContext, job_of: JobOf, attempt: int, body: ArtifactUpload, path: str) -> Allowed:
+    """Raises unless the credential's attempt may upload these bytes at ``path`` now (404; 409 for a
+    stale attempt, a closed window or other bytes it stored there); else how long it may, and
+    whether it recorded these very bytes there already."""
     with ctx.db.session() as session:
-        job_of(session)
+        job = job_of(session)
+        left = attempt_window.upload_seconds_left(session, job, attempt)
+        return Allowed(left, attempts.repeats_recorded(session, job, attempt, path, body.size, body.sha256))
 
 
 async def _target(
@@ -96,8 +105,13 @@ async def _target(
 ) -> UploadTargetReply:
     artifact = _artifact(ctx, job_id, attempt, body)
 
-    await asyncio.to_thread(_allowed, ctx, job_of)
-    target = ctx.artifacts.upload_target(artifact, body.size, body.sha256)
+    allowed = await asyncio.to_thread(_allowed, ctx, job_of, attempt, body, artifact.path)
+    try:
+        target = await ctx.artifacts.upload_target(artifact, body.size, body.sha256, allowed.seconds_left)
+    except StoreUnavailable as exc:
+        raise store_unavailable(exc) from None
+    except AlreadyStored:
+        raise attempts.ArtifactExists(job_id, attempt, artifact.path) from None
     if target is None:
         return UploadTargetReply(via="cloud")
     return UploadTargetReply(
@@ -109,8 +123,10 @@ async def _done(
     ctx: CloudContext, job_id: str, attempt: int, body: ArtifactUpload, job_of: JobOf
 ) -> dict[str, object]:
     artifact = _artifact(ctx, job_id, attempt, body)
+    recorded = {"path": artifact.path, "size": body.size, "sha256": body.sha256}
 
-    await asyncio.to_thread(_allowed, ctx, job_of)
+    if (await asyncio.to_thread(_allowed, ctx, job_of, attempt, body, artifact.path)).repeat:
+        return recorded
     try:
         await ctx.artifacts.check_uploaded(artifact, body.size, body.sha256)
     except StoreUnavailable as exc:
@@ -125,7 +141,9 @@ async def _done(
 
     def save() -> None:
         with ctx.db.session() as session:
-            attempts.record_artifact(session, job_of(session), attempt, artifact.path, body.size, body.sha256)
+            job = job_of(session)
+            attempt_window.upload_seconds_left(session, job, attempt)
+            attempts.record_artifact(session, job, attempt, artifact.path, body.size, body.sha256)
 
     await asyncio.to_thread(save)
-    return {"path": artifact.path, "size": body.size, "sha256": body.sha256}
+    return recorded

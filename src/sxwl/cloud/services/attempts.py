@@ -195,27 +195,66 @@ def report_status(
     return job
 
 
+class ArtifactExists(AppError):
+    """The attempt already stored other bytes at this path: an artifact is written once, so that what
+    a fine-tune registered or resumes from never changes under its record (docs/object-storage.md)."""
+
+    def __init__(self, job_id: str, attempt: int, path: str, sha256: str | None = None) -> None:
+        held = f" (sha256 {sha256})" if sha256 else ""
+        super().__init__(
+            409,
+            f"{path} of attempt {attempt} of job {job_id} is already stored with other bytes{held}; "
+            "an artifact is written once and never replaced",
+            code="artifact_exists",
+            details={"path": path, "sha256": sha256},
+        )
+
+
+def repeats_recorded(
+    session: Session, job: Job, attempt: int, path: str, size: int | None, sha256: str | None
+) -> bool:
+    """True when ``attempt`` already recorded exactly these bytes at ``path`` (an upload repeated after
+    its answer was lost: nothing is stored again); False when it recorded nothing there;
+    ``ArtifactExists`` (409) when it recorded other bytes, or when the caller names none to compare."""
+    existing = _recorded(session, job.id, path)
+    if existing is None or existing.attempt != attempt:
+        return False
+    if sha256 is None or existing.sha256 != sha256 or size not in (None, existing.size):
+        raise ArtifactExists(job.id, attempt, path, existing.sha256)
+    return True
+
+
 def record_artifact(session: Session, job: Job, attempt: int, path: str, size: int, sha256: str) -> None:
-    """One row per (job, path): a later upload of the path replaces the record, also when two uploads
-    of it are recorded at the same moment (the unique index refuses the second insert)."""
-    if job.trainer is not None:
-        fine_tune_outputs.artifact_recorded(session, job, attempt, path, size, sha256)
-    existing = session.scalar(select(Artifact).where(Artifact.job_id == job.id, Artifact.path == path))
+    """One row per (job, path). A later attempt's upload of the path replaces an earlier attempt's
+    record (its bytes lie at an address of their own, storage/); the same attempt's record is never
+    replaced: the same bytes again change nothing, other bytes are ``ArtifactExists``, also when two
+    uploads of it are recorded at the same moment (the unique index refuses the second insert)."""
+    existing = _recorded(session, job.id, path)
     if existing is None:
         try:
             with session.begin_nested():
                 session.add(Artifact(job_id=job.id, attempt=attempt, path=path, size=size, sha256=sha256))
-            return
         except IntegrityError:
             existing = session.scalars(
                 select(Artifact).where(Artifact.job_id == job.id, Artifact.path == path)
             ).one()
-    existing.attempt, existing.size, existing.sha256, existing.created_at = (
-        attempt,
-        size,
-        sha256,
-        utcnow(),
-    )
+    if existing is not None and existing.attempt == attempt:
+        if (existing.size, existing.sha256) != (size, sha256):
+            raise ArtifactExists(job.id, attempt, path, existing.sha256)
+        return
+    if existing is not None:
+        existing.attempt, existing.size, existing.sha256, existing.created_at = (
+            attempt,
+            size,
+            sha256,
+            utcnow(),
+        )
+    if job.trainer is not None:
+        fine_tune_outputs.artifact_recorded(session, job, attempt, path, size, sha256)
+
+
+def _recorded(session: Session, job_id: str, path: str) -> Artifact | None:
+    return session.scalar(select(Artifact).where(Artifact.job_id == job_id, Artifact.path == path))
 
 
 def ack_command(session: Session, cpod_id: str, command_id: int) -> bool:

@@ -46,6 +46,10 @@ class PathConflict(Exception):
     """The path needs a directory where the job already stored a file, or the reverse."""
 
 
+class AlreadyStored(Exception):
+    """A write-once put or upload target found other bytes at the address: nothing was changed."""
+
+
 class StoreUnavailable(Exception):
     """The object store did not answer (or answered 5xx): the caller may try again later."""
 
@@ -55,11 +59,11 @@ class NotStored(Exception):
 
 
 async def write_checked(
-    chunks: AsyncIterator[bytes], handle: BinaryIO, max_bytes: int, expected_sha256: str | None
+    chunks: AsyncIterator[bytes], handle: BinaryIO | None, max_bytes: int, expected_sha256: str | None
 ) -> tuple[int, str]:
-    """Writes streamed bytes to ``handle`` (in a thread, off the event loop); returns their size and
-    sha256. ``TooLarge`` past ``max_bytes``, ``DigestMismatch`` when they hash otherwise than
-    expected: the caller then discards what was written."""
+    """Writes streamed bytes to ``handle`` (in a thread, off the event loop; with None, only reads
+    them); returns their size and sha256. ``TooLarge`` past ``max_bytes``, ``DigestMismatch`` when
+    they hash otherwise than expected: the caller then discards what was written."""
     digest = hashlib.sha256()
     size = 0
     async for chunk in chunks:
@@ -67,7 +71,8 @@ async def write_checked(
         if size > max_bytes:
             raise TooLarge
         digest.update(chunk)
-        await asyncio.to_thread(handle.write, chunk)
+        if handle is not None:
+            await asyncio.to_thread(handle.write, chunk)
     if expected_sha256 is not None and digest.hexdigest() != expected_sha256:
         raise DigestMismatch(digest.hexdigest())
     return size, digest.hexdigest()
@@ -76,7 +81,8 @@ async def write_checked(
 @dataclass(frozen=True)
 class Artifact:
     """One artifact as the store addresses it: the attempt is part of the address, so a late upload
-    of a stale attempt can never overwrite what the current one stored."""
+    of a stale attempt can never overwrite what the current one stored, and an attempt's artifacts
+    are written once (``once``), so nothing can overwrite what it recorded."""
 
     job_id: str
     attempt: int
@@ -99,19 +105,29 @@ class ArtifactStore(Protocol):
         chunks: AsyncIterator[bytes],
         max_bytes: int,
         expected_sha256: str | None = None,
+        *,
+        once: bool = False,
     ) -> tuple[int, str]:
         """Stores bytes streamed through the cloud; returns (size, sha256 hex). Raises ``TooLarge``
         past ``max_bytes`` and ``DigestMismatch`` when their sha256 is not ``expected_sha256``,
-        storing nothing (an earlier upload of the path stays as it was)."""
+        storing nothing (an earlier upload of the path stays as it was). ``once`` (an attempt's
+        artifacts, at most ``artifact_max_bytes``): an address that holds these bytes already is
+        left as it is, one that holds others raises ``AlreadyStored``, also when another put races
+        this one: nothing replaces what is there."""
         ...
 
-    def upload_target(self, artifact: Artifact, size: int, sha256: str) -> UploadTarget | None:
-        """A presigned upload of exactly these bytes, or None: stream them through the cloud."""
+    async def upload_target(
+        self, artifact: Artifact, size: int, sha256: str, within_s: int
+    ) -> UploadTarget | None:
+        """A presigned upload of exactly these bytes, valid at most ``within_s`` seconds, that can
+        write the address once: ``AlreadyStored`` if it holds other bytes (``StoreUnavailable`` if
+        the store cannot tell). None: stream them through the cloud (``put`` with ``once``)."""
         ...
 
     async def check_uploaded(self, artifact: Artifact, size: int, sha256: str) -> None:
         """Returns once the store holds exactly these bytes at the artifact's address; raises
-        ``NotStored`` (after removing a wrong object) or ``StoreUnavailable``."""
+        ``NotStored`` or ``StoreUnavailable``. Other bytes there are left alone: they are another
+        upload's, which may be recorded."""
         ...
 
     def download(self, artifact: Artifact, headers: dict[str, str], media_type: str) -> Response:

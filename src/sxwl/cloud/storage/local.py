@@ -1,5 +1,11 @@
 """Artifacts as files under the cloud's data dir: the embedded default, for one cloud process (or
-replicas sharing that directory); the bytes stream through the cloud both ways."""
+replicas sharing that directory); the bytes stream through the cloud both ways.
+
+A job's first attempt (and the cloud's own files and models, attempt 0) keeps the layout stores have
+always had, ``<job>/<path>``; a later attempt has a tree of its own, ``<job>.<attempt>/<path>`` (no
+job id has a dot: they are 32 hex, or the reserved ``files`` and ``models``), so that no attempt's
+write lands on another's file. A write-once put (an attempt's artifact) links its finished file into
+place, which fails when the name is taken: nothing already there is ever replaced."""
 
 from __future__ import annotations
 
@@ -9,12 +15,14 @@ import hashlib
 import os
 import tempfile
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from pathlib import Path
 from typing import BinaryIO
 
 from starlette.responses import FileResponse, Response
 
 from sxwl.cloud.storage import (
+    AlreadyStored,
     Artifact,
     NotStored,
     PathConflict,
@@ -36,10 +44,20 @@ class LocalArtifactStore:
             self.root.chmod(0o700)
 
     def _file(self, artifact: Artifact) -> Path:
-        # One file per (job, path), whichever attempt put it: the layout stores have always had.
-        return self.root / artifact.job_id / clean_artifact_path(artifact.path)
+        top = artifact.job_id if artifact.attempt <= 1 else f"{artifact.job_id}.{artifact.attempt}"
+        return self.root / top / clean_artifact_path(artifact.path)
 
-    def upload_target(self, artifact: Artifact, size: int, sha256: str) -> UploadTarget | None:
+    def _stored(self, artifact: Artifact) -> Path:
+        """Where a download finds the artifact: a later attempt's, stored before attempts had trees
+        of their own, lies in ``<job>/<path>``."""
+        own = self._file(artifact)
+        if artifact.attempt > 1 and not own.exists():
+            return self._file(replace(artifact, attempt=1))
+        return own
+
+    async def upload_target(
+        self, artifact: Artifact, size: int, sha256: str, within_s: int
+    ) -> UploadTarget | None:
         return None
 
     async def check_uploaded(self, artifact: Artifact, size: int, sha256: str) -> None:
@@ -49,7 +67,7 @@ class LocalArtifactStore:
 
     def download(self, artifact: Artifact, headers: dict[str, str], media_type: str) -> Response:
         return FileResponse(
-            self._file(artifact),
+            self._stored(artifact),
             media_type=media_type,
             filename=artifact.path.rsplit("/", 1)[-1],
             headers=headers,
@@ -64,6 +82,8 @@ class LocalArtifactStore:
         chunks: AsyncIterator[bytes],
         max_bytes: int,
         expected_sha256: str | None = None,
+        *,
+        once: bool = False,
     ) -> tuple[int, str]:
         target = self._file(artifact)
         path = artifact.path
@@ -72,19 +92,28 @@ class LocalArtifactStore:
             handle, temp = await asyncio.to_thread(_open_temp, target)
         except (FileExistsError, NotADirectoryError):
             raise PathConflict(f"a part of {path} is already an artifact file, not a directory") from None
+        placed = False  # renamed into place: no temporary file is left to remove
         try:
             size, digest = await write_checked(chunks, handle, max_bytes, expected_sha256)
             await asyncio.to_thread(handle.close)
             try:
-                await asyncio.to_thread(os.replace, temp, target)  # never a half-written file
+                # Never a half-written file: the finished one is renamed, or linked, into place.
+                if once:
+                    await asyncio.to_thread(os.link, temp, target)  # never replaces, races included
+                else:
+                    await asyncio.to_thread(os.replace, temp, target)
+                    placed = True
             except OSError as exc:
                 if exc.errno not in (errno.EISDIR, errno.ENOTEMPTY, errno.EEXIST):
                     raise
-                raise PathConflict(f"{path} is already a directory of artifacts, not a file") from None
-        except BaseException:
+                if not once or target.is_dir():
+                    raise PathConflict(f"{path} is already a directory of artifacts, not a file") from None
+                if await asyncio.to_thread(_size_and_sha256, target) != (size, digest):
+                    raise AlreadyStored(f"{path} is already stored with other bytes") from None
+        finally:
             handle.close()
-            await asyncio.to_thread(_remove, temp)
-            raise
+            if not placed:
+                await asyncio.to_thread(_remove, temp)
         return size, digest
 
 

@@ -4,13 +4,17 @@ checks what the store holds before an upload is recorded.
 
 The sha256 an uploader announces is signed into its URL as ``x-amz-checksum-sha256``: the store
 refuses a body that hashes otherwise and keeps the checksum, which ``check_uploaded`` reads back with
-the size. So the cloud never reads the bytes, and nothing is recorded that the store does not hold."""
+the size. So the cloud never reads the bytes, and nothing is recorded that the store does not hold.
+
+An attempt's artifact is written once: its URL, and the cloud's own put of it, carry
+``If-None-Match: *`` (signed, so an uploader cannot drop it), and the store refuses (412) to write a
+key that holds an object. Only when the key holds these very bytes already (a repeat after a lost
+answer) is the URL unconditional: its signed length and checksum let it write nothing else."""
 
 from __future__ import annotations
 
 import asyncio
 import base64
-import contextlib
 import tempfile
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -25,6 +29,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 from starlette.responses import RedirectResponse, Response
 
 from sxwl.cloud.storage import (
+    AlreadyStored,
     Artifact,
     NotStored,
     StoreUnavailable,
@@ -118,49 +123,54 @@ class S3ArtifactStore:
     def _key(self, artifact: Artifact) -> str:
         return f"{artifact.job_id}/{artifact.attempt}/{artifact.path}"
 
-    def upload_target(self, artifact: Artifact, size: int, sha256: str) -> UploadTarget:
-        checksum = _checksum(sha256)
-        url = self._signer.generate_presigned_url(
-            "put_object",
-            Params={
-                "Bucket": self.location.bucket,
-                "Key": self._key(artifact),
-                "ContentLength": size,
-                "ContentType": OCTET_STREAM,
-                "ChecksumSHA256": checksum,
-            },
-            ExpiresIn=self.location.presign_expiry_s,
-        )
+    async def upload_target(self, artifact: Artifact, size: int, sha256: str, within_s: int) -> UploadTarget:
+        key, checksum = self._key(artifact), _checksum(sha256)
+        held = await asyncio.to_thread(self._held, key)
+        if held is not None and held != (size, checksum):
+            raise AlreadyStored(f"{artifact.path} is already stored with other bytes")
+        expires = min(self.location.presign_expiry_s, within_s)
         headers = {
             "Content-Length": str(size),
             "Content-Type": OCTET_STREAM,
             "x-amz-checksum-sha256": checksum,
         }
-        return UploadTarget(url=url, headers=headers, expires_in_s=self.location.presign_expiry_s)
+        if held is None:
+            headers["If-None-Match"] = "*"
+            params = self._put_params(key, size, checksum) | {"IfNoneMatch": "*"}
+        else:
+            params = self._put_params(key, size, checksum)
+        url = self._signer.generate_presigned_url("put_object", Params=params, ExpiresIn=expires)
+        return UploadTarget(url=url, headers=headers, expires_in_s=expires)
+
+    def _put_params(self, key: str, size: int, checksum: str) -> dict[str, object]:
+        return {
+            "Bucket": self.location.bucket,
+            "Key": key,
+            "ContentLength": size,
+            "ContentType": OCTET_STREAM,
+            "ChecksumSHA256": checksum,
+        }
 
     async def check_uploaded(self, artifact: Artifact, size: int, sha256: str) -> None:
-        await asyncio.to_thread(self._check, self._key(artifact), size, _checksum(sha256))
+        held = await asyncio.to_thread(self._held, self._key(artifact))
+        if held is None:
+            raise NotStored("the object store holds no such object")
+        if held[0] != size:
+            raise NotStored(f"the object store holds {held[0]} bytes, not {size}")
+        if held[1] != _checksum(sha256):
+            raise NotStored("the object store's sha256 of the object is not the one announced")
 
-    def _check(self, key: str, size: int, checksum: str) -> None:
-        bucket = self.location.bucket
+    def _held(self, key: str) -> tuple[int, str | None] | None:
+        """The size and sha256 checksum of the object at ``key``; None when there is none."""
         try:
-            head = self._client.head_object(Bucket=bucket, Key=key, ChecksumMode="ENABLED")
+            head = self._client.head_object(Bucket=self.location.bucket, Key=key, ChecksumMode="ENABLED")
         except ClientError as exc:
             if exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode") == 404:
-                raise NotStored("the object store holds no such object") from None
+                return None
             raise _unavailable(exc) from None
         except BotoCoreError as exc:
             raise _unavailable(exc) from None
-        problem = None
-        if head["ContentLength"] != size:
-            problem = f"the object store holds {head['ContentLength']} bytes, not {size}"
-        elif head.get("ChecksumSHA256") != checksum:
-            problem = "the object store's sha256 of the object is not the one announced"
-        if problem is not None:
-            # An object the cloud will never record must not linger as if it were one.
-            with contextlib.suppress(BotoCoreError, ClientError):
-                self._client.delete_object(Bucket=bucket, Key=key)
-            raise NotStored(problem)
+        return head["ContentLength"], head.get("ChecksumSHA256")
 
     async def put(
         self,
@@ -168,29 +178,50 @@ class S3ArtifactStore:
         chunks: AsyncIterator[bytes],
         max_bytes: int,
         expected_sha256: str | None = None,
+        *,
+        once: bool = False,
     ) -> tuple[int, str]:
         """An agent that streams through the cloud: the bytes are spooled to an unlinked temporary
         file (never held in memory), hashed, then put with their checksum."""
         with tempfile.TemporaryFile() as spool:
             size, digest = await write_checked(chunks, spool, max_bytes, expected_sha256)
-            await asyncio.to_thread(self._put_spooled, spool, artifact, size, digest)
+            await asyncio.to_thread(self._put_spooled, spool, artifact, size, digest, once)
         return size, digest
 
-    def _put_spooled(self, spool: IO[bytes], artifact: Artifact, size: int, sha256: str) -> None:
+    def _put_spooled(self, spool: IO[bytes], artifact: Artifact, size: int, sha256: str, once: bool) -> None:
         spool.seek(0)
-        if size > self.multipart_threshold:
+        # A write-once put is an attempt's artifact, at most 5 GiB (config.py): always one PUT.
+        if size > self.multipart_threshold and not once:
             self._put_in_parts(spool, artifact, size)
             return
+        key, checksum = self._key(artifact), _checksum(sha256)
+        bucket = self.location.bucket
         try:
-            self._client.put_object(
-                Bucket=self.location.bucket,
-                Key=self._key(artifact),
-                Body=spool,
-                ContentLength=size,
-                ContentType=OCTET_STREAM,
-                ChecksumSHA256=_checksum(sha256),
-            )
-        except (BotoCoreError, ClientError) as exc:
+            if once:
+                self._client.put_object(
+                    Bucket=bucket,
+                    Key=key,
+                    Body=spool,
+                    ContentLength=size,
+                    ContentType=OCTET_STREAM,
+                    ChecksumSHA256=checksum,
+                    IfNoneMatch="*",
+                )
+            else:
+                self._client.put_object(
+                    Bucket=bucket,
+                    Key=key,
+                    Body=spool,
+                    ContentLength=size,
+                    ContentType=OCTET_STREAM,
+                    ChecksumSHA256=checksum,
+                )
+        except ClientError as exc:
+            if not once or exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode") != 412:
+                raise _unavailable(exc) from None
+            if self._held(key) != (size, checksum):  # 412: the key holds an object; these bytes?
+                raise AlreadyStored(f"{artifact.path} is already stored with other bytes") from None
+        except BotoCoreError as exc:
             raise _unavailable(exc) from None
 
     def _put_in_parts(self, spool: IO[bytes], artifact: Artifact, size: int) -> None:
