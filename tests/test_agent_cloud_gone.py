@@ -17,10 +17,11 @@ from tests.support.counting_proxy import CountingProxy
 from tests.support.net import free_port
 
 POLLS = b"GET /api/v1/agent/assignments?"
-GONE_S = 4.0
-# Backing off from 0.5-1 s and doubling, an agent asks at most 4 times in GONE_S: once at once when
-# its held poll ends, then after each delay. Asking again at once makes dozens.
-AT_MOST = 5
+GONE_S = 2.5
+# Backing off from 0.5-1 s and doubling, an agent asks once at once when its held poll ends, then
+# after each delay (0.5-1 s, then 1-2 s): once in the first half second, at most 3 times in GONE_S.
+FIRST_S = 0.5
+AT_MOST = 3
 
 
 def test_an_agent_backs_off_while_its_cloud_is_gone_and_comes_back(tmp_path: Path) -> None:
@@ -38,6 +39,8 @@ def test_an_agent_backs_off_while_its_cloud_is_gone_and_comes_back(tmp_path: Pat
         stopped = time.monotonic()
         cloud.stop()  # SIGTERM: the held long-poll ends at once, then nothing listens
         time.sleep(GONE_S)
+        at_once = proxy.since(stopped, stopped + FIRST_S)
+        assert at_once <= 1, f"{at_once} long-polls in the first {FIRST_S} s"
         asked = proxy.since(stopped)
         assert 1 <= asked <= AT_MOST, f"{asked} long-polls in {GONE_S} s without a cloud"
         assert agent.proc.poll() is None, agent.log  # still running, waiting for its cloud

@@ -24,9 +24,9 @@ class CountingProxy:
         self._server = socket.create_server(("127.0.0.1", self.port))
         threading.Thread(target=self._accept, daemon=True).start()
 
-    def since(self, moment: float) -> int:
+    def since(self, moment: float, until: float = float("inf")) -> int:
         with self._lock:
-            return sum(1 for at, _ in self.requests if at >= moment)
+            return sum(1 for at, _ in self.requests if moment <= at < until)
 
     def served_since(self, moment: float) -> int:
         with self._lock:
