@@ -1,4 +1,5 @@
-"""A fleet of idle CPods against 2 replicas on PostgreSQL (issue 14's benchmark).
+"""A fleet of idle CPods against 2 replicas on PostgreSQL (issue 14's benchmark), or (``--sqlite``)
+against the one server that SQLite allows.
 
 Every simulated CPod holds a long-poll (``wait`` as sxwl-agent asks, kept open by the cloud's
 keep-alive newlines) on the replica it registered with, and in the load phase also heartbeats every
@@ -7,9 +8,10 @@ after a whole hold, so it sees renewals at their steady rate (and each renewal a
 be: the CPod's last read a hold ago). Measures the CPU per second of
 the two replicas and of PostgreSQL while the fleet is idle and while it heartbeats, the heartbeat
 p99, and submit-to-agent latency for a probe CPod long-polling the other replica than the one the
-job was submitted to, against one polling the same replica.
+job was submitted to, against one polling the same replica (on SQLite only the latter).
 Prints a table and appends a dated section to bench/RESULTS.md.
-Run: ``.venv/bin/python bench/fleet.py [--cpods N] [--window S] [--probes K] [--hold S]``; a scaled-down fleet
+Run: ``.venv/bin/python bench/fleet.py [--cpods N] [--window S] [--probes K] [--hold S] [--sqlite]``;
+a scaled-down fleet
 (``--cpods``) heartbeats at the same 10 s interval, so its rate is N/10 per second.
 """
 
@@ -191,21 +193,20 @@ async def measure_window(meter: Meter, seconds: float) -> float:
 async def dispatch_latency(
     urls: list[str], key: str, user: dict[str, str], probes: int
 ) -> dict[str, list[float]]:
-    """Submit on replica 0; the same-replica probe long-polls replica 0, the cross one replica 1."""
-    same = (await register([urls[0]], key, 1, "probe-same"))[0]
-    cross = (await register([urls[1]], key, 1, "probe-cross"))[0]
+    """Submit on replica 0; the same-replica probe long-polls replica 0, the cross one replica 1
+    (when there is one)."""
+    paths = [("same", (await register([urls[0]], key, 1, "probe-same"))[0], PROBE_PRODUCTS[0])]
+    if len(urls) > 1:
+        paths.append(("cross", (await register([urls[1]], key, 1, "probe-cross"))[0], PROBE_PRODUCTS[1]))
     found: dict[str, list[float]] = {"same": [], "cross": []}
     async with httpx.AsyncClient(timeout=60) as client:
-        for cpod, product in ((same, PROBE_PRODUCTS[0]), (cross, PROBE_PRODUCTS[1])):
+        for _, cpod, product in paths:
             body = {"seq": 1, "nodes": [node(product, probes + 1)]}
             (
                 await client.post(f"{cpod.url}{API}/agent/heartbeat", json=body, headers=cpod.headers)
             ).raise_for_status()
         for _ in range(probes):
-            for name, cpod, product in (
-                ("same", same, PROBE_PRODUCTS[0]),
-                ("cross", cross, PROBE_PRODUCTS[1]),
-            ):
+            for name, cpod, product in paths:
                 poll = asyncio.create_task(
                     client.get(
                         f"{cpod.url}{API}/agent/assignments", params={"wait": 10}, headers=cpod.headers
@@ -289,13 +290,26 @@ async def run(
 def section(args: argparse.Namespace, r: dict[str, float]) -> str:
     idle_ok = "met" if r["idle_core"] < TARGET_IDLE_CORE else "missed"
     cross_ok = "met" if r["cross_p50_ms"] < TARGET_CROSS_P50_MS else "missed"
+    held = (
+        f"each holding a {args.hold:.0f} s long-poll ({r['renewals_per_s']:.1f} renewals/s while idle); "
+        f"load: a heartbeat each every {HEARTBEAT_S:.0f} s; windows of {args.window:.0f} s; "
+        f"{args.probes} probe jobs per path\n\n"
+    )
+    head = f"## fleet: {utc_now()}\n\n{machine_line()}, load average {os.getloadavg()[0]:.2f}\n"
+    if args.sqlite:
+        return (
+            f"{head}- {args.cpods} simulated CPods on one `sxwl serve` process on SQLite (what `make run` "
+            f"starts), {held}"
+            "| | server, cores |\n|---|---|\n"
+            f"| idle | {r['idle_core']:.3f} |\n"
+            f"| {r['beats_per_s']:.0f} heartbeats/s | {r['load_core']:.3f} |\n\n"
+            f"- heartbeat p99 {r['beat_p99_ms']:.1f} ms; client errors {r['errors']:.0f}\n"
+            f"- submit-to-agent p50 {r['same_p50_ms']:.1f} ms / p99 {r['same_p99_ms']:.1f} ms\n"
+            f"- target: idle under {TARGET_IDLE_CORE:.0%} of a core ({idle_ok})\n"
+        )
     return (
-        f"## fleet: {utc_now()}\n\n"
-        f"{machine_line()}, load average {os.getloadavg()[0]:.2f}\n"
-        f"- {args.cpods} simulated CPods (issue: 10,000) on 2 replicas (`sxwl serve` processes) on one "
-        f"PostgreSQL, each holding a {args.hold:.0f} s long-poll ({r['renewals_per_s']:.1f} renewals/s "
-        "while idle); load: a heartbeat each every "
-        f"{HEARTBEAT_S:.0f} s; windows of {args.window:.0f} s; {args.probes} probe jobs per path\n\n"
+        f"{head}- {args.cpods} simulated CPods (issue: 10,000) on 2 replicas (`sxwl serve` processes) on one "
+        f"PostgreSQL, {held}"
         "| | replicas, cores | PostgreSQL, cores |\n|---|---|---|\n"
         f"| idle | {r['idle_core']:.3f} | {r['idle_db_core']:.3f} |\n"
         f"| {r['beats_per_s']:.0f} heartbeats/s | {r['load_core']:.3f} | {r['load_db_core']:.3f} |\n\n"
@@ -318,14 +332,23 @@ def main(argv: list[str] | None = None) -> int:
         default=LONG_POLL_S,
         help="seconds each long-poll asks for (default: the agent's)",
     )
+    parser.add_argument(
+        "--sqlite", action="store_true", help="one server on SQLite (`make run`), not 2 on PostgreSQL"
+    )
     parser.add_argument("--no-results", action="store_true", help="do not append to bench/RESULTS.md")
     args = parser.parse_args(argv)
     processes = Processes()
     with interrupt_on_sigterm():
         try:
-            postgres = TempPostgres(durable=True).start()
-            processes.add(postgres.stop)
-            database_url = postgres.create_database()
+            root = Path(tempfile.mkdtemp(prefix="sxwl-fleet-"))
+            processes.add(lambda: shutil.rmtree(root, ignore_errors=True))
+            postgres = None
+            if args.sqlite:
+                database_url = f"sqlite:///{root / 'fleet.db'}"
+            else:
+                postgres = TempPostgres(durable=True).start()
+                processes.add(postgres.stop)
+                database_url = postgres.create_database()
             env = {
                 **cloud_env(database_url),
                 "SXWL_BILLING_ENABLED": "false",
@@ -333,15 +356,14 @@ def main(argv: list[str] | None = None) -> int:
                 "SXWL_ARGON2_MEMORY_KIB": "1024",
                 "SXWL_LONGPOLL_MAX_S": f"{args.hold:g}",
             }
-            root = Path(tempfile.mkdtemp(prefix="sxwl-fleet-"))
-            processes.add(lambda: shutil.rmtree(root, ignore_errors=True))
             replicas = []
-            for name in ("r1", "r2"):
+            for name in ("r1",) if args.sqlite else ("r1", "r2"):
                 replica = CloudProcess(root / name, free_port(), env=env)
                 processes.add(replica.stop)
                 replicas.append(replica)
             urls = [r.url for r in replicas]
-            results = asyncio.run(run(args, urls, [r.proc.pid for r in replicas], postmaster_pid(postgres)))
+            db_pid = postmaster_pid(postgres) if postgres is not None else None
+            results = asyncio.run(run(args, urls, [r.proc.pid for r in replicas], db_pid))
         finally:
             processes.stop_all()
     text = section(args, results)

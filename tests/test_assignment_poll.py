@@ -1,5 +1,6 @@
 """The agent's long-poll held past its keep-alive, and renewals that need no read (SQLite and
-PostgreSQL; on PostgreSQL the replica's listener hears, so a quiet CPod's renewal is not read)."""
+PostgreSQL: a process that hears other processes' writes, through the listener or the SQLite file's
+watch, knows that a quiet CPod's renewal has nothing new to read)."""
 
 from __future__ import annotations
 
@@ -27,12 +28,13 @@ def setup(make_client: Callable[..., TestClient]) -> Setup:
 
 @pytest.fixture
 def dispatch_reads(setup: Setup) -> Iterator[list[str]]:
-    """The statements that read a CPod's pending commands: one per read of what it is to be told."""
+    """The statements that read a CPod's pending commands: one per read of what it is to be told
+    (not the SQLite watch's one read for all CPods, which names no CPod)."""
     engine = ctx_of(setup.client).db.engine
     seen: list[str] = []
 
     def record(_conn: Connection, _cursor: object, statement: str, *_: object) -> None:
-        if "FROM agent_commands" in statement:
+        if "FROM agent_commands" in statement and "agent_commands.cpod_id = " in statement:
             seen.append(statement)
 
     event.listen(engine, "before_cursor_execute", record)
@@ -66,19 +68,25 @@ def test_work_that_comes_during_a_streamed_hold_ends_it_at_once(setup: Setup) ->
     assert reply["assignments"][0]["upload_token"]
 
 
+def test_a_held_poll_reads_once_while_nothing_changes(setup: Setup, dispatch_reads: list[str]) -> None:
+    notifier = ctx_of(setup.client).notifier
+    eventually(lambda: notifier.hearing, what="this process hears other processes' writes")
+    # Held past the seconds at which a poll that hears nothing re-reads (notify.UNHEARD_REREAD_S).
+    assert _poll(setup, wait=3).json() == {"assignments": [], "commands": []}
+    assert len(dispatch_reads) == 1
+
+
 def test_a_quiet_cpods_renewal_reads_only_after_something_changed(
-    setup: Setup, dispatch_reads: list[str], db_url: str
+    setup: Setup, dispatch_reads: list[str]
 ) -> None:
     notifier = ctx_of(setup.client).notifier
-    listening = db_url.startswith("postgresql")
-    if listening:
-        eventually(lambda: notifier.hearing, what="the listener connected")
+    eventually(lambda: notifier.hearing, what="this process hears other processes' writes")
     assert _poll(setup, wait=0).json() == {"assignments": [], "commands": []}
     assert len(dispatch_reads) == 1
     assert _poll(setup, wait=0).json() == {"assignments": [], "commands": []}
-    # Hearing every change, a replica knows that nothing changed; SQLite has no listener, and
-    # another process on the same file could have written, so it reads again.
-    assert len(dispatch_reads) == (1 if listening else 2)
+    # Hearing every change (the listener on PostgreSQL, the file's watch on SQLite), the process
+    # knows that nothing changed.
+    assert len(dispatch_reads) == 1
 
     job = setup.submit()
     setup.assigned(job["id"])  # committed between two polls: no poll was waiting to be woken
@@ -91,16 +99,12 @@ def test_a_quiet_cpods_renewal_reads_only_after_something_changed(
     assert len(dispatch_reads) == before + 2
 
 
-def test_a_dropped_listener_forgets_what_was_quiet(
-    setup: Setup, dispatch_reads: list[str], db_url: str
-) -> None:
-    if not db_url.startswith("postgresql"):
-        pytest.skip("SQLite has no listener")
+def test_a_process_that_stops_hearing_forgets_what_was_quiet(setup: Setup, dispatch_reads: list[str]) -> None:
     notifier = ctx_of(setup.client).notifier
-    eventually(lambda: notifier.hearing, what="the listener connected")
+    eventually(lambda: notifier.hearing, what="this process hears other processes' writes")
     _poll(setup, wait=0)
     assert notifier.quiet_since(setup.cpod_id) is not None
-    notifier.hearing = False  # what the listener sets when its connection drops
+    notifier.hearing = False  # what the listener (the SQLite watch) sets when it drops (fails)
     assert notifier.quiet_since(setup.cpod_id) is None
     notifier.hearing = True  # and reconnected: what changed unheard meanwhile must be read
     _poll(setup, wait=0)

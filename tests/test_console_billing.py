@@ -20,13 +20,14 @@ from fastapi.testclient import TestClient
 from sqlalchemy import select
 
 from sxwl.cloud.context import CloudContext
-from sxwl.cloud.db.models import Job, JobAttempt
+from sxwl.cloud.db.models import CPod, Job, JobAttempt
 from sxwl.cloud.db.money_models import LedgerTransaction
 from sxwl.cloud.db.types import utcnow
 from sxwl.cloud.services import earnings, ledger, metering
-from sxwl.cloud.web import i18n
+from sxwl.cloud.web import i18n, money_view
 from sxwl.cloud.web.i18n import MESSAGES
 from sxwl.cloud.web.i18n_money import MONEY_MESSAGES
+from sxwl.cloud.web.kit import LANG_COOKIE
 from tests.support.agent import eventually
 from tests.test_admin_api import make_admin
 from tests.test_console_forms import csrf
@@ -92,16 +93,24 @@ class Ran:
     user: TestClient
     provider: TestClient
     job_id: str
+    cpod_id: str
+    cpod_name: str
 
 
-def run_priced_job(client: TestClient) -> Ran:
-    """Prices, a top-up of 100 CNY and a 2-GPU job that ran exactly 90.5 s, rated by metering."""
+def run_priced_job(client: TestClient, cpu: bool = False) -> Ran:
+    """Prices, a top-up of 100 CNY and a 2-GPU job (``cpu``: a job on CPU cores alone, at 0.36 per
+    core-hour and no fee) that ran exactly 90.5 s, rated by metering."""
     agent = online_cpod(client)
     admin = admin_browser(client)
-    assert set_price(admin).status_code == 303
+    if cpu:
+        assert set_price(admin, "", price="0.36", fee="0", resource="cpu").status_code == 303
+    else:
+        assert set_price(admin).status_code == 303
     user = browser_user(client)
     assert top_up(admin, "dev@example.com", "100", "welcome").status_code == 303
-    job_id = submitted_id(submit_form(user, gpu_product=PRODUCT, gpus_per_node="2"))
+    gpus = ("", "0") if cpu else (PRODUCT, "2")
+    resources = {"gpu_product": gpus[0], "gpus_per_node": gpus[1]}
+    job_id = submitted_id(submit_form(user, **resources))
     attempt = eventually(
         lambda: client.get("/api/v1/agent/assignments?wait=1", headers=agent).json()["assignments"],
         what="the assignment",
@@ -124,6 +133,9 @@ def run_priced_job(client: TestClient) -> Ran:
         job = session.get(Job, job_id)
         assert job is not None
         job.finished_at = end  # so that the job's page tells the same duration
+        cpod = session.get(CPod, placed.cpod_id)
+        assert cpod is not None
+        cpod_id, cpod_name = cpod.id, cpod.name
     metering.meter_once(ctx, now=end + timedelta(seconds=1))
     provider = TestClient(client.app)
     token = csrf(provider, "/login")
@@ -132,13 +144,20 @@ def run_priced_job(client: TestClient) -> Ran:
         data={"csrf_token": token, "email": "farm@example.com", "password": "correct horse"},
         follow_redirects=False,
     )
-    return Ran(admin, user, provider, job_id)
+    return Ran(admin, user, provider, job_id, cpod_id, cpod_name)
 
 
 def text_of(page: str, element_id: str) -> str:
     match = re.search(rf'id="{element_id}"[^>]*>([^<]*)<', page)
     assert match, f"no #{element_id}"
     return match.group(1).strip()
+
+
+def title_of(page: str, element_id: str) -> str:
+    """The exact amount a card shows on hover."""
+    match = re.search(rf'id="{element_id}"[^>]*title="([^"]*)"', page)
+    assert match, f"no title on #{element_id}"
+    return match.group(1)
 
 
 # ---- prices -------------------------------------------------------------------------------------
@@ -258,14 +277,22 @@ def test_top_up_by_email_or_id_shows_on_the_users_billing(client: TestClient) ->
     )
     assert top_up(admin, user_id, "0.000001").status_code == 303
     page = user.get("/billing").text
-    assert text_of(page, "balance") == "¥12.500001"
+    # A card rounds to the fen for people; its title is exact.
+    assert text_of(page, "balance") == "¥12.50" and title_of(page, "balance") == "¥12.500001"
     assert 'id="balance-warning"' not in page
     assert "¥12.50</td><td>first</td>" in page
     money = admin.get("/admin/money").text
-    assert text_of(money, "revenue-top_ups") == "¥12.500001"
+    assert text_of(money, "revenue-top_ups") == "¥12.50"
+    assert title_of(money, "revenue-top_ups") == "¥12.500001"
     recent = re.search(r'<table class="table compact" id="recent">(.*?)</table>', money, re.S)
     assert recent and "dev@example.com" in recent.group(1) and "first" in recent.group(1)
     assert "<td>root@example.com</td>" in recent.group(1)  # who did it
+
+
+def test_cards_round_to_the_fen_half_to_even_and_never_read_minus_zero() -> None:
+    amounts = (12_500_001, 325_800, 5_000, 15_000, -1, -120_000)
+    assert [money_view.rounded_text(m) for m in amounts] == ["12.50", "0.33", "0.00", "0.02", "0.00", "-0.12"]
+    assert [money_view.money_text(m) for m in amounts[:2]] == ["12.500001", "0.3258"]  # what titles say
 
 
 def test_a_month_that_is_not_one_is_shown_in_place(client: TestClient) -> None:
@@ -283,10 +310,12 @@ def test_what_the_user_provider_and_admin_see_of_a_priced_job(client: TestClient
     ran = run_priced_job(client)
     # 2 GPUs × 90.5 s × 7.20 per GPU-hour = 0.362; the provider earns 90 % (0.3258), the fee is 0.0362.
     billing = ran.user.get("/billing").text
-    assert text_of(billing, "balance") == "¥99.638"
-    assert text_of(billing, "statement-total") == "¥0.362"
+    assert text_of(billing, "balance") == "¥99.64" and title_of(billing, "balance") == "¥99.638"
+    assert text_of(billing, "statement-total") == "¥0.362"  # a statement is exact
     row = re.search(rf'<tr data-job="{ran.job_id}">(.*?)</tr>', billing, re.S)
-    assert row and "181.0" in row.group(1) and "¥7.20" in row.group(1) and "¥0.362" in row.group(1)
+    assert row and "181.0 GPU·秒" in row.group(1) and "¥7.20" in row.group(1) and "¥0.362" in row.group(1)
+    assert ran.cpod_name != ran.cpod_id
+    assert f'<td title="{ran.cpod_id}">{ran.cpod_name}</td>' in row.group(1)  # its name; the id on hover
     assert "¥100.00</td><td>welcome</td>" in billing
     month = re.search(r'name="month" value="(\d{4}-\d{2})"', billing)
     assert month
@@ -297,17 +326,17 @@ def test_what_the_user_provider_and_admin_see_of_a_priced_job(client: TestClient
     assert text_of(job, "job-cost-amount") == "¥0.362" and 'id="job-cost-rate"' not in job
 
     earned = ran.provider.get("/earnings").text
-    assert text_of(earned, "earned-month") == "¥0.3258"
-    assert text_of(earned, "earned-today") == "¥0.3258"
-    assert text_of(earned, "earned-pending") == "¥0.3258"
+    for card in ("earned-month", "earned-today", "earned-pending"):
+        assert (text_of(earned, card), title_of(earned, card)) == ("¥0.33", "¥0.3258")
     assert text_of(earned, "earned-available") == "¥0.00"
-    assert text_of(earned, "month-fee") == "0.0362" and text_of(earned, "sold-hours") == "0.050"
+    assert (text_of(earned, "month-fee"), title_of(earned, "month-fee")) == ("0.04", "¥0.0362")
+    assert title_of(earned, "month-gross") == "¥0.362" and text_of(earned, "sold-hours") == "0.050"
     product = re.search(rf'<tr data-key="{PRODUCT}">(.*?)</tr>', earned, re.S)
     assert product and "¥0.362" in product.group(1) and "¥0.0362" in product.group(1)
     by_cpod = re.search(r'<table class="table compact nowrap" id="by-cpod">(.*?)</table>', earned, re.S)
     assert by_cpod and "¥0.3258" in by_cpod.group(1)
     compute = ran.provider.get("/compute").text
-    assert text_of(compute, "earned-month") == "¥0.3258" and 'href="/earnings"' in compute
+    assert text_of(compute, "earned-month") == "¥0.33" and 'href="/earnings"' in compute
 
     # Held earnings become available; a payout above them is refused in place, one within is recorded.
     earnings.release_once(ctx_of(client), now=utcnow() + timedelta(days=30))
@@ -319,13 +348,32 @@ def test_what_the_user_provider_and_admin_see_of_a_priced_job(client: TestClient
     assert 'value="TX-1"' in refused.text and ledger_transactions(client) == before
     assert payout(ran.admin, "farm@example.com", "0.3").headers["location"] == "/admin/money?notice=paid_out"
     earned = ran.provider.get("/earnings").text
-    assert text_of(earned, "earned-available") == "¥0.0258" and text_of(earned, "paid-out") == "0.30"
+    assert text_of(earned, "earned-available") == "¥0.03" and text_of(earned, "paid-out") == "0.30"
+    assert title_of(earned, "earned-available") == "¥0.0258"
     money = ran.admin.get("/admin/money").text
-    assert text_of(money, "revenue-fees") == "¥0.0362"
+    assert text_of(money, "revenue-fees") == "¥0.04" and title_of(money, "revenue-fees") == "¥0.0362"
     assert text_of(money, "revenue-payouts") == "¥0.30"
-    assert text_of(money, "revenue-user_cash") == "¥99.638"
+    assert text_of(money, "revenue-user_cash") == "¥99.64"
     with ctx_of(client).db.session() as session:
         assert ledger.check(session).ok
+
+
+def test_cpu_work_reads_in_core_seconds_on_the_statement_and_the_earnings(client: TestClient) -> None:
+    ran = run_priced_job(client, cpu=True)
+    billing = ran.user.get("/billing").text
+    row = re.search(rf'<tr data-job="{ran.job_id}">(.*?)</tr>', billing, re.S)
+    assert row and "GPU" not in row.group(1), row
+    assert "<td>CPU</td>" in row.group(1) and "90.5 核·秒" in row.group(1)
+    earned = ran.provider.get("/earnings").text
+    for table, usage in (
+        ("earning-lines", "90.5 核·秒"),
+        ("by-cpod", "0.025 核·小时"),
+        ("by-product", "0.025 核·小时"),
+    ):
+        body = re.search(rf'id="{table}">.*?<tbody>(.*?)</tbody>', earned, re.S)
+        assert body and usage in body.group(1) and "GPU" not in body.group(1), (table, body)
+    ran.user.cookies.set(LANG_COOKIE, "en")
+    assert "90.5 core-seconds" in ran.user.get("/billing").text
 
 
 def test_a_running_job_shows_its_cost_per_hour_and_the_low_balance_banner(client: TestClient) -> None:

@@ -76,18 +76,22 @@ def test_the_provider_sees_its_earnings(context: BrowserContext, cloud: Cloud) -
     page = signed_in(context, "farm@example.com")
     expect(page).to_have_url(re.compile(r"/compute$"))
     card = page.locator("#earnings-card")
-    expect(card.locator("#earned-month")).to_have_text("¥0.3258")
-    expect(card.locator("#earned-available")).to_have_text("¥0.3258")  # released after the hold
+    # Cards round to the fen for people; the exact amount is their title, shown on hover.
+    expect(card.locator("#earned-month")).to_have_text("¥0.33")
+    expect(card.locator("#earned-month")).to_have_attribute("title", "¥0.3258")
+    expect(card.locator("#earned-available")).to_have_text("¥0.33")  # released after the hold
     shot(page, "billing-compute-earnings-card")
     page.get_by_role("navigation", name="main").get_by_role("link", name="收益").click()
     expect(page).to_have_url(re.compile(r"/earnings$"))
-    expect(page.locator("#earned-today")).to_have_text("¥0.3258")
+    expect(page.locator("#earned-today")).to_have_text("¥0.33")
     expect(page.locator("#earned-pending")).to_have_text("¥0.00")
-    expect(page.locator("#month-fee")).to_have_text("0.0362")
+    expect(page.locator("#month-fee")).to_have_text("0.04")
+    expect(page.locator("#month-fee")).to_have_attribute("title", "¥0.0362")
     expect(page.locator("#sold-hours")).to_have_text("0.050")
     product = page.locator(f'#by-product tr[data-key="{PRODUCT}"] td')
-    expect(product).to_have_text([PRODUCT, "0.050", "¥0.362", "¥0.0362", "¥0.3258"])
+    expect(product).to_have_text([PRODUCT, "0.050 GPU·小时", "¥0.362", "¥0.0362", "¥0.3258"])  # tables: exact
     expect(page.locator("#earning-lines tbody tr")).to_have_count(1)
+    expect(page.locator("#earning-lines tbody tr td").nth(2)).to_have_text(cloud.ran.cpod_name)
     shot(page, "billing-earnings")
 
 
@@ -95,8 +99,13 @@ def test_the_user_sees_the_balance_statement_and_job_cost(context: BrowserContex
     page = signed_in(context, "dev@example.com")
     page.get_by_role("navigation", name="main").get_by_role("link", name="费用").click()
     expect(page).to_have_url(re.compile(r"/billing$"))
-    expect(page.locator("#balance")).to_have_text("¥99.638")
+    expect(page.locator("#balance")).to_have_text("¥99.64")
+    expect(page.locator("#balance")).to_have_attribute("title", "¥99.638")
     expect(page.locator("#statement-total")).to_have_text("¥0.362")
+    row = page.locator(f'#statement tr[data-job="{cloud.ran.job_id}"] td')
+    expect(row.nth(2)).to_have_text(cloud.ran.cpod_name)
+    expect(row.nth(2)).to_have_attribute("title", cloud.ran.cpod_id)
+    expect(row.nth(4)).to_have_text("181.0 GPU·秒")
     expect(page.locator("#top-ups tbody tr")).to_have_text(re.compile(r"¥100\.00\s*welcome"))
     expect(page.locator("#balance-warning")).to_have_count(0)
     shot(page, "billing-user")
@@ -123,8 +132,9 @@ def test_the_admin_sees_prices_revenue_and_a_refused_payout(context: BrowserCont
     expect(page.locator(f'#prices tr[data-product="{PRODUCT}"]')).to_contain_text("¥7.20")
     shot(page, "billing-admin-prices")
     page.get_by_role("navigation", name="main").get_by_role("link", name="充值与结算").click()
-    expect(page.locator("#revenue-fees")).to_have_text("¥0.0362")
-    expect(page.locator("#revenue-user_cash")).to_have_text("¥99.638")
+    expect(page.locator("#revenue-fees")).to_have_text("¥0.04")
+    expect(page.locator("#revenue-user_cash")).to_have_text("¥99.64")
+    expect(page.locator("#revenue-user_cash")).to_have_attribute("title", "¥99.638")
     page.locator("#payout-provider").fill("farm@example.com")
     page.locator("#payout-amount").fill("5")
     page.locator("#payout-reference").fill("BANK-42")
@@ -140,7 +150,7 @@ def test_pages_fit_a_phone(browser: Browser, cloud: Cloud) -> None:
         page = context.new_page()
         sign_in(page, "farm@example.com", PASSWORD)
         page.goto("/earnings")
-        expect(page.locator("#earned-month")).to_have_text("¥0.3258")
+        expect(page.locator("#earned-month")).to_have_text("¥0.33")
         screenshot(page, "billing-earnings-phone")
         wide = page.evaluate(
             "[...document.querySelectorAll('body *')].filter(e => e.getBoundingClientRect().right > 391"

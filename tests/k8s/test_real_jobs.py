@@ -5,6 +5,7 @@ can go wrong ending with a reason a user understands and nothing left running.""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import signal
@@ -15,6 +16,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
+from sxwl.agent.runtimes.kube_objects import CONTAINER
 from tests.support.agent import eventually
 from tests.support.k8s import K8sCluster
 from tests.support.k8s_node import RealNodes
@@ -163,32 +165,72 @@ def test_cancel_stops_the_script_with_sigterm_and_deletes_the_pods(cpod: RealCPo
     cpod.nothing_left(job_id)
 
 
+# Long enough that a slow machine cannot have the kubelet kill a script held in its TERM trap before
+# the test lets it go; the test waits for each step, never for this.
+HELD_GRACE_S = 300
+
+
+@contextlib.contextmanager
+def agent_with(cpod: RealCPod, *flags: str) -> Iterator[None]:
+    """The CPod's agent restarted with ``flags`` added (a flag given again wins), and restarted as it
+    was afterwards. A restarted agent takes back its saved token and whatever runs; what a test
+    submits next waits for it like any job for its CPod."""
+    original = list(cpod.agent_flags)
+
+    def restart(flags: list[str]) -> None:
+        assert cpod.agent is not None
+        cpod.agent.stop()
+        cpod.agent_flags = flags
+        cpod.start_agent()
+
+    restart([*original, *flags])
+    try:
+        yield
+    finally:
+        restart(original)
+
+
 def test_what_a_cancelled_script_prints_last_reaches_the_log_though_its_pod_is_gone(
     cpod: RealCPod,
 ) -> None:
-    """The agent is stopped (SIGSTOP) right after it deleted the pod, until the pod, its containers
-    and their logs are gone from the cluster: the line the script printed on SIGTERM still arrives,
-    through the log stream the agent opened before the delete."""
-    script = "trap 'echo goodbye on TERM; exit 0' TERM; echo started; while :; do sleep 0.2; done"
-    job_id = cpod.submit(script, name="last-words")
-    eventually(lambda: "started" in cpod.log(job_id), timeout=120, what="the job's first line")
-    response = httpx.post(f"{cpod.url}/api/v1/jobs/{job_id}/cancel", headers=cpod.user)
-    assert response.status_code in (200, 202), response.text
-    eventually(
-        lambda: any(p["metadata"].get("deletionTimestamp") for p in cpod.pods(job_id)),
-        timeout=60,
-        what="the agent deleting the pod",
+    """The agent is stopped (SIGSTOP) once it has deleted the pod, and only then is the script, held
+    in its TERM trap, let go to print its last line and exit; the agent stays stopped until the pod,
+    its containers and their logs are gone from the cluster. The line still arrives, through the log
+    stream the agent opened before the delete.
+
+    Every step waits for the one before it, never for time: the script prints nothing on TERM until
+    the test writes /tmp/go in its container (so the agent cannot have sent the line before it was
+    stopped, however slowly the test saw the deletion), and the pods' grace (HELD_GRACE_S) is far
+    longer than those steps take on a loaded machine. (It once printed at once on TERM, and the test
+    assumed that it stopped the agent before the agent's next shipment of the log, 0.5 s later.)"""
+    script = (
+        "trap 'until [ -e /tmp/go ]; do sleep 0.1; done; echo goodbye on TERM; exit 0' TERM; "
+        "echo started; while :; do sleep 0.2; done"
     )
-    assert cpod.agent is not None
-    cpod.agent.signal(signal.SIGSTOP)
-    try:
-        eventually(lambda: not cpod.pods(job_id), timeout=60, what="the pod to be gone")
-        assert "goodbye" not in cpod.log(job_id)
-    finally:
-        cpod.agent.signal(signal.SIGCONT)
-    job = cpod.finished(job_id)
-    assert job["state"] == "cancelled", job
-    assert cpod.log(job_id).splitlines() == ["[rank 0] started", "[rank 0] goodbye on TERM"]
+    with agent_with(cpod, "--stop-grace", str(HELD_GRACE_S)):
+        job_id = cpod.submit(script, name="last-words")
+        eventually(lambda: "started" in cpod.log(job_id), timeout=120, what="the job's first line")
+        response = httpx.post(f"{cpod.url}/api/v1/jobs/{job_id}/cancel", headers=cpod.user)
+        assert response.status_code in (200, 202), response.text
+        # The pod stays, terminating, while its script waits in the trap.
+        (pod,) = eventually(
+            lambda: [p for p in cpod.pods(job_id) if p["metadata"].get("deletionTimestamp")],
+            timeout=120,
+            what="the agent deleting the pod",
+        )
+        assert cpod.agent is not None
+        cpod.agent.signal(signal.SIGSTOP)
+        try:
+            name = pod["metadata"]["name"]
+            go = ("exec", "-n", cpod.tenant_ns, name, "-c", CONTAINER, "--", "sh", "-c", ": > /tmp/go")
+            cpod.cluster.kubectl(*go)
+            eventually(lambda: not cpod.pods(job_id), timeout=120, what="the pod to be gone")
+            assert "goodbye" not in cpod.log(job_id)  # printed while the agent was stopped
+        finally:
+            cpod.agent.signal(signal.SIGCONT)
+        job = cpod.finished(job_id)
+        assert job["state"] == "cancelled", job
+        assert cpod.log(job_id).splitlines() == ["[rank 0] started", "[rank 0] goodbye on TERM"]
 
 
 def test_a_pod_deleted_under_a_job_fails_it_with_that_reason(cpod: RealCPod) -> None:

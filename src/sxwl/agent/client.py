@@ -119,7 +119,11 @@ class CloudClient:
             params={"wait": wait_s},
             timeout=httpx.Timeout(wait_s + 15.0, connect=5.0),
         )
-        return AssignmentsReply.model_validate(response.json())
+        try:
+            return AssignmentsReply.model_validate_json(response.content)
+        except ValueError:
+            # A hold cut short can end with its keep-alive newlines and nothing after them.
+            raise Unreachable(f"the long-poll's answer was not a reply: {response.content[:100]!r}") from None
 
     async def ack(self, token: str, command_id: int) -> None:
         await self._call("POST", paths.url(paths.COMMAND_ACK, command_id=command_id), token)

@@ -34,6 +34,10 @@ BACKOFF_CAP_S = 60.0
 # Renewals were about a third of what an idle fleet cost the cloud (docs/replicas.md), and the hold
 # bounds nothing else: heartbeats notice a revoked token within an interval.
 LONG_POLL_S = 1200.0
+# An answer with nothing in it sooner than this after asking did not wait for work: the cloud is
+# stopping (it ends every hold at once, and answers at once until it stops accepting requests), or
+# something between cut the hold. Asking again at once would spin (issue 25: twenty polls in 50 ms).
+EARLY_EMPTY_S = 1.0
 SUPERVISE_S = 0.5
 
 
@@ -241,17 +245,28 @@ class Agent(Generic[J]):
             await self._sleep(self.interval)
 
     async def _assignments(self, token: str, sync: JobSync[J]) -> None:
+        loop = asyncio.get_running_loop()
         failures = 0
         while True:
+            asked = loop.time()
             try:
                 reply = await self.client.assignments(token, LONG_POLL_S)
                 await sync.handle(reply)
-                failures = 0
             except (Unreachable, Rejected) as exc:
                 delay = backoff_delay(failures)
                 failures += 1
                 log.warning("getting assignments failed (%s); retrying in %.1f s", exc, delay)
                 await self._sleep(delay)
+            else:
+                if reply.assignments or reply.commands or loop.time() - asked >= EARLY_EMPTY_S:
+                    failures = 0
+                else:
+                    # Backed off like a failure, but at least once per heartbeat interval: a cloud
+                    # whose holds are short by configuration still hands out work in time.
+                    delay = backoff_delay(failures, cap=max(self.interval, BACKOFF_BASE_S))
+                    failures += 1
+                    log.info("the long-poll ended at once with nothing; asking again in %.1f s", delay)
+                    await self._sleep(delay)
             if self.stop_event.is_set():
                 raise Stopped
 

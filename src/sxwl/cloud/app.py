@@ -31,7 +31,7 @@ from sxwl.cloud.api import (
     models,
 )
 from sxwl.cloud.api.deps import plain_parameters
-from sxwl.cloud.background import listener, liveness, metering, rate_events, scheduling
+from sxwl.cloud.background import listener, liveness, metering, rate_events, scheduling, sqlite_watch
 from sxwl.cloud.body_rules import BodyRules
 from sxwl.cloud.config import Settings
 from sxwl.cloud.context import CloudContext
@@ -80,6 +80,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             asyncio.create_task(notifier_counts.run(), name="notifier-metrics"),
             asyncio.create_task(rate_events.run(ctx), name="rate-events"),
             asyncio.create_task(listener.run(ctx), name="listener"),
+            asyncio.create_task(sqlite_watch.run(ctx), name="sqlite-watch"),
         ]
         yield
         # Long-polls answer at once and the loops stop judging CPods, under any ASGI server (`sxwl

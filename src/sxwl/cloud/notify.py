@@ -12,7 +12,9 @@ threads). On PostgreSQL the same wake-ups travel to every other replica: the uni
 notifications only when, and only if, that transaction commits, so they are as atomic as the local
 ones. Each replica listens on one dedicated connection (background/listener.py) and turns what it
 receives into local wake-ups; its own notifications, already delivered in-process, are skipped.
-How they travel, the backstop re-read and what a dropped listener does: docs/replicas.md."""
+On SQLite the one server hears other processes' writes by asking SQLite, once a second, whether
+the file changed (background/sqlite_watch.py). How they travel, the backstop re-read and what a
+dropped listener does: docs/replicas.md."""
 
 from __future__ import annotations
 
@@ -29,8 +31,8 @@ from sqlalchemy.orm import Session, sessionmaker
 CHANNEL = "sxwl_wakeups"
 _PENDING = "sxwl.wakeups"
 _ANNOUNCED = "sxwl.announced"
-# Until the listener is connected (SQLite has none), another process's writes are only seen by
-# re-reading: as often as the long-poll always did.
+# Until this process hears other processes' writes (the listener connected on PostgreSQL, the
+# watch started on SQLite), they are only seen by re-reading: as often as the long-poll always did.
 UNHEARD_REREAD_S = 1.0
 
 
@@ -88,8 +90,8 @@ class Notifier:
 
     @property
     def hearing(self) -> bool:
-        """True while the listening connection is up: then other replicas' changes arrive as
-        notifications and waiters re-read only as a backstop."""
+        """True while other processes' changes reach this one (PostgreSQL: the listening connection
+        is up; SQLite: the watch runs): then waiters re-read only as a backstop."""
         return self._hearing
 
     @hearing.setter
@@ -177,6 +179,18 @@ class Notifier:
             self.scheduler.set()
         elif target.startswith(("cpod:", "job:")):
             self._set_waiters(target)
+
+    def file_changed(self, cpods: set[str]) -> None:
+        """A commit to the SQLite file, maybe by another process (on the event loop's thread): the
+        scheduler runs a pass, the long-polls of ``cpods`` (those with something to be told now)
+        read, and so does every job follower (they are few)."""
+        self.scheduler.set()
+        for cpod_id in cpods:
+            self._set_waiters(f"cpod:{cpod_id}")
+        for key, waiters in self._waiters.items():
+            if key.startswith("job:"):
+                for event in waiters:
+                    event.set()
 
     def _soon(self, callback: object, *args: object) -> None:
         if self._loop is None or self._loop.is_closed():

@@ -68,8 +68,10 @@ def yuan(micro: int) -> Decimal:
 
 
 def yuan_text(micro: int, places: int = 2) -> str:
-    """``micro`` rounded for people (half to even, so rounding errors do not drift one way)."""
-    return str(yuan(micro).quantize(Decimal(1).scaleb(-places), rounding=ROUND_HALF_EVEN))
+    """``micro`` rounded for people (half to even, so rounding errors do not drift one way); a debt
+    smaller than the last place reads 0.00, not -0.00."""
+    rounded = yuan(micro).quantize(Decimal(1).scaleb(-places), rounding=ROUND_HALF_EVEN)
+    return str(abs(rounded) if rounded == 0 else rounded)
 
 
 def percent_text(basis_points: int) -> str:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from sqlalchemy import select
+from dataclasses import dataclass
+
+from sqlalchemy import ColumnElement, func, select
 
 from sxwl.cloud.context import CloudContext
 from sxwl.cloud.db.models import AgentCommand, Job, JobState
@@ -16,18 +18,46 @@ def assignment(job: Job, artifact_max_bytes: int) -> Assignment:
     return found.model_copy(update={"artifact_max_bytes": artifact_max_bytes})
 
 
+# What a long-poll answers with: a CPod's assigned attempts and its commands not yet acked.
+_ASSIGNED = Job.state == JobState.ASSIGNED
+_UNACKED: ColumnElement[bool] = AgentCommand.acked_at.is_(None)
+
+
+@dataclass(frozen=True)
+class News:
+    cpods: set[str]  # CPods whose long-poll would now be answered with something
+    commands_seen: int  # the highest command id read
+
+
+def last_command(ctx: CloudContext) -> int:
+    """The highest command id so far (0 with none): where ``news`` starts."""
+    return ctx.db.scalar(select(func.max(AgentCommand.id))) or 0
+
+
+def news(ctx: CloudContext, commands_seen: int) -> News:
+    """What a write by another process on SQLite can have given the held long-polls to say, read
+    once for all of them (background/sqlite_watch.py): every CPod with an attempt assigned, and
+    those of the commands added after ``commands_seen`` and not yet acked. On SQLite one writer
+    commits at a time, so command ids grow in commit order and a command added later has a higher
+    id; an assignment lasts only until its agent reports it starting, so few are ever pending."""
+    with ctx.db.session() as session:
+        assigned = session.scalars(select(Job.cpod_id).where(_ASSIGNED).distinct()).all()
+        # One statement, so the highest id and the commands come from one snapshot.
+        added = session.execute(
+            select(AgentCommand.id, AgentCommand.cpod_id, _UNACKED).where(AgentCommand.id > commands_seen)
+        ).all()
+    cpods = {cpod for cpod in assigned if cpod is not None} | {cpod for _, cpod, unacked in added if unacked}
+    return News(cpods, max((id_ for id_, _, _ in added), default=commands_seen))
+
+
 def pending(ctx: CloudContext, cpod_id: str) -> AssignmentsReply:
     """Assigned attempts stay pending until the agent reports them starting; commands until acked."""
     with ctx.db.session() as session:
         jobs = session.scalars(
-            select(Job)
-            .where(Job.cpod_id == cpod_id, Job.state == JobState.ASSIGNED)
-            .order_by(Job.assigned_at)
+            select(Job).where(Job.cpod_id == cpod_id, _ASSIGNED).order_by(Job.assigned_at)
         ).all()
         commands = session.scalars(
-            select(AgentCommand)
-            .where(AgentCommand.cpod_id == cpod_id, AgentCommand.acked_at.is_(None))
-            .order_by(AgentCommand.id)
+            select(AgentCommand).where(AgentCommand.cpod_id == cpod_id, _UNACKED).order_by(AgentCommand.id)
         ).all()
         return AssignmentsReply(
             assignments=[assignment(job, ctx.settings.artifact_max_bytes) for job in jobs],

@@ -116,6 +116,7 @@ class Breakdown:
 
     key: str
     unit_seconds: float = 0.0
+    core_seconds: float = 0.0  # the part of unit_seconds that was CPU work, counted in cores
     gross: int = 0
     fee: int = 0
     net: int = 0
@@ -174,6 +175,8 @@ def earnings_of(
         for table, key in ((by_cpod, row.cpod_id or "—"), (by_product, row.gpu_product or "CPU")):
             part = table.setdefault(key, Breakdown(key))
             part.unit_seconds += row.unit_seconds
+            if row.resource == "cpu":
+                part.core_seconds += row.unit_seconds
             part.gross += row.gross
             part.fee += row.fee
             part.net += row.net

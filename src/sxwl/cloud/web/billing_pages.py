@@ -28,6 +28,8 @@ def billing_page(request: Request, principal: JobsViewer, month: str | None = No
         balance = billing.balance_of(session, principal.user.id)
         rows = billing.usage_rows(session, chosen.start, chosen.end, payer_id=principal.user.id)
         top_ups = billing.top_ups(session, principal.user.id, chosen.start, chosen.end)
+        used = {r.cpod_id for r in rows if r.cpod_id is not None}
+        names = dict(session.execute(select(CPod.id, CPod.name).where(CPod.id.in_(used))).all())
     return render(
         request,
         "billing.html",
@@ -37,6 +39,7 @@ def billing_page(request: Request, principal: JobsViewer, month: str | None = No
         hours_left=money_view.hours_left(lang, balance),
         month=chosen,
         rows=rows,
+        names=names,
         total=sum(r.gross for r in rows),
         top_ups=top_ups,
         csv_url=f"/api/v1/billing/statement?month={chosen.name}&format=csv",

@@ -78,6 +78,8 @@ templates.env.filters["dt"] = _format_dt
 templates.env.filters["email"] = _email_breaks
 templates.env.filters["dt_s"] = _format_dt_seconds
 templates.env.filters["yuan"] = money_view.money_text
+# Cards round for people (to the fen); their title, statements and tables keep the exact amount.
+templates.env.filters["yuan_round"] = money_view.rounded_text
 templates.env.globals["gib"] = compute_view.gib
 
 

@@ -18,7 +18,7 @@ from sxwl.cloud.services.billing import Balance
 from sxwl.cloud.services.prices import PriceBook
 from sxwl.cloud.web.i18n import translate
 from sxwl.protocol.jobs import JobFields
-from sxwl.protocol.money import MAX_AMOUNT_YUAN, MAX_PRICE_YUAN, cost, yuan
+from sxwl.protocol.money import MAX_AMOUNT_YUAN, MAX_PRICE_YUAN, cost, yuan, yuan_text
 
 
 def money_text(micro: int) -> str:
@@ -26,6 +26,11 @@ def money_text(micro: int) -> str:
     with at least the two places of fen."""
     whole, _, places = format(yuan(micro).normalize(), "f").partition(".")
     return f"{whole}.{places.ljust(2, '0')}"
+
+
+def rounded_text(micro: int) -> str:
+    """An amount rounded to the fen for a card (0.3258 reads 0.33); the card's title is exact."""
+    return yuan_text(micro)
 
 
 @dataclass(frozen=True)
