@@ -16,7 +16,7 @@ from sqlalchemy.orm import Session
 
 from sxwl.cloud.api.agent import UPLOAD_ERRORS, CurrentCPod, protocol_header, store_unavailable
 from sxwl.cloud.api.deps import Ctx, bearer_token
-from sxwl.cloud.api.responses import errors
+from sxwl.cloud.api.responses import errors, no_store
 from sxwl.cloud.context import CloudContext
 from sxwl.cloud.db.models import Job
 from sxwl.cloud.errors import AppError, invalid
@@ -29,7 +29,12 @@ router = APIRouter(prefix=paths.AGENT, tags=["agent"], responses=errors(400, 401
 JobOf = Callable[[Session], Job]
 
 
-@router.post(paths.UPLOAD_TARGET, response_model=UploadTargetReply, responses=UPLOAD_ERRORS)
+@router.post(
+    paths.UPLOAD_TARGET,
+    response_model=UploadTargetReply,
+    dependencies=[Depends(no_store)],  # a presigned URL is a credential
+    responses=UPLOAD_ERRORS,
+)
 async def upload_target(
     job_id: str, body: ArtifactUpload, cpod: CurrentCPod, ctx: Ctx, attempt: Annotated[PosInt32, Query()]
 ) -> UploadTargetReply:
@@ -49,7 +54,7 @@ async def upload_done(
 @router.post(
     paths.POD_UPLOAD_TARGET,
     response_model=UploadTargetReply,
-    dependencies=[Depends(protocol_header)],
+    dependencies=[Depends(protocol_header), Depends(no_store)],
     responses=UPLOAD_ERRORS,
 )
 async def pod_upload_target(
