@@ -28,6 +28,7 @@ from sxwl.agent.main import app as agent_app
 from sxwl.agent.pod_fetcher import CACHE_PATH, cache_credential
 from sxwl.protocol import SHA256_HEADER
 from sxwl.protocol.finetune import JobInput
+from tests.support.cloud import METRICS_AUTH
 from tests.test_pod_inputs import FILES, MODEL_TAR, WEIGHTS, Cloud, cloud, fetch, placed
 
 __all__ = ["cloud"]  # the fixture
@@ -36,7 +37,7 @@ POD_INPUT_ROUTE = "/api/v1/agent/pod-inputs/{job_id}/{attempt}/{name}"
 
 def pod_input_requests(url: str) -> int:
     """How many times pods asked the cloud itself for an input (its request counter, by route)."""
-    text = httpx.get(f"{url}/metrics", timeout=30).text
+    text = httpx.get(f"{url}/metrics", headers=METRICS_AUTH, timeout=30).text
     return int(
         sum(
             sample.value

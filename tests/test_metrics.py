@@ -11,6 +11,7 @@ import httpx
 from fastapi.testclient import TestClient
 
 from tests.support.agent import eventually
+from tests.support.cloud import METRICS_AUTH
 from tests.support.postgres import TempPostgres
 from tests.support.scrape import Samples, samples, value
 from tests.test_jobs_api import PRODUCT, Setup
@@ -20,7 +21,7 @@ DASHBOARD = Path(__file__).resolve().parents[1] / "deploy" / "grafana" / "sxwl-c
 
 
 def scrape(client: TestClient) -> Samples:
-    response = client.get("/metrics")
+    response = client.get("/metrics", headers=METRICS_AUTH)
     assert response.status_code == 200
     return samples(response.text)
 
@@ -119,7 +120,7 @@ def test_counters_add_up_across_workers_and_gauges_do_not(postgres: TempPostgres
 
         def healthz_total(worker: str) -> float | None:
             """The summed /healthz count, as a scrape answered by ``worker`` reports it."""
-            response = httpx.get(f"{url}/metrics", headers={"Connection": "close"})
+            response = httpx.get(f"{url}/metrics", headers={"Connection": "close", **METRICS_AUTH})
             if response.headers["x-sxwl-worker"] != worker:
                 return None
             found = samples(response.text)

@@ -24,6 +24,8 @@ from tests.test_admin_api import make_admin
 
 TENSORS = {"embed.weight": [4, 3], "head.weight": [3, 4], "norm": [3]}  # 12 + 12 + 3 parameters
 PARAMETERS = 27
+# The start of a SentencePiece ModelProto: field 1 (a piece: "<unk>", score 0.0).
+SENTENCEPIECE = b"\x0a\x0c\x0a\x05<unk>\x15\x00\x00\x00\x00"
 
 
 def safetensors_bytes(tensors: dict[str, list[int]]) -> bytes:
@@ -108,7 +110,7 @@ def test_a_model_archive_is_checked_stored_and_private_to_its_owner(client: Test
 
 def test_an_uncompressed_tar_with_a_sentencepiece_tokenizer_is_accepted(client: TestClient) -> None:
     user = _user(client, "dev@example.com")
-    files = model_files(**{"tokenizer.json": None, "tokenizer.model": b"\x00spm"})
+    files = model_files(**{"tokenizer.json": None, "tokenizer.model": SENTENCEPIECE})
     files["config.json"] = json.dumps({"model_type": "qwen2"}).encode()
     # Sharded, and larger than the default body limit (1 MiB): the upload route has its own.
     files["model-00001-of-00002.safetensors"] = files.pop("model.safetensors")
@@ -163,12 +165,10 @@ def test_unsafe_or_incomplete_archives_are_refused_and_nothing_is_stored(client:
 
 def test_names_are_checked_and_a_taken_one_is_a_conflict(client: TestClient) -> None:
     user = _user(client, "dev@example.com")
-    other = _user(client, "other@example.com")
     body = archive(model_files())
     assert _upload(client, user, "tiny", body).status_code == 201
-    for headers in (user, other):  # names are global: an adapter's "ft:<base>:…" must be unambiguous
-        taken = _upload(client, headers, "tiny", body)
-        assert taken.status_code == 409 and taken.json()["error"]["code"] == "name_taken"
+    taken = _upload(client, user, "tiny", body)  # another user's may: tests/test_model_names.py
+    assert taken.status_code == 409 and taken.json()["error"]["code"] == "name_taken"
     for bad in ("-dash-first", "has space", "a/b", "x" * 101, ""):
         answer = _upload(client, user, bad, body)
         assert answer.status_code == 422, bad
@@ -207,7 +207,8 @@ def test_adapters_are_listed_and_downloaded_by_their_owner(client: TestClient) -
     admin = make_admin(client)
     owner = _user(client, "owner@example.com")
     other = _user(client, "other@example.com")
-    assert _upload(client, admin, "base", archive(model_files()), admin=True).status_code == 201
+    registered = _upload(client, admin, "base", archive(model_files()), admin=True)
+    assert registered.status_code == 201
     ctx = _ctx(client)
     job_id = "a" * 32
     adapter = b"adapter tar bytes"
@@ -217,12 +218,14 @@ def test_adapters_are_listed_and_downloaded_by_their_owner(client: TestClient) -
     name = "ft:base::ftjob-abc"
     with ctx.db.session() as session:
         owner_id = session.query(User).filter_by(email="owner@example.com").one().id
+        base_id = session.query(CatalogModel.id).filter_by(name="base").scalar()
         session.add(
             CatalogModel(
                 id=name,
+                name=name,
                 owner_id=owner_id,
                 kind=ModelKind.ADAPTER,
-                base_model_id="base",
+                base_model_id=base_id,
                 bytes=len(adapter),
                 sha256="0" * 64,
                 object={"job_id": job_id, "attempt": 1, "path": "adapter.tar"},

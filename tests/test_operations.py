@@ -9,6 +9,7 @@ from fastapi.testclient import TestClient
 
 from sxwl.cloud.logs import JsonFormatter
 from tests.conftest import login, register
+from tests.support.cloud import METRICS_AUTH
 
 
 def test_healthz(client: TestClient) -> None:
@@ -34,7 +35,7 @@ def test_metrics_count_requests_by_route_and_time_them(client: TestClient) -> No
     headers = login(client, "owner@example.com")
     for _ in range(3):
         client.get("/api/v1/me", headers=headers)
-    text = client.get("/metrics").text
+    text = client.get("/metrics", headers=METRICS_AUTH).text
     assert 'sxwl_http_requests_total{method="GET",route="/api/v1/me",status="200"} 3.0' in text
     assert 'sxwl_http_request_duration_seconds_count{method="GET",route="/api/v1/me"} 3.0' in text
     assert 'route="/api/v1/auth/register",status="201"' in text

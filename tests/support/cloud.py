@@ -18,11 +18,17 @@ from sxwl.cloud.config import Settings
 FAST_HASHING = {"argon2_time_cost": 1, "argon2_memory_kib": 1024}
 
 
+# What the tests' clouds take as the Prometheus scraper's token (SXWL_METRICS_TOKEN).
+METRICS_TOKEN = "test-metrics-token"
+METRICS_AUTH = {"Authorization": f"Bearer {METRICS_TOKEN}"}
+
+
 def test_settings(data_dir: Path, database_url: str, **overrides: object) -> Settings:
     values: dict[str, object] = {
         "data_dir": data_dir,
         "database_url": database_url,
         "secret_key": "test-secret-key-0123456789abcdef",
+        "metrics_token": METRICS_TOKEN,
         # Tests of scheduling and runtimes run free; tests of money turn billing on (tests/billing.py).
         "billing_enabled": False,
         **FAST_HASHING,
@@ -53,6 +59,7 @@ class CloudProcess:
             "SXWL_ARGON2_TIME_COST": "1",
             "SXWL_ARGON2_MEMORY_KIB": "1024",
             "SXWL_BILLING_ENABLED": "false",
+            "SXWL_METRICS_TOKEN": METRICS_TOKEN,
             **(env or {}),
         }
         self._log = self.log_path.open("wb")

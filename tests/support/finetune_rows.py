@@ -68,6 +68,7 @@ def add_model(
         session.add(
             CatalogModel(
                 id=name,
+                name=name,
                 owner_id=owner_id,
                 kind=kind,
                 base_model_id=base_model_id,

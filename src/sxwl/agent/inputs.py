@@ -11,10 +11,16 @@ being fetched, so that a restarted agent reports such an attempt lost instead of
 On a Kubernetes CPod (``unpack_archives=False``) every entry stays the file the cloud sent: the
 agent serves it to the attempt's pods (cache_server.py), whose fetcher unpacks it in the pod.
 
+An entry counts what it holds on disk: a file's size, an unpacked tree's files' sizes (never the
+archive's, which a compressed tree is a sliver of). An archive is judged by its headers before any
+of it is unpacked: more than ``MAX_MEMBERS`` entries, or files adding up to more than the
+assignment's ``archive_max_bytes`` (the cloud's model limit), and it is refused, nothing written.
+
 With a size cap, a fetch first makes room by removing the least recently used entries (an entry's
-mtime is touched each time an attempt takes it). Removing one never harms a running attempt, whose
-inputs are hard links of their own; entries taken in the last ``RECENT_S`` are kept, so an attempt
-between its fetch and its start never loses what it fetched."""
+mtime is touched each time an attempt takes it), for the download and again, from the headers, for
+what an archive will unpack to. Removing one never harms a running attempt, whose inputs are hard
+links of their own; entries taken in the last ``RECENT_S`` are kept, so an attempt between its
+fetch and its start never loses what it fetched."""
 
 from __future__ import annotations
 
@@ -36,6 +42,7 @@ from sxwl.protocol.finetune import CachedInput, JobInput
 READ_ONLY_FILE = 0o444
 READ_ONLY_DIR = 0o555
 RECENT_S = 600.0
+MAX_MEMBERS = 100_000  # entries of one archive: ten times what the cloud takes in a model
 
 
 class InputError(Exception):
@@ -72,9 +79,12 @@ class InputCache:
 
     # ---- fetching --------------------------------------------------------------------------------
 
-    async def fetch(self, token: str, job_id: str, attempt: int, item: JobInput) -> Path:
+    async def fetch(
+        self, token: str, job_id: str, attempt: int, item: JobInput, max_unpacked: int | None = None
+    ) -> Path:
         """The cached path of ``item`` (a file, or the unpacked tree of an archive), downloaded once:
-        concurrent attempts needing the same sha256 wait for the first one's download."""
+        concurrent attempts needing the same sha256 wait for the first one's download. An archive
+        whose files add up to more than ``max_unpacked`` bytes is refused before it is unpacked."""
         lock = self._locks.setdefault(item.sha256, asyncio.Lock())
         async with lock:
             unpack = self.unpack_archives and unpacks(item)
@@ -92,28 +102,34 @@ class InputCache:
                         f"input {item.name}: got {size} bytes with sha256 {digest}, "
                         f"expected {item.size} bytes with sha256 {item.sha256}"
                     )
+                held = item.size
                 if unpack:
-                    await asyncio.to_thread(self._unpack, item, temp, final)
+                    held = await asyncio.to_thread(self._unpack, item, temp, final, max_unpacked)
                 else:
                     os.chmod(temp, READ_ONLY_FILE)
                     os.replace(temp, final)
             finally:
                 with contextlib.suppress(FileNotFoundError):
                     temp.unlink()
-            self._remember(item.sha256, item.size)
+            self._remember(item.sha256, held)
             return final
 
-    def _unpack(self, item: JobInput, tar: Path, final: Path) -> None:
+    def _unpack(self, item: JobInput, tar: Path, final: Path, max_unpacked: int | None) -> int:
+        """Unpacks ``tar`` into ``final``; returns the bytes its files hold there."""
         staging = tar.with_name(tar.name + ".d")
         try:
             with tarfile.open(tar) as archive:
-                archive.extractall(staging, filter=_members_filter)  # noqa: S202 - the filter checks each member
+                members, unpacked = _headers(archive, max_unpacked)
+                self._make_room(unpacked)
+                archive.extractall(staging, members=members, filter=_members_filter)  # noqa: S202 - the filter checks each member
         except (OSError, tarfile.TarError) as exc:
-            writable_tree(staging)
-            shutil.rmtree(staging, ignore_errors=True)
+            if staging.exists():
+                writable_tree(staging)
+                shutil.rmtree(staging, ignore_errors=True)
             raise InputError(f"input {item.name}: cannot unpack the archive: {exc}") from None
         read_only_tree(staging)
         os.replace(staging, final)
+        return held_bytes(final)
 
     def _make_room(self, incoming: int) -> None:
         """Removes the least recently taken entries until ``incoming`` more bytes fit under the cap
@@ -175,11 +191,7 @@ class InputCache:
             sha = entry.name.removesuffix(".d")
             if entry.name.startswith(".") or len(sha) != 64:
                 continue
-            if entry.is_dir():
-                held = sum(f.stat().st_size for f in entry.rglob("*") if f.is_file() and not f.is_symlink())
-            else:
-                held = entry.stat().st_size
-            sizes[sha] = max(sizes.get(sha, 0), held)
+            sizes[sha] = max(sizes.get(sha, 0), held_bytes(entry))
         return sizes
 
     # ---- attempts being prepared ----------------------------------------------------------------
@@ -217,6 +229,35 @@ class InputCache:
 def _touch(entry: Path) -> None:
     """Marks the entry as just taken, for the cache's eviction order."""
     os.utime(entry)
+
+
+def held_bytes(entry: Path) -> int:
+    """What a cache entry holds on disk: a file's size, or the sizes of a tree's files."""
+    if not entry.is_dir():
+        return entry.stat().st_size
+    return sum(f.stat().st_size for f in entry.rglob("*") if f.is_file() and not f.is_symlink())
+
+
+class ArchiveTooLarge(tarfile.TarError):
+    """An archive refused from its headers, before anything of it is unpacked."""
+
+
+def _headers(archive: tarfile.TarFile, limit: int | None) -> tuple[list[tarfile.TarInfo], int]:
+    """Every member's header (no file's bytes), and the bytes its files add up to: an archive of a
+    few megabytes can unpack to gigabytes, so this is judged before a byte is written."""
+    members: list[tarfile.TarInfo] = []
+    unpacked = 0
+    while (member := archive.next()) is not None:
+        if len(members) == MAX_MEMBERS:
+            raise ArchiveTooLarge(f"more than {MAX_MEMBERS} entries; refused before unpacking")
+        if member.isreg():
+            unpacked += member.size
+            if limit is not None and unpacked > limit:
+                raise ArchiveTooLarge(
+                    f"its files add up to more than the model limit ({limit} bytes); refused before unpacking"
+                )
+        members.append(member)
+    return members, unpacked
 
 
 def _members_filter(member: tarfile.TarInfo, dest: str) -> tarfile.TarInfo:

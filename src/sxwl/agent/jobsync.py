@@ -243,7 +243,9 @@ class JobSync(Generic[J]):
         assert self.cache is not None
         for delay in (*self.fetch_retry_s, None):
             try:
-                return await self.cache.fetch(self.token, assignment.job_id, assignment.attempt, item)
+                return await self.cache.fetch(
+                    self.token, assignment.job_id, assignment.attempt, item, assignment.archive_max_bytes
+                )
             except (InputError, Unreachable, Rejected, OSError) as exc:
                 problem = str(exc) if isinstance(exc, InputError) else f"input {item.name}: {exc}"
                 if delay is None:

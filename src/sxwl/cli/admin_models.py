@@ -43,7 +43,7 @@ def _register(data_dir: Path, name: str, archive: Path) -> str:
     finally:
         ctx.db.dispose()
     params = f"{model.parameters:,} parameters" if model.parameters is not None else "parameters unknown"
-    return f"registered public model {model.id} ({model.architecture or 'unknown architecture'}, {params})"
+    return f"registered public model {model.name} ({model.architecture or 'unknown architecture'}, {params})"
 
 
 def register(admin_app: typer.Typer) -> None:

@@ -45,7 +45,8 @@ def ensure_demo_finetune(ctx: CloudContext, user: User) -> str | None:
     from sxwl.trainer import tiny  # the training libraries load only when they are installed
 
     with ctx.db.session() as session:
-        has_model = session.get(CatalogModel, DEMO_MODEL) is not None
+        public = CatalogModel.owner_id.is_(None)
+        has_model = session.scalar(select(CatalogModel.id).where(CatalogModel.name == DEMO_MODEL, public))
         has_file = (
             session.scalar(
                 select(DataFile.id).where(DataFile.owner_id == user.id, DataFile.filename == DEMO_DATASET)
@@ -54,7 +55,7 @@ def ensure_demo_finetune(ctx: CloudContext, user: User) -> str | None:
         )
     with tempfile.TemporaryDirectory(prefix="sxwl-demo-") as scratch:
         root = Path(scratch)
-        if not has_model:
+        if has_model is None:
             archive = root / "model.tar"
             pack_directory(tiny.build(root / DEMO_MODEL), archive)
             with archive.open("rb") as handle:

@@ -68,6 +68,10 @@ class Settings(BaseSettings):
     artifact_upload_timeout_s: float = Field(default=3600.0, gt=0)
     keep_alive_timeout_s: int = Field(default=5, ge=1)
 
+    # The bearer token a Prometheus scrape of /metrics must send (docs/operations.md, "Metrics");
+    # unset, /metrics answers no one.
+    metrics_token: str = Field(default="", repr=False)
+
     log_level: str = "INFO"
     # auto: short text lines on a terminal, JSON lines otherwise (files, collectors).
     log_format: LogFormat = "auto"

@@ -171,6 +171,9 @@ class Assignment(Wire):
     trainer: TrainerSpec | None = None
     # The largest artifact the cloud stores; None from a cloud that predates it (it still refuses).
     artifact_max_bytes: int | None = Field(default=None, ge=1)
+    # The most bytes an input archive's files may add up to once unpacked (the cloud's model limit):
+    # the agent refuses a larger archive from its headers, before unpacking any of it.
+    archive_max_bytes: int | None = Field(default=None, ge=1)
 
 
 class Command(Wire):

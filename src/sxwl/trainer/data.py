@@ -3,12 +3,12 @@ into token ids with labels on the assistant's (or the completion's) tokens only.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
 from transformers import PreTrainedTokenizerBase
 
+from sxwl.protocol import jsonl
 from sxwl.protocol.finetune import DatasetCount, DatasetRole
 from sxwl.trainer import TrainerError
 
@@ -51,18 +51,21 @@ def _messages(value: object, where: str, line: int) -> list[Message]:
 
 
 def read_records(path: Path, *, where: str) -> list[list[Message] | tuple[str, str]]:
-    """Each non-blank line: a conversation, or a (prompt, completion) pair."""
+    """Each non-blank line: a conversation, or a (prompt, completion) pair. Lines are cut as the
+    cloud's check cut them (sxwl/protocol/jsonl.py), so a file it accepted reads the same here."""
     try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except (OSError, UnicodeDecodeError) as e:
+        lines = jsonl.split_lines(path.read_bytes())
+    except OSError as e:
         raise TrainerError(f"{where}: cannot read {path}: {e}") from e
     records: list[list[Message] | tuple[str, str]] = []
     for number, raw in enumerate(lines, start=1):
-        if not raw.strip():
+        if jsonl.blank(raw):
             continue
         try:
-            obj = json.loads(raw)
-        except ValueError as e:
+            obj = jsonl.parse(raw)
+        except UnicodeDecodeError as e:
+            raise _fail(where, number, f"not UTF-8 ({e})") from e
+        except (ValueError, RecursionError) as e:
             raise _fail(where, number, f"not JSON ({e})") from e
         if not isinstance(obj, dict):
             raise _fail(where, number, "not a JSON object")

@@ -95,7 +95,9 @@ def load_base(model_dir: Path) -> tuple[PreTrainedModel, PreTrainedTokenizerBase
     dtype = torch.bfloat16 if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else torch.float32
     try:
         tokenizer = AutoTokenizer.from_pretrained(model_dir)
-        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype)
+        # Safetensors only, as the cloud accepts (docs/trainer.md): pickled weights beside them,
+        # or an index naming one, are never opened, so nothing of the directory is unpickled.
+        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype, use_safetensors=True)
     except (OSError, ValueError, KeyError) as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise TrainerError(

@@ -14,7 +14,7 @@ from sqlalchemy.orm import Session
 
 from sxwl.cloud.api import assignment_poll
 from sxwl.cloud.api.deps import Ctx, PlainRoute, bearer_token, documented_body, json_body
-from sxwl.cloud.api.responses import WITH_BODY, errors
+from sxwl.cloud.api.responses import WITH_BODY, errors, no_store
 from sxwl.cloud.api.schemas import AccessKeyCheckOut, CPodBriefOut
 from sxwl.cloud.body_rules import body_rule
 from sxwl.cloud.context import CloudContext
@@ -102,7 +102,7 @@ CurrentCPod = Annotated[CPod, Depends(current_cpod)]
 @router.post(
     paths.REGISTER,
     response_model=RegisterReply,
-    dependencies=[Depends(protocol_header)],
+    dependencies=[Depends(protocol_header), Depends(no_store)],
     responses=WITH_BODY | errors(409),
 )
 def register(body: RegisterRequest, request: Request, ctx: Ctx) -> RegisterReply:

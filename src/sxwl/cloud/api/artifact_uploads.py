@@ -18,7 +18,7 @@ from sqlalchemy.orm import Session
 
 from sxwl.cloud.api.agent import UPLOAD_ERRORS, CurrentCPod, protocol_header, store_unavailable
 from sxwl.cloud.api.deps import Ctx, bearer_token
-from sxwl.cloud.api.responses import errors
+from sxwl.cloud.api.responses import errors, no_store
 from sxwl.cloud.context import CloudContext
 from sxwl.cloud.db.models import Job
 from sxwl.cloud.errors import AppError, invalid
@@ -36,7 +36,12 @@ class Allowed(NamedTuple):
     repeat: bool  # the attempt recorded these very bytes at the path already
 
 
-@router.post(paths.UPLOAD_TARGET, response_model=UploadTargetReply, responses=UPLOAD_ERRORS)
+@router.post(
+    paths.UPLOAD_TARGET,
+    response_model=UploadTargetReply,
+    dependencies=[Depends(no_store)],  # a presigned URL is a credential
+    responses=UPLOAD_ERRORS,
+)
 async def upload_target(
     job_id: str, body: ArtifactUpload, cpod: CurrentCPod, ctx: Ctx, attempt: Annotated[PosInt32, Query()]
 ) -> UploadTargetReply:
@@ -56,7 +61,7 @@ async def upload_done(
 @router.post(
     paths.POD_UPLOAD_TARGET,
     response_model=UploadTargetReply,
-    dependencies=[Depends(protocol_header)],
+    dependencies=[Depends(protocol_header), Depends(no_store)],
     responses=UPLOAD_ERRORS,
 )
 async def pod_upload_target(

@@ -21,11 +21,13 @@ import math
 from fastapi import Response
 from starlette.types import Receive, Scope, Send
 
+from sxwl.cloud.api.responses import NO_STORE
 from sxwl.cloud.context import CloudContext
 from sxwl.cloud.services import dispatch, upload_tokens
 from sxwl.protocol import AssignmentsReply
 
-JSON_HEADERS = [(b"content-type", b"application/json")]
+# Assignments carry pods' upload tokens and jobs' environments: no cache keeps them.
+JSON_HEADERS = [(b"content-type", b"application/json"), (b"cache-control", b"no-store")]
 
 
 class AssignmentPoll:
@@ -89,7 +91,7 @@ async def respond(ctx: CloudContext, cpod_id: str, wait_s: float) -> Response:
         raise
     if first is not None:
         poll.close()
-        return Response(first.model_dump_json(), media_type="application/json")
+        return Response(first.model_dump_json(), media_type="application/json", headers=NO_STORE)
     return HeldAnswer(ctx, poll)
 
 

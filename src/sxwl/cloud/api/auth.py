@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from anyio import to_thread
-from fastapi import APIRouter, Request, Response
+from fastapi import APIRouter, Depends, Request, Response
 
 from sxwl.cloud.api.deps import Ctx, CurrentPrincipal, client_ip
-from sxwl.cloud.api.responses import WITH_BODY, errors
+from sxwl.cloud.api.responses import WITH_BODY, errors, no_store
 from sxwl.cloud.api.schemas import LoginIn, RegisterIn, TokenOut, UserOut
 from sxwl.cloud.context import CloudContext
 from sxwl.cloud.db.models import Role, SessionKind, User
@@ -21,7 +21,7 @@ def register(body: RegisterIn, request: Request, ctx: Ctx) -> UserOut:
     return UserOut.model_validate(accounts.register(ctx, client_ip(request), new))
 
 
-@router.post("/login", response_model=TokenOut, responses=errors(401, 429))
+@router.post("/login", response_model=TokenOut, responses=errors(401, 429), dependencies=[Depends(no_store)])
 async def login(body: LoginIn, request: Request, ctx: Ctx) -> TokenOut:
     user = await accounts.sign_in(ctx, client_ip(request), body.email, body.password)
     token = await to_thread.run_sync(_start_session, ctx, user)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Literal
 
-from fastapi import APIRouter, Query, Response
+from fastapi import APIRouter, Depends, Query, Response
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
@@ -25,7 +25,7 @@ from sxwl.cloud.api.money_schemas import (
     TransactionOut,
     yuan_str,
 )
-from sxwl.cloud.api.responses import SIGNED_IN, WITH_BODY, errors
+from sxwl.cloud.api.responses import NO_STORE, SIGNED_IN, WITH_BODY, errors, no_store
 from sxwl.cloud.db.models import Role, User
 from sxwl.cloud.db.money_models import LedgerTransaction, PriceResource
 from sxwl.cloud.db.types import utcnow
@@ -73,7 +73,7 @@ def _csv(rows: list[StatementRow], name: str) -> Response:
     return Response(
         billing.statement_csv(rows),
         media_type=CSV_TYPE,
-        headers={"Content-Disposition": f'attachment; filename="{name}.csv"'},
+        headers={"Content-Disposition": f'attachment; filename="{name}.csv"', **NO_STORE},
     )
 
 
@@ -110,6 +110,7 @@ def balance(user: CurrentUser, ctx: Ctx) -> BalanceOut:
     "/billing/statement",
     response_model=StatementOut,
     responses={200: {"content": {CSV_TYPE: {}}}},
+    dependencies=[Depends(no_store)],
 )
 def statement(
     user: CurrentUser, ctx: Ctx, month: Month = None, format: Format = "json"
@@ -127,7 +128,12 @@ def statement(
     )
 
 
-@router.get("/earnings", response_model=EarningsOut, responses={200: {"content": {CSV_TYPE: {}}}})
+@router.get(
+    "/earnings",
+    response_model=EarningsOut,
+    responses={200: {"content": {CSV_TYPE: {}}}},
+    dependencies=[Depends(no_store)],
+)
 def provider_earnings(
     user: CurrentUser, ctx: Ctx, month: Month = None, format: Format = "json"
 ) -> Response | EarningsOut:

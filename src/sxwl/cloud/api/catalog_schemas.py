@@ -102,11 +102,11 @@ def file_out(file: DataFile) -> FileOut:
 
 def model_out(model: CatalogModel) -> ModelOut:
     return ModelOut(
-        id=model.id,
+        id=model.name,
         created=int(model.created_at.timestamp()),
         owned_by=model.owner_id or "system",
         kind=model.kind,
-        base_model=model.base_model_id,
+        base_model=model.base.name if model.base else None,
         architecture=model.architecture,
         parameters=model.parameters,
         bytes=model.bytes,

@@ -52,7 +52,7 @@ def _out(fine_tune: FineTune, job: Job, estimate: fine_tune_estimate.Estimate) -
         error = FineTuneErrorOut(code="job_failed", message=job.reason or "the job failed")
     return FineTuningJobOut(
         id=fine_tune.id,
-        model=fine_tune.model,
+        model=fine_tune.model_name,
         created_at=_unix(fine_tune.created_at) or 0,
         finished_at=_unix(fine_tune.finished_at),
         fine_tuned_model=fine_tune.fine_tuned_model,
@@ -155,7 +155,7 @@ def list_checkpoints(
 
 
 def _checkpoint_out(fine_tune: FineTune, checkpoint: FineTuneCheckpoint) -> FineTuningCheckpointOut:
-    name = fine_tune.fine_tuned_model or model_name(fine_tune.model, fine_tune.suffix, fine_tune.id)
+    name = fine_tune.fine_tuned_model or model_name(fine_tune.model_name, fine_tune.suffix, fine_tune.id)
     return FineTuningCheckpointOut(
         id=checkpoint.id,
         created_at=_unix(checkpoint.created_at) or 0,

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Response
+from fastapi import APIRouter, Depends, Response
 
 from sxwl.cloud.api.deps import Ctx, CurrentUser
-from sxwl.cloud.api.responses import SIGNED_IN, WITH_BODY
+from sxwl.cloud.api.responses import SIGNED_IN, WITH_BODY, no_store
 from sxwl.cloud.api.schemas import AccessKeyOut, AccessKeyRecordOut, PasswordChangeIn, UserOut
 from sxwl.cloud.services import access_keys, accounts
 
@@ -25,7 +25,7 @@ def change_password(body: PasswordChangeIn, user: CurrentUser, ctx: Ctx) -> Resp
     return Response(status_code=204)
 
 
-@router.get("/access-key", response_model=AccessKeyOut)
+@router.get("/access-key", response_model=AccessKeyOut, dependencies=[Depends(no_store)])
 def get_access_key(user: CurrentUser, ctx: Ctx) -> AccessKeyOut:
     with ctx.db.session() as session:
         key = access_keys.reveal(ctx, session, user)
@@ -34,7 +34,7 @@ def get_access_key(user: CurrentUser, ctx: Ctx) -> AccessKeyOut:
         return AccessKeyOut(access_key=key, created_at=current.created_at)
 
 
-@router.post("/access-key/rotate", response_model=AccessKeyOut)
+@router.post("/access-key/rotate", response_model=AccessKeyOut, dependencies=[Depends(no_store)])
 def rotate_access_key(user: CurrentUser, ctx: Ctx) -> AccessKeyOut:
     """Issues a new accessKey; the old one stops working immediately."""
     with ctx.db.session() as session:

@@ -1,12 +1,23 @@
 """The error answers of the REST API as the OpenAPI document declares them: every status an endpoint
 can answer, with the one error body (src/sxwl/cloud/errors.py). The fuzz run (tests/test_fuzz_api.py)
-fails on an answer that is not declared here."""
+fails on an answer that is not declared here. And ``no_store``, for the answers no cache may keep."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from fastapi import Response
 from pydantic import BaseModel, JsonValue
+
+# For an answer that carries a secret (a token, an accessKey, a presigned URL) or a statement: no
+# cache, a browser's or a proxy's, keeps a copy. Console pages send it too (web/kit.py).
+NO_STORE = {"Cache-Control": "no-store"}
+
+
+def no_store(response: Response) -> None:
+    """A route's dependency: its answer carries ``NO_STORE`` (an answer the route builds itself, a
+    CSV, must add it too: FastAPI does not copy these headers onto it)."""
+    response.headers.update(NO_STORE)
 
 
 class ErrorBody(BaseModel):

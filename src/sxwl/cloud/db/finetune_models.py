@@ -8,9 +8,9 @@ from datetime import datetime
 from typing import Any
 
 from sqlalchemy import JSON, BigInteger, Float, ForeignKey, Index, Integer, String, UniqueConstraint, text
-from sqlalchemy.orm import Mapped, mapped_column
+from sqlalchemy.orm import Mapped, mapped_column, relationship
 
-from sxwl.cloud.db.models import Base, str_enum
+from sxwl.cloud.db.models import Base, partial_unique, str_enum
 from sxwl.cloud.db.types import UTCDateTime, utcnow
 
 
@@ -51,14 +51,25 @@ class ModelKind(enum.StrEnum):
 
 
 class CatalogModel(Base):
-    """A model of the catalogue. ``owner_id`` None: public (registered by an admin)."""
+    """A model of the catalogue. ``owner_id`` None: public (registered by an admin). Names are the
+    owner's (docs/finetune.md, "Models"): one of each among the public models and among each user's
+    own, so a private name neither blocks nor reveals another user's. ``id`` is the row's key,
+    never shown: ``model-…`` for a base model, the name itself for an adapter (``ft:…``, unique by
+    its fine-tune's id); rows from before migration 0015 keep their names as ids."""
 
     __tablename__ = "catalog_models"
+    __table_args__ = (
+        Index("uq_catalog_models_owner_name", "owner_id", "name", unique=True),
+        partial_unique("uq_catalog_models_public_name", "name", where="owner_id IS NULL"),
+    )
 
-    id: Mapped[str] = mapped_column(String(200), primary_key=True)  # the name users give, "ft:…" for adapters
+    id: Mapped[str] = mapped_column(String(200), primary_key=True)
+    name: Mapped[str] = mapped_column(String(200))  # what users call it: /v1/models' id
     owner_id: Mapped[str | None] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"), index=True)
     kind: Mapped[ModelKind] = mapped_column(str_enum(ModelKind))
     base_model_id: Mapped[str | None] = mapped_column(ForeignKey("catalog_models.id", ondelete="RESTRICT"))
+    # An adapter's base, read with it (its name is what the API shows as ``base_model``).
+    base: Mapped[CatalogModel | None] = relationship(remote_side=[id], lazy="joined", join_depth=1)
     architecture: Mapped[str | None] = mapped_column(String(100))  # config.json's "architectures"[0]
     parameters: Mapped[int | None] = mapped_column(BigInteger)
     bytes: Mapped[int] = mapped_column(BigInteger)
@@ -80,6 +91,9 @@ class FineTune(Base):
     owner_id: Mapped[str] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"))
     job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), unique=True)
     model: Mapped[str] = mapped_column(ForeignKey("catalog_models.id", ondelete="RESTRICT"))
+    # The base model's name as the user gave it, shown wherever the fine-tune is (a name never
+    # changes, and a page of fine-tunes then reads no model rows).
+    model_name: Mapped[str] = mapped_column(String(200))
     training_file: Mapped[str] = mapped_column(ForeignKey("data_files.id"))
     validation_file: Mapped[str | None] = mapped_column(ForeignKey("data_files.id"))
     hyperparameters: Mapped[dict[str, Any]] = mapped_column(JSON)  # resolved: numbers, never "auto"

@@ -8,6 +8,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from sxwl.protocol import jsonl
+
 MAX_LINE_BYTES = 1024 * 1024
 MAX_PROBLEMS = 100  # kept with the file; the count goes on past them
 ROLES = ("system", "user", "assistant")
@@ -86,12 +88,12 @@ class JsonlChecker:
     _overlong: bool = False  # inside a line already reported as too long: its rest is skipped
 
     def feed(self, chunk: bytes) -> None:
-        start = 0
-        while (end := chunk.find(b"\n", start)) != -1:
-            self._take(chunk[start:end])
+        # Lines as the trainer reads them (sxwl/protocol/jsonl.py), or a file accepted here fails there.
+        *ended, rest = jsonl.split_lines(chunk)
+        for line in ended:
+            self._take(line)
             self._end_line()
-            start = end + 1
-        self._take(chunk[start:])
+        self._take(rest)
 
     def finish(self) -> Verdict:
         if self._pending or self._overlong:
@@ -123,7 +125,7 @@ class JsonlChecker:
             self.problems.append(Problem(line, message))
 
     def _check(self, raw: bytes) -> None:
-        if not raw.strip():
+        if jsonl.blank(raw):
             return  # blank lines separate nothing and are ignored
         problem = self._judge(raw)
         if problem is not None:
@@ -131,7 +133,7 @@ class JsonlChecker:
 
     def _judge(self, raw: bytes) -> str | None:
         try:
-            example = json.loads(raw.decode("utf-8"))
+            example = jsonl.parse(raw)
         except UnicodeDecodeError:
             return "not UTF-8 text"
         except RecursionError:

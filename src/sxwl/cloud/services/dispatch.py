@@ -11,11 +11,13 @@ from sxwl.cloud.db.models import AgentCommand, Job, JobState
 from sxwl.protocol import Assignment, AssignmentsReply, Command
 
 
-def assignment(job: Job, artifact_max_bytes: int) -> Assignment:
+def assignment(job: Job, artifact_max_bytes: int, archive_max_bytes: int) -> Assignment:
     """The attempt ``job`` is on, as its CPod's agent receives it, with the largest artifact the
-    cloud takes (so that the agent refuses a bigger output before it reads any of it)."""
+    cloud takes (so that the agent refuses a bigger output before it reads any of it) and the most
+    an input archive may unpack to (the model limit: a bigger one is refused before unpacking)."""
     found = Assignment.model_validate(job, from_attributes=True)
-    return found.model_copy(update={"artifact_max_bytes": artifact_max_bytes})
+    limits = {"artifact_max_bytes": artifact_max_bytes, "archive_max_bytes": archive_max_bytes}
+    return found.model_copy(update=limits)
 
 
 # What a long-poll answers with: a CPod's assigned attempts and its commands not yet acked.
@@ -60,7 +62,9 @@ def pending(ctx: CloudContext, cpod_id: str) -> AssignmentsReply:
             select(AgentCommand).where(AgentCommand.cpod_id == cpod_id, _UNACKED).order_by(AgentCommand.id)
         ).all()
         return AssignmentsReply(
-            assignments=[assignment(job, ctx.settings.artifact_max_bytes) for job in jobs],
+            assignments=[
+                assignment(job, ctx.settings.artifact_max_bytes, ctx.settings.model_max_bytes) for job in jobs
+            ],
             commands=[
                 Command(
                     id=c.id,

@@ -108,14 +108,14 @@ def at_end(job: Job, session: Session, state: JobState, reason: str | None) -> t
 
 
 def _register(session: Session, fine_tune: FineTune, adapter: Artifact) -> None:
-    name = model_name(fine_tune.model, fine_tune.suffix, fine_tune.id)
+    name = model_name(fine_tune.model_name, fine_tune.suffix, fine_tune.id)
     base = session.get(CatalogModel, fine_tune.model)
     address: dict[str, Any] = {"job_id": adapter.job_id, "attempt": adapter.attempt, "path": adapter.path}
-    model = session.get(CatalogModel, name)
+    model = session.get(CatalogModel, name)  # an adapter's id is its name
     if model is None:
-        model = CatalogModel(id=name, owner_id=fine_tune.owner_id, kind=ModelKind.ADAPTER)
+        model = CatalogModel(id=name, name=name, owner_id=fine_tune.owner_id, kind=ModelKind.ADAPTER)
         session.add(model)
-    model.base_model_id = fine_tune.model
+    model.base_model_id, model.base = fine_tune.model, base
     model.architecture = base.architecture if base is not None else None
     model.bytes, model.sha256, model.object = adapter.size, adapter.sha256, address
     model.fine_tune_id = fine_tune.id

@@ -94,11 +94,11 @@ def _count_tokens(session: Session, fine_tune: FineTune, attempt: int, count: Da
     if file is None:
         return
     counts = count.model_dump(exclude={"file"})
-    file.token_counts = {**file.token_counts, fine_tune.model: counts}  # a new dict: JSON columns
+    file.token_counts = {**file.token_counts, fine_tune.model_name: counts}  # a new dict: JSON columns
     role = "Training" if count.file == "training_file" else "Validation"
     text = (
         f"{role} file {file.id}: {count.examples} examples, {count.tokens} tokens"
-        f" ({count.loss_tokens} trained) with {fine_tune.model}'s tokenizer"
+        f" ({count.loss_tokens} trained) with {fine_tune.model_name}'s tokenizer"
     )
     fine_tune_events.add(session, fine_tune, text, attempt=attempt, data=counts)
     if count.dropped:

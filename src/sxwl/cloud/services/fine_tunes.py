@@ -25,7 +25,7 @@ from sxwl.cloud.db.finetune_models import (
 )
 from sxwl.cloud.db.models import Job, JobState, Role, User
 from sxwl.cloud.errors import AppError, invalid
-from sxwl.cloud.services import fine_tune_estimate, fine_tune_events, jobs
+from sxwl.cloud.services import fine_tune_estimate, fine_tune_events, jobs, model_catalog
 from sxwl.protocol.finetune import FineTuneRequest, JobInput, TrainerSpec
 from sxwl.protocol.jobs import MAX_NAME, JobIn
 
@@ -68,11 +68,11 @@ def _not_found(field: str, message: str) -> AppError:
 
 
 def _model(session: Session, owner: User, name: str) -> CatalogModel:
-    model = session.get(CatalogModel, name)
-    if model is None or (model.owner_id is not None and model.owner_id != owner.id):
+    model = model_catalog.find(session, owner, name)
+    if model is None:
         raise _not_found("model", f"no model {name}; GET /v1/models lists those you may fine-tune")
     if model.kind != ModelKind.BASE:
-        base = f" (fine-tune its base model {model.base_model_id})" if model.base_model_id else ""
+        base = f" (fine-tune its base model {model.base.name})" if model.base else ""
         raise invalid("model", f"{name} is a fine-tuned adapter, not a base model{base}")
     return model
 
@@ -139,6 +139,7 @@ def create(ctx: CloudContext, session: Session, *, owner: User, request: FineTun
         owner_id=owner.id,
         job_id=job.id,
         model=model.id,
+        model_name=model.name,
         training_file=training.id,
         validation_file=validation.id if validation else None,
         hyperparameters=hyper.model_dump(),

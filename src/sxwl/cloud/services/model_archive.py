@@ -1,24 +1,24 @@
 """A base model's archive judged before it is stored: a tar (optionally gzip) of a hub-style model
 directory, with its files at the archive's root. Only regular files and directories with relative
 names inside it, a bounded number and size of them; ``config.json``, a tokenizer and safetensors
-weights (pickled weights can run code when loaded: refused). The parameter count is read from the
-safetensors headers, never by loading the weights."""
+weights, every file judged by its bytes (model_files.py: pickled weights can run code when loaded,
+under any name: refused). The parameter count is read from the safetensors headers, never by
+loading the weights."""
 
 from __future__ import annotations
 
 import json
-import struct
 import tarfile
 import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
-from typing import IO, Any
+from typing import IO
+
+from sxwl.cloud.services import model_files
 
 MAX_MEMBERS = 10_000
 CONFIG_MAX_BYTES = 4 * 1024 * 1024
-HEADER_MAX_BYTES = 100 * 1024 * 1024  # safetensors' own limit for a header
 TOKENIZER_FILES = frozenset({"tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt", "spiece.model"})
-PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle")
 HOW_TO_PACK = "pack the model directory from inside it: tar -C MODEL_DIR -czf model.tar.gz ."
 
 
@@ -66,40 +66,13 @@ def _architecture(handle: IO[bytes], size: int) -> str | None:
     raise ArchiveProblem("config.json names no `architectures` (a list of class names) nor `model_type`")
 
 
-def _tensor_parameters(name: str, entry: Any) -> int:
-    shape = entry.get("shape") if isinstance(entry, dict) else None
-    if not isinstance(shape, list) or not all(isinstance(d, int) and d >= 0 for d in shape):
-        raise ArchiveProblem(f"{name}: a tensor's `shape` is not a list of non-negative integers")
-    count = 1
-    for dim in shape:
-        count *= dim
-    return count
-
-
-def safetensors_parameters(name: str, handle: IO[bytes], size: int) -> int:
-    """The number of parameters a safetensors file holds, from its header: an 8-byte little-endian
-    length, then that many bytes of JSON mapping tensor names to dtype, shape and offsets."""
-    head = handle.read(8)
-    if len(head) < 8:
-        raise ArchiveProblem(f"{name}: not a safetensors file (shorter than its header)")
-    (length,) = struct.unpack("<Q", head)
-    if length > min(HEADER_MAX_BYTES, size - 8):
-        raise ArchiveProblem(f"{name}: not a safetensors file (its header length is {length} bytes)")
-    try:
-        header = json.loads(handle.read(length).decode("utf-8"))
-    except (UnicodeDecodeError, ValueError, RecursionError):
-        raise ArchiveProblem(f"{name}: not a safetensors file (its header is not JSON)") from None
-    if not isinstance(header, dict):
-        raise ArchiveProblem(f"{name}: not a safetensors file (its header is not a JSON object)")
-    return sum(_tensor_parameters(name, entry) for key, entry in header.items() if key != "__metadata__")
-
-
 @dataclass
 class _Seen:
     names: set[str]
     architecture: str | None = None
     parameters: int = 0
-    weights: int = 0
+    weights: set[str] = field(default_factory=set)  # the files that are safetensors by content
+    indexed: dict[str, frozenset[str]] = field(default_factory=dict)  # index file -> files it names
     total: int = 0
 
 
@@ -112,24 +85,33 @@ def _judge_member(tar: tarfile.TarFile, member: tarfile.TarInfo, seen: _Seen, ma
     if seen.total > max_bytes:
         raise ArchiveProblem(f"the archive's files add up to more than {max_bytes} bytes")
     base = name.rsplit("/", 1)[-1]
-    if name.endswith(PICKLE_SUFFIXES):
-        # Even beside safetensors: a loader may pick them, and unpickling runs the uploader's code.
-        raise ArchiveProblem(
-            f"{name!r}: pickled files (.bin, .pt, .ckpt ...) can run code when loaded: safetensors only "
-            "(save with save_pretrained(..., safe_serialization=True) and leave the pickles out)"
-        )
-    if name == "config.json" or name.endswith(".safetensors"):
-        handle = tar.extractfile(member)
-        if handle is None:  # never for a regular file; kept for the type checker
-            raise ArchiveProblem(f"{name!r}: cannot be read")
-        with handle:
-            if name == "config.json":
-                seen.architecture = _architecture(handle, member.size)
-            else:
-                seen.parameters += safetensors_parameters(name, handle, member.size)
-                seen.weights += 1
-    elif base == "config.json":
+    if base == "config.json" and name != base:
         raise ArchiveProblem(f"config.json must be at the archive's root, found {name!r}: {HOW_TO_PACK}")
+    handle = tar.extractfile(member)
+    if handle is None:  # never for a regular file; kept for the type checker
+        raise ArchiveProblem(f"{name!r}: cannot be read")
+    with handle:
+        if name == "config.json":
+            seen.architecture = _architecture(handle, member.size)
+            return
+        # Every file is judged by its bytes, whatever its name: pickles may hide under any.
+        try:
+            kind = model_files.judge(name, handle, member.size)
+        except model_files.FileProblem as exc:
+            raise ArchiveProblem(str(exc)) from None
+    if isinstance(kind, model_files.Weights):
+        seen.parameters += kind.parameters
+        seen.weights.add(name)
+    elif isinstance(kind, model_files.Index):
+        seen.indexed[name] = kind.shards
+
+
+def _check_indexes(seen: _Seen) -> None:
+    """A sharded checkpoint's index names only safetensors files of the archive: a loader opens
+    what the index names, whatever its name."""
+    for index, shards in sorted(seen.indexed.items()):
+        if missing := sorted(shards - seen.weights):
+            raise ArchiveProblem(f"{index!r} names {missing[0]!r}: no safetensors file of the archive")
 
 
 def inspect(archive: IO[bytes], *, max_bytes: int, max_members: int = MAX_MEMBERS) -> ModelFacts:
@@ -154,8 +136,9 @@ def inspect(archive: IO[bytes], *, max_bytes: int, max_members: int = MAX_MEMBER
         raise ArchiveProblem(f"no config.json at the archive's root: {HOW_TO_PACK}")
     if not seen.names & TOKENIZER_FILES:
         raise ArchiveProblem("no tokenizer: the archive needs tokenizer.json, tokenizer.model or vocab files")
-    if seen.weights == 0:
+    if not seen.weights:
         raise ArchiveProblem("no *.safetensors weights in the archive")
+    _check_indexes(seen)
     return ModelFacts(seen.architecture, seen.parameters, len(seen.names), seen.total)
 
 

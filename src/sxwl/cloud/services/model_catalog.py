@@ -1,12 +1,18 @@
 """The model catalogue: base models (an archive of a hub-style model directory, public when an admin
 registered it, else private to its uploader) and the adapters fine-tunes produced (rows the
-fine-tune service writes). Archives lie in the store at ``Artifact("models", 0, "<sha256>.tar")``."""
+fine-tune service writes). Archives lie in the store at ``Artifact("models", 0, "<sha256>.tar")``.
+
+Names are per owner (docs/finetune.md, "Models"): a user names a model anything but a public
+model's name or one of their own; an admin names a public model anything but another public one's.
+Where a user's name is also a public one's (an admin registered it later), that name means the
+user's own model to that user, and the public one to everyone else."""
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
 import re
+import secrets
 from collections.abc import AsyncIterator, Sequence
 from typing import IO
 
@@ -45,8 +51,22 @@ def _taken_error(name: str) -> AppError:
     return AppError(409, f"a model named {name} already exists", code="name_taken", details={"name": name})
 
 
-def _taken(session: Session, name: str) -> AppError | None:
-    return None if session.get(CatalogModel, name) is None else _taken_error(name)
+def _namesakes(session: Session, owner_id: str | None, name: str) -> Sequence[CatalogModel]:
+    """The models named ``name`` that ``owner_id`` sees: the public ones, and its own."""
+    public = CatalogModel.owner_id.is_(None)
+    scope = public if owner_id is None else or_(public, CatalogModel.owner_id == owner_id)
+    return session.scalars(select(CatalogModel).where(CatalogModel.name == name, scope)).all()
+
+
+def _taken(session: Session, owner_id: str | None, name: str) -> AppError | None:
+    """A public name is taken for everyone (every user sees it), a private one for its owner only."""
+    return _taken_error(name) if _namesakes(session, owner_id, name) else None
+
+
+def find(session: Session, user: User, name: str) -> CatalogModel | None:
+    """The model ``name`` means to ``user``: their own, else the public one."""
+    found = _namesakes(session, user.id, name)
+    return next((m for m in found if m.owner_id is not None), found[0] if found else None)
 
 
 def _size_and_sha256(archive: IO[bytes], limit: int) -> tuple[int, str]:
@@ -72,7 +92,7 @@ async def _register(ctx: CloudContext, owner_id: str | None, name: str, archive:
 
     def taken() -> AppError | None:
         with ctx.db.session() as session:
-            return _taken(session, name)
+            return _taken(session, owner_id, name)
 
     if (conflict := await asyncio.to_thread(taken)) is not None:
         raise conflict
@@ -84,6 +104,10 @@ async def _register(ctx: CloudContext, owner_id: str | None, name: str, archive:
     except ArchiveProblem as exc:
         # Member names are the uploader's bytes: the message stays encodable as JSON.
         raise invalid("file", str(exc).encode("utf-8", "backslashreplace").decode()) from None
+    # Again, now that the judging (minutes for a big model) is done: a name taken meanwhile
+    # stores nothing either.
+    if (conflict := await asyncio.to_thread(taken)) is not None:
+        raise conflict
     artifact = Artifact(job_id=MODELS_JOB, attempt=0, path=f"{digest}.tar")
     try:
         # The sha256 is checked again on the way in: the file cannot change unnoticed meanwhile.
@@ -95,9 +119,11 @@ async def _register(ctx: CloudContext, owner_id: str | None, name: str, archive:
             503, f"{exc}; nothing was recorded, try again later", code="store_unavailable"
         ) from None
     row = CatalogModel(
-        id=name,
+        id=f"model-{secrets.token_hex(12)}",
+        name=name,
         owner_id=owner_id,
         kind=ModelKind.BASE,
+        base=None,
         architecture=facts.architecture,
         parameters=facts.parameters,
         bytes=size,
@@ -119,7 +145,8 @@ async def _register(ctx: CloudContext, owner_id: str | None, name: str, archive:
 async def upload_base(ctx: CloudContext, *, owner: User, name: str, archive: IO[bytes]) -> CatalogModel:
     """A base model private to ``owner`` from ``archive``, a seekable file (an upload as the web
     server spooled it, a file the CLI opened): 422 naming ``file`` for an archive that is not a model
-    directory, 409 for a name taken, 413 past ``model_max_bytes``."""
+    directory, 409 for a name the owner already gave or a public model has, 413 past
+    ``model_max_bytes``."""
     return await _register(ctx, owner.id, name, archive)
 
 
@@ -128,15 +155,19 @@ async def register_public(ctx: CloudContext, *, name: str, archive: IO[bytes]) -
     return await _register(ctx, None, name, archive)
 
 
-def visible(session: Session, *, user: User) -> Sequence[CatalogModel]:
-    """The public models, the user's own base models and their fine-tunes' adapters."""
+def visible(session: Session, *, user: User) -> list[CatalogModel]:
+    """The public models, the user's own base models and their fine-tunes' adapters; a public model
+    whose name is also one of the user's is left out (the name means theirs)."""
     query = select(CatalogModel).where(or_(CatalogModel.owner_id.is_(None), CatalogModel.owner_id == user.id))
-    return session.scalars(query.order_by(CatalogModel.created_at, CatalogModel.id)).all()
+    found = session.scalars(query.order_by(CatalogModel.created_at, CatalogModel.id)).all()
+    own = {m.name for m in found if m.owner_id is not None}
+    return [m for m in found if m.owner_id is not None or m.name not in own]
 
 
 def get_visible(session: Session, *, user: User, model_id: str) -> CatalogModel:
-    model = session.get(CatalogModel, model_id)
-    if model is None or (model.owner_id is not None and model.owner_id != user.id):
+    """The model the user calls ``model_id`` (the API's id is the model's name)."""
+    model = find(session, user, model_id)
+    if model is None:
         raise AppError(404, f"model {model_id} not found")
     return model
 

@@ -44,6 +44,7 @@ def start_console_session(request: Request, ctx: CloudContext, response: Respons
         samesite="lax",
         secure=secure(request),
     )
+    response.headers["Cache-Control"] = "no-store"  # it carries the session's token
 
 
 @router.get("/")

@@ -193,8 +193,8 @@ def row_of(session: Session, fine_tune: FineTune, job: Job, now: datetime) -> Fi
 def _row(fine_tune: FineTune, job: Job, estimate: fine_tune_estimate.Estimate) -> FineTuneRow:
     return FineTuneRow(
         id=fine_tune.id,
-        name=fine_tune.suffix or fine_tune.model,
-        model=fine_tune.model,
+        name=fine_tune.suffix or fine_tune.model_name,
+        model=fine_tune.model_name,
         status=fine_tunes.status(fine_tune, job).value,
         step=fine_tune.step,
         total_steps=fine_tune.total_steps,
