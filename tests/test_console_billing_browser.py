@@ -159,3 +159,13 @@ def test_pages_fit_a_phone(browser: Browser, cloud: Cloud) -> None:
         assert fits_width(page, 390), wide
     finally:
         context.close()
+    context = new_context(browser, cloud.url, viewport=ViewportSize(width=390, height=844))
+    try:
+        page = context.new_page()
+        sign_in(page, "dev@example.com", PASSWORD)
+        page.goto("/billing")
+        expect(page.locator("#balance")).to_have_text("¥99.64")
+        screenshot(page, "billing-user-phone")
+        assert fits_width(page, 390)
+    finally:
+        context.close()

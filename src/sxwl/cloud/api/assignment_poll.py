@@ -8,8 +8,8 @@ Three things keep an idle CPod from costing its replica anything but the connect
   only when it has something to say;
 - a renewal of a CPod whose last read on this replica found nothing, and that nothing has woken
   since, does not read again until the backstop is due (``Notifier.quiet_since``);
-- while the listener hears other replicas (docs/replicas.md), a waiting poll reads only when woken
-  or when the backstop is due.
+- while this process hears other processes' writes (the listener on PostgreSQL, the file's watch on
+  SQLite: docs/replicas.md), a waiting poll reads only when woken or when the backstop is due.
 """
 
 from __future__ import annotations
