@@ -116,7 +116,7 @@ def test_up_creates_demo_accounts_and_prints_their_logins(tmp_path: Path) -> Non
     )
     try:
         url = f"http://127.0.0.1:{port}"
-        CloudProcess.wait_for(url, proc, Path(log.name))
+        CloudProcess.wait_for(url, proc, Path(log.name), timeout=CloudProcess.UP_READY_S)
         text = Path(log.name).read_text()
         assert url in text
         logins = dict(re.findall(r"│ \w+\s+│ (\S+@demo\.example\.com)\s+│ (\S+)\s+│", text))

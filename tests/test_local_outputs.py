@@ -87,7 +87,7 @@ def test_make_run_keeps_the_demo_checkpoint(tmp_path: Path) -> None:
         start_new_session=True,
     )
     try:
-        CloudProcess.wait_for(url, proc, Path(log.name))
+        CloudProcess.wait_for(url, proc, Path(log.name), timeout=CloudProcess.UP_READY_S)
         logins = dict(re.findall(r"│ (\S+@demo\.example\.com)\s+│ (\S+)\s+│", Path(log.name).read_text()))
         password = logins["user@demo.example.com"]
         user = sign_in(url, "user@demo.example.com", password)

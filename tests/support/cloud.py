@@ -91,6 +91,10 @@ class CloudProcess:
     def wait_ready(self) -> None:
         self.wait_for(self.url, self.proc, self.log_path)
 
+    # `sxwl up` builds the demo's tiny model with transformers before it serves: past 30 s on a busy
+    # 2-core machine.
+    UP_READY_S = 180
+
     @staticmethod
     def wait_for(url: str, proc: subprocess.Popen[Any], log_path: Path, timeout: float = 30) -> None:
         """Waits until ``/healthz`` answers; fails with the process's log if it dies or never does."""
