@@ -46,7 +46,7 @@ def ensure_demo_finetune(ctx: CloudContext, user: User) -> str | None:
 
     with ctx.db.session() as session:
         public = CatalogModel.owner_id.is_(None)
-        has_model = session.scalar(select(CatalogModel.id).where(CatalogModel.name == DEMO_MODEL, public))
+        demo_model = session.scalar(select(CatalogModel.id).where(CatalogModel.name == DEMO_MODEL, public))
         has_file = (
             session.scalar(
                 select(DataFile.id).where(DataFile.owner_id == user.id, DataFile.filename == DEMO_DATASET)
@@ -55,7 +55,7 @@ def ensure_demo_finetune(ctx: CloudContext, user: User) -> str | None:
         )
     with tempfile.TemporaryDirectory(prefix="sxwl-demo-") as scratch:
         root = Path(scratch)
-        if has_model is None:
+        if demo_model is None:
             archive = root / "model.tar"
             pack_directory(tiny.build(root / DEMO_MODEL), archive)
             with archive.open("rb") as handle:
