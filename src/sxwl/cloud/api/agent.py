@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import re
 from collections.abc import Callable
@@ -20,8 +21,9 @@ from sxwl.cloud.body_rules import body_rule
 from sxwl.cloud.context import CloudContext
 from sxwl.cloud.db.models import CPod, Job, JobState
 from sxwl.cloud.errors import AppError, invalid
-from sxwl.cloud.services import attempts, cpods, job_logs, upload_tokens
+from sxwl.cloud.services import attempts, cpods, job_logs, log_archive, storage_quota, upload_tokens
 from sxwl.cloud.services.beat import Beat
+from sxwl.cloud.services.storage_quota import StorageUsage
 from sxwl.cloud.storage import (
     Artifact,
     DigestMismatch,
@@ -260,15 +262,19 @@ async def append_job_log(
     attempt: Annotated[PosInt32, Query()],
     offset: Annotated[NonNegInt64, Query()],
 ) -> LogAppendReply:
-    """Appends a chunk of output at a byte offset; bytes already stored are skipped, so retries are safe."""
+    """Appends a chunk of output at a byte offset; bytes already received are skipped, so retries are
+    safe. Past the attempt's log cap, bytes are acknowledged and dropped (docs/agent.md, "Protocol")."""
     data = await _read_limited(request, ctx.settings.log_chunk_max_bytes)
 
-    def append() -> int:
-        with ctx.db.session() as session:
+    def append() -> job_logs.Appended:
+        with ctx.db.session(immediate=True) as session:
             job = attempts.job_for_agent(session, cpod, job_id, attempt)
-            return job_logs.append_log(session, job, attempt, offset, data)
+            return job_logs.append_log(session, ctx.settings, job, attempt, offset, data)
 
-    return LogAppendReply(next_offset=await asyncio.to_thread(append))
+    appended = await asyncio.to_thread(append)
+    if appended.archive_due:
+        await log_archive.archive(ctx, job_id, attempt)
+    return LogAppendReply(next_offset=appended.next_offset)
 
 
 Sha256 = Annotated[
@@ -350,18 +356,23 @@ async def _put_artifact(
     except ValueError as exc:
         raise invalid("path", str(exc)) from None
 
-    def check() -> None:
+    def check() -> tuple[StorageUsage, int | None]:
         with ctx.db.session() as session:
-            job_of(session)
+            declared = request.headers.get("content-length", "")
+            size = int(declared) if declared.isascii() and declared.isdigit() else 0
+            return storage_quota.check_artifact(session, ctx.settings, job_of(session), clean, size)
 
-    await asyncio.to_thread(check)
+    usage, room = await asyncio.to_thread(check)
     limit = ctx.settings.artifact_max_bytes
     expected = sha256.lower() if sha256 else None
+    stored = Artifact(job_id, attempt, clean)
     try:
         size, digest = await ctx.artifacts.put(
-            Artifact(job_id, attempt, clean), request.stream(), limit, expected
+            stored, request.stream(), limit if room is None else min(limit, room), expected
         )
     except TooLarge:
+        if room is not None and room < limit:
+            raise storage_quota.exceeded(usage, room + 1, at_least=True) from None
         raise AppError(
             413, f"artifact larger than {limit} bytes", details={"max_bytes": limit, "path": clean}
         ) from None
@@ -379,11 +390,25 @@ async def _put_artifact(
         raise store_unavailable(exc) from None
 
     def save() -> None:
-        with ctx.db.session() as session:
-            attempts.record_artifact(session, job_of(session), attempt, clean, size, digest)
+        with ctx.db.session(immediate=True) as session:
+            job = job_of(session)
+            storage_quota.check_recorded(session, ctx.settings, job, clean, size)
+            attempts.record_artifact(session, job, attempt, clean, size, digest)
 
-    await asyncio.to_thread(save)
+    await recording(ctx, stored, save)
     return {"path": clean, "size": size, "sha256": digest}
+
+
+async def recording(ctx: CloudContext, stored: Artifact, save: Callable[[], None]) -> None:
+    """Records an artifact whose bytes are stored; if the owner's quota refuses it there (another
+    upload of theirs was recorded meanwhile), its bytes go too: no record will point to them."""
+    try:
+        await asyncio.to_thread(save)
+    except AppError as exc:
+        if exc.code == storage_quota.CODE:
+            with contextlib.suppress(StoreUnavailable):
+                await ctx.artifacts.delete(stored)
+        raise
 
 
 def store_unavailable(exc: StoreUnavailable) -> AppError:

@@ -14,13 +14,13 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Query, Request
 from sqlalchemy.orm import Session
 
-from sxwl.cloud.api.agent import UPLOAD_ERRORS, CurrentCPod, protocol_header, store_unavailable
+from sxwl.cloud.api.agent import UPLOAD_ERRORS, CurrentCPod, protocol_header, recording, store_unavailable
 from sxwl.cloud.api.deps import Ctx, bearer_token
 from sxwl.cloud.api.responses import errors
 from sxwl.cloud.context import CloudContext
 from sxwl.cloud.db.models import Job
 from sxwl.cloud.errors import AppError, invalid
-from sxwl.cloud.services import attempts, upload_tokens
+from sxwl.cloud.services import attempts, storage_quota, upload_tokens
 from sxwl.cloud.storage import Artifact, NotStored, StoreUnavailable, clean_artifact_path
 from sxwl.protocol import ArtifactUpload, UploadTargetReply, paths
 from sxwl.protocol.fields import PosInt32
@@ -96,7 +96,12 @@ async def _target(
 ) -> UploadTargetReply:
     artifact = _artifact(ctx, job_id, attempt, body)
 
-    await asyncio.to_thread(_allowed, ctx, job_of)
+    def allowed() -> None:
+        """The attempt may upload now, and the bytes it announces fit its owner's storage quota."""
+        with ctx.db.session() as session:
+            storage_quota.check_artifact(session, ctx.settings, job_of(session), artifact.path, body.size)
+
+    await asyncio.to_thread(allowed)
     target = ctx.artifacts.upload_target(artifact, body.size, body.sha256)
     if target is None:
         return UploadTargetReply(via="cloud")
@@ -124,8 +129,10 @@ async def _done(
         ) from None
 
     def save() -> None:
-        with ctx.db.session() as session:
-            attempts.record_artifact(session, job_of(session), attempt, artifact.path, body.size, body.sha256)
+        with ctx.db.session(immediate=True) as session:
+            job = job_of(session)
+            storage_quota.check_recorded(session, ctx.settings, job, artifact.path, body.size)
+            attempts.record_artifact(session, job, attempt, artifact.path, body.size, body.sha256)
 
-    await asyncio.to_thread(save)
+    await recording(ctx, artifact, save)
     return {"path": artifact.path, "size": body.size, "sha256": body.sha256}
