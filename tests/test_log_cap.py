@@ -20,11 +20,13 @@ from sxwl.cloud.db.models import AttemptLog, LogChunk
 from sxwl.cloud.services.job_logs import drop_line
 from sxwl.protocol.finetune import Progress, progress_line
 from tests.conftest import MakeSettings
+from tests.support.seaweedfs import BUCKET, SeaweedFS
 from tests.support.served import Served
 from tests.test_cli import sxwl
 from tests.test_cpods_api import ctx_of
 from tests.test_fine_tunes_api import FineTunes
 from tests.test_jobs_api import Setup
+from tests.test_s3_artifacts import s3_settings
 
 CAP = 2000
 SEGMENT = 1024  # the smallest segment the settings take
@@ -135,6 +137,30 @@ def test_a_long_log_moves_to_the_store_and_reads_back_whole(make_client: Callabl
     assert middle.headers["X-Next-Offset"] == str(SEGMENT) and middle.headers["X-Log-Complete"] == "false"
     assert setup.status(job_id, 1, "succeeded", exit_code=0).status_code == 200
     assert read_whole(client, setup.user, job_id) == output
+
+
+def test_with_the_s3_store_a_long_logs_older_part_is_read_back_from_the_bucket(
+    make_settings: MakeSettings, seaweed: SeaweedFS, tmp_path: Path
+) -> None:
+    settings = s3_settings(
+        make_settings, seaweed, tmp_path, log_segment_bytes=SEGMENT, log_read_max_bytes=700
+    )
+    output = b"".join(f"step {i:05} loss {1 / (i + 1):.6f}\n".encode() for i in range(1000))
+    with TestClient(create_app(settings)) as client:
+        setup = Setup(client)
+        job_id = running_job(setup)
+        assert send(setup, job_id, output, chunk=900) == len(output)
+        held = archived(client, job_id)
+        assert held >= len(output) - 2 * SEGMENT - 900
+        listed = seaweed.client().list_objects_v2(Bucket=BUCKET, Prefix=f"logs/0/{job_id}/1/")
+        sizes = {item["Key"].rsplit("/", 1)[1]: item["Size"] for item in listed.get("Contents", [])}
+        assert sizes == {str(k): SEGMENT for k in range(held // SEGMENT)}
+        middle = client.get(
+            f"/api/v1/jobs/{job_id}/logs", headers=setup.user, params={"offset": SEGMENT + 100}
+        )
+        assert middle.content == output[SEGMENT + 100 : SEGMENT + 800]  # a ranged read of one segment
+        assert setup.status(job_id, 1, "succeeded", exit_code=0).status_code == 200
+        assert read_whole(client, setup.user, job_id) == output
 
 
 def test_the_cli_prints_a_long_log_whole(make_settings: MakeSettings, tmp_path: Path) -> None:

@@ -60,9 +60,10 @@ def setup(make_client: Callable[..., TestClient]) -> Setup:
 
 
 def put(setup: Setup, job_id: str, path: str, data: bytes) -> httpx.Response:
-    return setup.client.put(
+    answer: httpx.Response = setup.client.put(
         f"/api/v1/agent/jobs/{job_id}/artifacts/{path}?attempt=1", headers=setup.agent, content=data
     )
+    return answer
 
 
 def test_files_models_and_artifacts_count_and_the_use_is_shown(setup: Setup) -> None:
