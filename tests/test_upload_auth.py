@@ -16,15 +16,18 @@ from pathlib import Path
 
 import httpx
 import pytest
+from fastapi import APIRouter, UploadFile
 from sqlalchemy import func
 from sqlalchemy import select as sql_select
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from sxwl.cloud.app import create_app
+from sxwl.cloud.body_rules import BodyRules, body_rule
 from sxwl.cloud.context import CloudContext
 from sxwl.cloud.db.finetune_models import CatalogModel, DataFile
 from sxwl.cloud.db.models import Artifact
 from tests.conftest import MakeSettings
+from tests.support.cloud import test_settings as settings_for
 from tests.support.served import Served
 
 BIG = 200 * 1024 * 1024
@@ -221,3 +224,15 @@ def test_a_declared_size_over_the_quota_is_refused_before_it_is_read(cloud: Clou
         assert answer.status == 413 and b'"storage_quota_exceeded"' in answer.body, answer.body
         assert answer.sent < EARLY
     nothing_kept(cloud)
+
+
+def test_a_large_body_route_that_fastapi_would_read_first_stops_the_app(tmp_path: Path) -> None:
+    router = APIRouter()
+
+    @router.post("/careless")
+    @body_rule(lambda s: (s.file_max_bytes, s.artifact_upload_timeout_s))
+    async def careless(file: UploadFile) -> None:  # read by FastAPI before any dependency runs
+        await file.close()
+
+    with pytest.raises(RuntimeError, match="/test/careless has a body rule and a body FastAPI reads"):
+        BodyRules([("/test", router)], settings_for(tmp_path, f"sqlite:///{tmp_path / 'x.db'}"))
