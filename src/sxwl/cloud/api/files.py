@@ -24,10 +24,8 @@ DOWNLOAD: Responses = {
 }
 
 
-FILE_FIELDS = {"purpose": 32}
-FILE_FORM = multipart_body(
-    "JSONL: one chat or prompt/completion example a line", {"purpose": (32, '"fine-tune"')}
-)
+FILE_FIELDS = {"purpose": (32, '"fine-tune"')}
+FILE_FORM = multipart_body("JSONL: one chat or prompt/completion example a line", FILE_FIELDS)
 
 
 @router.post("", response_model=FileOut, responses=WITH_BODY | errors(503), openapi_extra=FILE_FORM)

@@ -19,11 +19,8 @@ router = APIRouter(prefix="/models", tags=["models"], responses=SIGNED_IN)  # mo
 api_router = APIRouter(tags=["models"], responses=SIGNED_IN)  # mounted at /api/v1
 NOT_FOUND = errors(404)
 UPLOAD_ERRORS = WITH_BODY | errors(409, 503)
-MODEL_FIELDS = {"name": 100}
-MODEL_FORM = multipart_body(
-    "tar or tar.gz of a model directory, files at its root",
-    {"name": (100, "the model's id: letters, digits, '.', '_', '-'")},
-)
+MODEL_FIELDS = {"name": (100, "the model's id: letters, digits, '.', '_', '-'")}
+MODEL_FORM = multipart_body("tar or tar.gz of a model directory, files at its root", MODEL_FIELDS)
 
 
 @router.get("", response_model=ModelListOut)

@@ -28,9 +28,13 @@ READ_CHUNK = 1024 * 1024
 EXTRA_FIELDS = 8
 
 
-def multipart_body(file_description: str, fields: Mapping[str, tuple[int, str]]) -> dict[str, Any]:
-    """The OpenAPI ``requestBody`` of a form with one ``file`` and the text ``fields`` (name: (most
-    characters, description)), for the route's ``openapi_extra``."""
+# A form's text fields: name → (most characters, description).
+FormFields = Mapping[str, tuple[int, str]]
+
+
+def multipart_body(file_description: str, fields: FormFields) -> dict[str, Any]:
+    """The OpenAPI ``requestBody`` of a form with one ``file`` and the text ``fields``, for the
+    route's ``openapi_extra``."""
     properties: dict[str, Any] = {
         "file": {"type": "string", "format": "binary", "description": file_description},
         **{
@@ -89,9 +93,9 @@ class Upload:
             yield chunk
 
 
-async def read_upload(request: Request, fields: Mapping[str, int], room: Room | None = None) -> Upload:
-    """The form's ``file`` and its text ``fields`` (name: most characters; 422 naming one too long);
-    other fields are ignored. With a ``room``, a body that outgrows it is refused as it streams in."""
+async def read_upload(request: Request, fields: FormFields, room: Room | None = None) -> Upload:
+    """The form's ``file`` and its text ``fields`` (422 naming one too long); other fields are
+    ignored. With a ``room``, a body that outgrows it is refused as it streams in."""
     if not request.headers.get("content-type", "").lower().startswith("multipart/form-data"):
         raise invalid("file", "send a multipart/form-data body with the file")
     stream: AsyncGenerator[bytes, None] = request.stream()
@@ -106,7 +110,7 @@ async def read_upload(request: Request, fields: Mapping[str, int], room: Room | 
         upload = form.get("file")
         if not isinstance(upload, UploadFile):
             raise invalid("file", "a file part named 'file' is required")
-        values = {name: _text(name, form[name], most) for name, most in fields.items() if name in form}
+        values = {name: _text(name, form[name], most) for name, (most, _) in fields.items() if name in form}
     except AppError:
         await form.close()
         raise

@@ -143,7 +143,7 @@ async def upload_file(request: Request, principal: JobsViewer) -> Response:
     ctx, lang = ctx_of(request), language(request)
     try:
         room = await asyncio.to_thread(storage_room, ctx, principal.user.id, declared_length(request))
-        upload = await read_upload(request, {"csrf_token": 128}, room)
+        upload = await read_upload(request, {"csrf_token": (128, "the form's CSRF token")}, room)
     except AppError as exc:
         return _upload_refused(request, principal, exc)
     try:
