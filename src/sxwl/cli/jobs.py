@@ -255,10 +255,12 @@ def logs(
         response = client.call("GET", f"/api/v1/jobs/{job['id']}/logs", params=params)
         sys.stdout.buffer.write(response.content)
         sys.stdout.flush()
-        offset = int(response.headers["X-Next-Offset"])
-        if not follow or response.headers.get("X-Log-Complete") == "true":
+        # One answer holds at most the cloud's read limit: a long log takes several reads.
+        next_offset = int(response.headers["X-Next-Offset"])
+        moved, offset = next_offset != offset, next_offset
+        if response.headers.get("X-Log-Complete") == "true" or not (response.content or moved or follow):
             return
-        if not response.content:
+        if not (response.content or moved):
             time.sleep(1.0)
 
 

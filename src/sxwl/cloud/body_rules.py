@@ -1,6 +1,11 @@
 """How large a request body may be and how long it may take to arrive, declared by each route that
 needs more than the default (``@body_rule``) and looked up by the ``BodyLimit`` middleware, which
-runs before routing, by the declared route's path."""
+runs before routing, by the declared route's path.
+
+A route with such a body reads it itself, after its dependencies have checked the caller: FastAPI
+reads a body it declares (``File``, ``Form``, a model) before any dependency runs, so an anonymous
+upload would be spooled whole before its 401 (api/uploads.py). ``BodyRules`` refuses to start an
+app with a ruled route that declares one."""
 
 from __future__ import annotations
 
@@ -41,6 +46,13 @@ class BodyRules:
 
     def __init__(self, routers: Sequence[tuple[str, APIRouter]], settings: Settings) -> None:
         self.settings = settings
+        for prefix, router in routers:
+            for route in router.routes:
+                if isinstance(route, APIRoute) and route.endpoint in _DECLARED and route.body_field:
+                    raise RuntimeError(
+                        f"{prefix}{route.path} has a body rule and a body FastAPI reads before it checks "
+                        "the caller: read it in the endpoint (api/uploads.py)"
+                    )
         self.declared = [
             (frozenset(route.methods or ()), compile_path(prefix + route.path)[0], _DECLARED[route.endpoint])
             for prefix, router in routers

@@ -98,10 +98,18 @@ class Settings(BaseSettings):
     longpoll_keepalive_s: float = Field(default=25.0, gt=0)
     log_chunk_max_bytes: int = Field(default=512 * 1024, ge=1)
     log_read_max_bytes: int = Field(default=1024 * 1024, ge=1)
+    # A job attempt's log is kept up to this many bytes; the rest is dropped, with a line that says so.
+    # The database holds only its latest part: older segments of log_segment_bytes go to the artifact
+    # store (docs/jobs.en.md, "Logs").
+    log_max_bytes: int = Field(default=128 * 1024 * 1024, ge=1)
+    log_segment_bytes: int = Field(default=4 * 1024 * 1024, ge=1024, le=256 * 1024 * 1024)
     artifact_max_bytes: int = Field(default=1024 * 1024 * 1024, ge=1)
     # Fine-tuning: one uploaded training file (JSONL), one base model's archive (docs/finetune.md).
     file_max_bytes: int = Field(default=512 * 1024 * 1024, ge=1)
     model_max_bytes: int = Field(default=20 * 1024**3, ge=1)
+    # What each user may keep in the store: their files, base models and jobs' artifacts, counted
+    # from what is recorded (docs/operations.md, "Storage quotas"). 0: no limit.
+    storage_quota_bytes: int = Field(default=100 * 1024**3, ge=0)
 
     max_page_size: int = Field(default=200, ge=1)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import re
 from collections.abc import Callable
@@ -20,8 +21,17 @@ from sxwl.cloud.body_rules import body_rule
 from sxwl.cloud.context import CloudContext
 from sxwl.cloud.db.models import CPod, Job, JobState
 from sxwl.cloud.errors import AppError, invalid
-from sxwl.cloud.services import attempt_window, attempts, cpods, job_logs, upload_tokens
+from sxwl.cloud.services import (
+    attempt_window,
+    attempts,
+    cpods,
+    job_logs,
+    log_archive,
+    storage_quota,
+    upload_tokens,
+)
 from sxwl.cloud.services.beat import Beat
+from sxwl.cloud.services.storage_quota import StorageUsage
 from sxwl.cloud.storage import (
     AlreadyStored,
     Artifact,
@@ -262,15 +272,19 @@ async def append_job_log(
     attempt: Annotated[PosInt32, Query()],
     offset: Annotated[NonNegInt64, Query()],
 ) -> LogAppendReply:
-    """Appends a chunk of output at a byte offset; bytes already stored are skipped, so retries are safe."""
+    """Appends a chunk of output at a byte offset; bytes already received are skipped, so retries are
+    safe. Past the attempt's log cap, bytes are acknowledged and dropped (docs/agent.md, "Protocol")."""
     data = await _read_limited(request, ctx.settings.log_chunk_max_bytes)
 
-    def append() -> int:
-        with ctx.db.session() as session:
+    def append() -> job_logs.Appended:
+        with ctx.db.session(immediate=True) as session:
             job = attempts.job_for_agent(session, cpod, job_id, attempt)
-            return job_logs.append_log(session, job, attempt, offset, data)
+            return job_logs.append_log(session, ctx.settings, job, attempt, offset, data)
 
-    return LogAppendReply(next_offset=await asyncio.to_thread(append))
+    appended = await asyncio.to_thread(append)
+    if appended.archive_due:
+        await log_archive.archive(ctx, job_id, attempt)
+    return LogAppendReply(next_offset=appended.next_offset)
 
 
 Sha256 = Annotated[
@@ -348,29 +362,37 @@ async def _put_artifact(
     """Streams the body into the store and records it, if ``job_of`` finds the attempt current and
     its upload window open, before the body is read and again when it is recorded. The store writes
     the address once: the same bytes again (a retry after a lost answer) change nothing, other bytes
-    are 409 ``artifact_exists``, before the body is read when the attempt recorded the path."""
+    are 409 ``artifact_exists``, before the body is read when the attempt recorded the path. The
+    owner's storage quota is checked by the declared size first and by the bytes when recorded."""
     try:
         clean = clean_artifact_path(path)
     except ValueError as exc:
         raise invalid("path", str(exc)) from None
     expected = sha256.lower() if sha256 else None
 
-    def check() -> bool:
+    def check() -> tuple[bool, StorageUsage, int | None]:
         with ctx.db.session() as session:
             job = job_of(session)
             attempt_window.upload_seconds_left(session, job, attempt)
-            return attempts.repeats_recorded(session, job, attempt, clean, None, expected)
+            repeat = attempts.repeats_recorded(session, job, attempt, clean, None, expected)
+            declared = request.headers.get("content-length", "")
+            size = int(declared) if declared.isascii() and declared.isdigit() else 0
+            usage, room = storage_quota.check_artifact(session, ctx.settings, job, clean, size)
+            return repeat, usage, room
 
-    repeat = await asyncio.to_thread(check)
+    repeat, usage, room = await asyncio.to_thread(check)
     limit = ctx.settings.artifact_max_bytes
+    stored = Artifact(job_id, attempt, clean)
     try:
         if repeat:  # read to its end, checked, and stored nowhere: it is stored already
             size, digest = await write_checked(request.stream(), None, limit, expected)
         else:
             size, digest = await ctx.artifacts.put(
-                Artifact(job_id, attempt, clean), request.stream(), limit, expected, once=True
+                stored, request.stream(), limit if room is None else min(limit, room), expected, once=True
             )
     except TooLarge:
+        if room is not None and room < limit:
+            raise storage_quota.exceeded(usage, room + 1, at_least=True) from None
         raise AppError(
             413, f"artifact larger than {limit} bytes", details={"max_bytes": limit, "path": clean}
         ) from None
@@ -390,14 +412,27 @@ async def _put_artifact(
         raise attempts.ArtifactExists(job_id, attempt, clean) from None
 
     def save() -> None:
-        with ctx.db.session() as session:
+        with ctx.db.session(immediate=True) as session:
             job = job_of(session)
             attempt_window.upload_seconds_left(session, job, attempt)
+            storage_quota.check_recorded(session, ctx.settings, job, clean, size)
             attempts.record_artifact(session, job, attempt, clean, size, digest)
 
     if not repeat:
-        await asyncio.to_thread(save)
+        await recording(ctx, stored, save)
     return {"path": clean, "size": size, "sha256": digest}
+
+
+async def recording(ctx: CloudContext, stored: Artifact, save: Callable[[], None]) -> None:
+    """Records an artifact whose bytes are stored; if the owner's quota refuses it there (another
+    upload of theirs was recorded meanwhile), its bytes go too: no record will point to them."""
+    try:
+        await asyncio.to_thread(save)
+    except AppError as exc:
+        if exc.code == storage_quota.CODE:
+            with contextlib.suppress(StoreUnavailable):
+                await ctx.artifacts.delete(stored)
+        raise
 
 
 def store_unavailable(exc: StoreUnavailable) -> AppError:

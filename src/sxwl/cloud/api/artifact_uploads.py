@@ -16,13 +16,13 @@ from typing import Annotated, NamedTuple
 from fastapi import APIRouter, Depends, Query, Request
 from sqlalchemy.orm import Session
 
-from sxwl.cloud.api.agent import UPLOAD_ERRORS, CurrentCPod, protocol_header, store_unavailable
+from sxwl.cloud.api.agent import UPLOAD_ERRORS, CurrentCPod, protocol_header, recording, store_unavailable
 from sxwl.cloud.api.deps import Ctx, bearer_token
 from sxwl.cloud.api.responses import errors, no_store
 from sxwl.cloud.context import CloudContext
 from sxwl.cloud.db.models import Job
 from sxwl.cloud.errors import AppError, invalid
-from sxwl.cloud.services import attempt_window, attempts, upload_tokens
+from sxwl.cloud.services import attempt_window, attempts, storage_quota, upload_tokens
 from sxwl.cloud.storage import AlreadyStored, Artifact, NotStored, StoreUnavailable, clean_artifact_path
 from sxwl.protocol import ArtifactUpload, UploadTargetReply, paths
 from sxwl.protocol.fields import PosInt32
@@ -97,12 +97,15 @@ def _artifact(ctx: CloudContext, job_id: str, attempt: int, body: ArtifactUpload
 
 def _allowed(ctx: CloudContext, job_of: JobOf, attempt: int, body: ArtifactUpload, path: str) -> Allowed:
     """Raises unless the credential's attempt may upload these bytes at ``path`` now (404; 409 for a
-    stale attempt, a closed window or other bytes it stored there); else how long it may, and
-    whether it recorded these very bytes there already."""
+    stale attempt, a closed window or other bytes it stored there; 413 past the owner's storage
+    quota); else how long it may, and whether it recorded these very bytes there already."""
     with ctx.db.session() as session:
         job = job_of(session)
         left = attempt_window.upload_seconds_left(session, job, attempt)
-        return Allowed(left, attempts.repeats_recorded(session, job, attempt, path, body.size, body.sha256))
+        repeat = attempts.repeats_recorded(session, job, attempt, path, body.size, body.sha256)
+        if not repeat:
+            storage_quota.check_artifact(session, ctx.settings, job, path, body.size)
+        return Allowed(left, repeat)
 
 
 async def _target(
@@ -145,10 +148,11 @@ async def _done(
         ) from None
 
     def save() -> None:
-        with ctx.db.session() as session:
+        with ctx.db.session(immediate=True) as session:
             job = job_of(session)
             attempt_window.upload_seconds_left(session, job, attempt)
+            storage_quota.check_recorded(session, ctx.settings, job, artifact.path, body.size)
             attempts.record_artifact(session, job, attempt, artifact.path, body.size, body.sha256)
 
-    await asyncio.to_thread(save)
+    await recording(ctx, artifact, save)
     return recorded

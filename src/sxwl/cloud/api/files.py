@@ -3,49 +3,48 @@ validated line by line on upload (docs/finetune.md, "1. Prepare a dataset")."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from typing import Annotated
 
-from fastapi import APIRouter, File, Form, Query, UploadFile
+from fastapi import APIRouter, Query, Request
 from fastapi.responses import Response
 
 from sxwl.cloud.api.catalog_schemas import FileDeletedOut, FileListOut, FileOut, file_out
 from sxwl.cloud.api.deps import Ctx, CurrentUser
 from sxwl.cloud.api.jobs import ARTIFACT_HEADERS, ARTIFACT_TYPE
 from sxwl.cloud.api.responses import SIGNED_IN, WITH_BODY, Responses, errors
+from sxwl.cloud.api.uploads import MULTIPART_SLACK, CallerRoom, multipart_body, read_upload
 from sxwl.cloud.body_rules import body_rule
 from sxwl.cloud.services import datasets
 
 router = APIRouter(prefix="/files", tags=["files"], responses=SIGNED_IN)
 NOT_FOUND = errors(404)
-READ_CHUNK = 1024 * 1024
-# The multipart envelope around the file (boundaries, part headers, the purpose field).
-MULTIPART_SLACK = 1024 * 1024
 DOWNLOAD: Responses = {
     200: {"content": {ARTIFACT_TYPE: {"schema": {"type": "string", "format": "binary"}}}},
     307: {"description": "Redirect to the object store (S3), where the bytes are served"},
 }
 
 
-async def upload_chunks(upload: UploadFile) -> AsyncIterator[bytes]:
-    """The part's bytes as Starlette spooled them (to disk past 1 MiB): never whole in memory."""
-    while chunk := await upload.read(READ_CHUNK):
-        yield chunk
+FILE_FIELDS = {"purpose": (32, '"fine-tune"')}
+FILE_FORM = multipart_body("JSONL: one chat or prompt/completion example a line", FILE_FIELDS)
 
 
-@router.post("", response_model=FileOut, responses=WITH_BODY | errors(503))
+@router.post("", response_model=FileOut, responses=WITH_BODY | errors(503), openapi_extra=FILE_FORM)
 @body_rule(lambda s: (s.file_max_bytes + MULTIPART_SLACK, s.artifact_upload_timeout_s))
-async def create_file(
-    file: Annotated[UploadFile, File(description="JSONL: one chat or prompt/completion example a line")],
-    purpose: Annotated[str, Form(max_length=32, description='"fine-tune"')],
-    user: CurrentUser,
-    ctx: Ctx,
-) -> FileOut:
+async def create_file(request: Request, room: CallerRoom, ctx: Ctx) -> FileOut:
     """Stores the file and reports its validation: ``status`` ``processed`` when every line is a
-    valid example, else ``error`` with the lines that are wrong in ``validation.problems``."""
-    stored = await datasets.upload(
-        ctx, owner_id=user.id, filename=file.filename or "", purpose=purpose, chunks=upload_chunks(file)
-    )
+    valid example, else ``error`` with the lines that are wrong in ``validation.problems``. The
+    caller and their storage quota are checked before the body is read."""
+    upload = await read_upload(request, FILE_FIELDS, room)
+    try:
+        stored = await datasets.upload(
+            ctx,
+            owner_id=room.owner_id,
+            filename=upload.file.filename or "",
+            purpose=upload.text("purpose"),
+            chunks=upload.chunks(),
+        )
+    finally:
+        await upload.file.close()
     return file_out(stored)
 
 

@@ -15,8 +15,8 @@ from sxwl.cloud.api.responses import SIGNED_IN, WITH_BODY, errors
 from sxwl.cloud.api.schemas import ArtifactOut, JobEventOut, JobOut, JobPageOut
 from sxwl.cloud.db.models import Job, JobState
 from sxwl.cloud.errors import AppError, invalid
-from sxwl.cloud.services import billing, job_events, job_logs, jobs
-from sxwl.cloud.storage import Artifact, clean_artifact_path
+from sxwl.cloud.services import billing, job_events, job_logs, jobs, log_archive
+from sxwl.cloud.storage import Artifact, StoreUnavailable, clean_artifact_path
 from sxwl.protocol.fields import NonNegInt64, PosInt32
 from sxwl.protocol.jobs import JobIn
 
@@ -115,7 +115,7 @@ def list_job_events(job_id: str, user: CurrentUser, ctx: Ctx) -> list[JobEventOu
 @router.get(
     "/{job_id}/logs",
     response_class=Response,
-    responses={200: {"content": {"text/plain": {"schema": {"type": "string"}}}}, **NOT_FOUND},
+    responses={200: {"content": {"text/plain": {"schema": {"type": "string"}}}}, **NOT_FOUND, **errors(503)},
 )
 async def read_job_log(
     job_id: str,
@@ -131,13 +131,22 @@ async def read_job_log(
     whether more can come. With ``wait``, a read that finds nothing new waits for the job's next
     output or change of state, on whichever replica it happens (docs/replicas.md)."""
 
-    def read() -> tuple[int, job_logs.LogSlice]:
+    def read_rows() -> tuple[int, job_logs.LogSlice | job_logs.ArchivedRead]:
         with ctx.db.session() as session:
             job = jobs.get_for(session, user, job_id)
             chosen = attempt or max(job.attempt, 1)
             if chosen > max(job.attempt, 1):
                 raise invalid("attempt", f"job has {job.attempt} attempt(s)")
-            return chosen, job_logs.read_log(ctx, session, job, chosen, offset)
+            return chosen, job_logs.read_log(ctx.settings, session, job, chosen, offset)
+
+    async def read() -> tuple[int, job_logs.LogSlice]:
+        chosen, piece = await asyncio.to_thread(read_rows)
+        if isinstance(piece, job_logs.ArchivedRead):  # the log's older part, in the store
+            try:
+                return chosen, await log_archive.read(ctx, piece)
+            except StoreUnavailable as exc:
+                raise AppError(503, f"{exc}; try again later", code="store_unavailable") from None
+        return chosen, piece
 
     loop = asyncio.get_running_loop()
     deadline = loop.time() + min(wait, ctx.settings.longpoll_max_s)
@@ -145,7 +154,7 @@ async def read_job_log(
     try:
         while True:
             event.clear()  # before reading, so that output arriving during the read is not missed
-            chosen, piece = await asyncio.to_thread(read)
+            chosen, piece = await read()
             remaining = deadline - loop.time()
             if piece.data or piece.complete or remaining <= 0 or ctx.notifier.stopping:
                 break

@@ -1,4 +1,5 @@
-"""The signed-in account: details, password, and a provider's accessKey."""
+"""The signed-in account: details, storage used against the quota, password, and a provider's
+accessKey."""
 
 from __future__ import annotations
 
@@ -6,8 +7,8 @@ from fastapi import APIRouter, Depends, Response
 
 from sxwl.cloud.api.deps import Ctx, CurrentUser
 from sxwl.cloud.api.responses import SIGNED_IN, WITH_BODY, no_store
-from sxwl.cloud.api.schemas import AccessKeyOut, AccessKeyRecordOut, PasswordChangeIn, UserOut
-from sxwl.cloud.services import access_keys, accounts
+from sxwl.cloud.api.schemas import AccessKeyOut, AccessKeyRecordOut, PasswordChangeIn, StorageOut, UserOut
+from sxwl.cloud.services import access_keys, accounts, storage_quota
 
 router = APIRouter(prefix="/me", tags=["account"], responses=SIGNED_IN)
 
@@ -15,6 +16,21 @@ router = APIRouter(prefix="/me", tags=["account"], responses=SIGNED_IN)
 @router.get("", response_model=UserOut)
 def me(user: CurrentUser) -> UserOut:
     return UserOut.model_validate(user)
+
+
+@router.get("/storage", response_model=StorageOut)
+def storage(user: CurrentUser, ctx: Ctx) -> StorageOut:
+    """The bytes the caller's files, base models and job artifacts take, against their quota."""
+    with ctx.db.session() as session:
+        found = storage_quota.usage(session, ctx.settings, user.id)
+    return StorageOut(
+        used_bytes=found.used,
+        limit_bytes=found.quota or None,
+        available_bytes=found.room,
+        files_bytes=found.files,
+        models_bytes=found.models,
+        artifacts_bytes=found.artifacts,
+    )
 
 
 @router.post("/password", status_code=204, responses=WITH_BODY)

@@ -3,16 +3,15 @@
 
 from __future__ import annotations
 
-from typing import Annotated
-
-from fastapi import APIRouter, File, Form, UploadFile
+from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from sxwl.cloud.api.catalog_schemas import ModelListOut, ModelOut, model_out
 from sxwl.cloud.api.deps import Ctx, CurrentAdmin, CurrentUser
-from sxwl.cloud.api.files import DOWNLOAD, MULTIPART_SLACK
+from sxwl.cloud.api.files import DOWNLOAD
 from sxwl.cloud.api.jobs import ARTIFACT_HEADERS, ARTIFACT_TYPE
 from sxwl.cloud.api.responses import SIGNED_IN, WITH_BODY, errors
+from sxwl.cloud.api.uploads import MULTIPART_SLACK, CallerRoom, multipart_body, read_upload
 from sxwl.cloud.body_rules import body_rule
 from sxwl.cloud.services import model_catalog
 
@@ -20,8 +19,8 @@ router = APIRouter(prefix="/models", tags=["models"], responses=SIGNED_IN)  # mo
 api_router = APIRouter(tags=["models"], responses=SIGNED_IN)  # mounted at /api/v1
 NOT_FOUND = errors(404)
 UPLOAD_ERRORS = WITH_BODY | errors(409, 503)
-ArchivePart = Annotated[UploadFile, File(description="tar or tar.gz of a model directory, files at its root")]
-NamePart = Annotated[str, Form(max_length=100, description="the model's id: letters, digits, '.', '_', '-'")]
+MODEL_FIELDS = {"name": (100, "the model's id: letters, digits, '.', '_', '-'")}
+MODEL_FORM = multipart_body("tar or tar.gz of a model directory, files at its root", MODEL_FIELDS)
 
 
 @router.get("", response_model=ModelListOut)
@@ -37,19 +36,38 @@ def get_model(model_id: str, user: CurrentUser, ctx: Ctx) -> ModelOut:
         return model_out(model_catalog.get_visible(session, user=user, model_id=model_id))
 
 
-@api_router.post("/models", status_code=201, response_model=ModelOut, responses=UPLOAD_ERRORS)
+@api_router.post(
+    "/models", status_code=201, response_model=ModelOut, responses=UPLOAD_ERRORS, openapi_extra=MODEL_FORM
+)
 @body_rule(lambda s: (s.model_max_bytes + MULTIPART_SLACK, s.artifact_upload_timeout_s))
-async def upload_model(file: ArchivePart, name: NamePart, user: CurrentUser, ctx: Ctx) -> ModelOut:
-    """A base model only its uploader sees: 422 naming ``file`` says what the archive lacks."""
-    model = await model_catalog.upload_base(ctx, owner=user, name=name, archive=file.file)
+async def upload_model(request: Request, room: CallerRoom, user: CurrentUser, ctx: Ctx) -> ModelOut:
+    """A base model only its uploader sees: 422 naming ``file`` says what the archive lacks. The
+    caller and their storage quota are checked before the body is read."""
+    upload = await read_upload(request, MODEL_FIELDS, room)
+    try:
+        model = await model_catalog.upload_base(
+            ctx, owner=user, name=upload.text("name"), archive=upload.file.file
+        )
+    finally:
+        await upload.file.close()
     return model_out(model)
 
 
-@api_router.post("/admin/models", status_code=201, response_model=ModelOut, responses=UPLOAD_ERRORS)
+@api_router.post(
+    "/admin/models",
+    status_code=201,
+    response_model=ModelOut,
+    responses=UPLOAD_ERRORS,
+    openapi_extra=MODEL_FORM,
+)
 @body_rule(lambda s: (s.model_max_bytes + MULTIPART_SLACK, s.artifact_upload_timeout_s))
-async def register_public_model(file: ArchivePart, name: NamePart, admin: CurrentAdmin, ctx: Ctx) -> ModelOut:
-    """A public base model (administrators only)."""
-    model = await model_catalog.register_public(ctx, name=name, archive=file.file)
+async def register_public_model(request: Request, admin: CurrentAdmin, ctx: Ctx) -> ModelOut:
+    """A public base model (administrators only, checked before the body is read)."""
+    upload = await read_upload(request, MODEL_FIELDS)
+    try:
+        model = await model_catalog.register_public(ctx, name=upload.text("name"), archive=upload.file.file)
+    finally:
+        await upload.file.close()
     return model_out(model)
 
 

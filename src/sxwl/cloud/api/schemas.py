@@ -69,6 +69,17 @@ class UserOut(BaseModel):
     max_gpus: int | None = None
 
 
+class StorageOut(BaseModel):
+    """What the caller keeps in the store against their quota (docs/operations.md, "Storage quotas")."""
+
+    used_bytes: int
+    limit_bytes: int | None = Field(description="the quota; null: no limit")
+    available_bytes: int | None = Field(description="what more fits; null: no limit")
+    files_bytes: int
+    models_bytes: int = Field(description="the caller's own base models (an adapter is an artifact)")
+    artifacts_bytes: int = Field(description="their jobs' artifacts, adapters and checkpoints included")
+
+
 class UserPageOut(BaseModel):
     items: list[UserOut]
     total: int

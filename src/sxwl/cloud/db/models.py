@@ -266,6 +266,24 @@ class LogChunk(Base):
     data: Mapped[bytes] = mapped_column(LargeBinary)
 
 
+class AttemptLog(Base):
+    """Where a job attempt's log stands (docs/jobs.en.md, "Logs"). ``received`` counts the bytes its
+    agent sent (the offsets the agent speaks), ``kept`` those a reader gets: the same until the
+    attempt's log reached its cap at ``dropped_at``, after which one line says so and nothing more is
+    kept. The first ``archived`` bytes of the kept log lie in the artifact store, in segments of
+    ``segment_bytes``; only the rest is in ``log_chunks``."""
+
+    __tablename__ = "attempt_logs"
+
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True)
+    attempt: Mapped[int] = mapped_column(Integer, primary_key=True)
+    received: Mapped[int] = mapped_column(BigInteger, default=0)
+    kept: Mapped[int] = mapped_column(BigInteger, default=0)
+    dropped_at: Mapped[int | None] = mapped_column(BigInteger)
+    archived: Mapped[int] = mapped_column(BigInteger, default=0)
+    segment_bytes: Mapped[int] = mapped_column(BigInteger)
+
+
 class Artifact(Base):
     __tablename__ = "artifacts"
     __table_args__ = (UniqueConstraint("job_id", "path", name="uq_artifacts_job_path"),)

@@ -16,6 +16,7 @@ from sqlalchemy.orm import Session
 from sxwl.cloud.context import CloudContext
 from sxwl.cloud.db.finetune_models import DataFile, FileStatus, FineTune
 from sxwl.cloud.errors import AppError, invalid
+from sxwl.cloud.services import storage_quota
 from sxwl.cloud.services.dataset_checks import JsonlChecker, Problem, Verdict
 from sxwl.cloud.storage import Artifact, StoreUnavailable, TooLarge
 
@@ -58,10 +59,15 @@ async def upload(
 ) -> DataFile:
     """Streams ``chunks`` into the store, hashing and validating them as they pass, then records the
     file: ``processed`` when every line is a valid example of one format, else ``error`` with its
-    problems. 413 past ``file_max_bytes``, with nothing stored or recorded."""
+    problems. 413 past ``file_max_bytes`` or past the owner's storage quota, with nothing stored or
+    recorded."""
     check_purpose(purpose)
     file_id = new_file_id()
     checker = JsonlChecker()
+
+    def usage() -> storage_quota.StorageUsage:
+        with ctx.db.session() as session:
+            return storage_quota.usage(session, ctx.settings, owner_id)
 
     async def checked() -> AsyncIterator[bytes]:
         async for chunk in chunks:
@@ -69,11 +75,17 @@ async def upload(
                 await asyncio.to_thread(checker.feed, chunk)
                 yield chunk
 
+    found = await asyncio.to_thread(usage)
     limit = ctx.settings.file_max_bytes
+    room = found.room
     artifact = Artifact(job_id=FILES_JOB, attempt=0, path=file_id)
     try:
-        size, digest = await ctx.artifacts.put(artifact, checked(), limit)
+        size, digest = await ctx.artifacts.put(
+            artifact, checked(), limit if room is None else min(limit, room)
+        )
     except TooLarge:
+        if room is not None and room < limit:
+            raise storage_quota.exceeded(found, room + 1, at_least=True) from None
         raise AppError(413, f"file larger than {limit} bytes", details={"max_bytes": limit}) from None
     except StoreUnavailable as exc:
         raise AppError(
@@ -95,11 +107,25 @@ async def upload(
     )
 
     def record() -> DataFile:
-        with ctx.db.session() as session:
+        with ctx.db.session(immediate=True) as session:
+            storage_quota.lock_owner(session, owner_id)
+            storage_quota.require(storage_quota.usage(session, ctx.settings, owner_id), size)
             session.add(row)
         return row
 
-    return await asyncio.to_thread(record)
+    try:
+        return await asyncio.to_thread(record)
+    except AppError:
+        await _discard(ctx, artifact)
+        raise
+
+
+async def _discard(ctx: CloudContext, artifact: Artifact) -> None:
+    """Removes bytes that were stored for a file then refused: no row will ever point to them."""
+    try:
+        await ctx.artifacts.delete(artifact)
+    except StoreUnavailable as exc:
+        log.warning("refused file %s is still in the store: %s", artifact.path, exc)
 
 
 def status_details(file: DataFile) -> str | None:

@@ -8,7 +8,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from sxwl.cloud.db.finetune_models import DataFile, FineTune
-from sxwl.cloud.db.models import Job
+from sxwl.cloud.db.models import AttemptLog, Job
 from sxwl.cloud.db.types import utcnow
 from sxwl.cloud.services import fine_tune_events
 from sxwl.cloud.services.log_chunks import read_bytes
@@ -19,26 +19,55 @@ from sxwl.protocol.finetune import DatasetCount, Progress, parse_progress
 MAX_READ = 1 << 20
 
 
-def absorb(session: Session, job: Job, attempt: int) -> None:
-    """Reads the attempt's log from where the fine-tune last stopped, up to the last complete line."""
+def absorb(session: Session, job: Job, attempt: int, log: AttemptLog, fresh_at: int, fresh: bytes) -> None:
+    """Reads the attempt's output from where the fine-tune last stopped, up to the last complete
+    line. Offsets count the bytes the agent sent: the log's kept part is read where it is stored;
+    past its cap, the lines of each append are read as they come (``fresh``, sent from ``fresh_at``),
+    and a line split between two appends there is missed."""
     fine_tune = session.scalar(select(FineTune).where(FineTune.job_id == job.id).with_for_update())
     if fine_tune is None:
         return
     if fine_tune.parsed_attempt != attempt:
         fine_tune.parsed_attempt, fine_tune.parsed_offset = attempt, 0
+    # The first byte not kept: the kept log and the bytes sent coincide before it.
+    kept_end = log.kept if log.dropped_at is None else log.dropped_at
     start = fine_tune.parsed_offset
-    window = read_bytes(session, job_id=job.id, attempt=attempt, offset=start, limit=MAX_READ)
+    if start < kept_end:
+        start = max(start, log.archived)  # what moved to the store was parsed long ago
+        window = read_bytes(
+            session, job_id=job.id, attempt=attempt, offset=start, limit=min(MAX_READ, kept_end - start)
+        )
+        if start + len(window) < kept_end or fresh_at + len(fresh) <= kept_end:
+            fine_tune.parsed_offset = start + _lines(session, fine_tune, attempt, window)
+            return
+        if fresh_at <= kept_end:  # this append crosses the cap: what it drops continues the kept lines
+            window += fresh[kept_end - fresh_at :][: MAX_READ - len(window)]
+            fine_tune.parsed_offset = start + _lines(session, fine_tune, attempt, window)
+            return
+        _lines(session, fine_tune, attempt, window)  # the rest of its last line was dropped
+        start = kept_end
+    if start < fresh_at:
+        # The line this append continues began in bytes that were dropped: read from the next one.
+        cut = fresh.find(b"\n")
+        if cut < 0:
+            fine_tune.parsed_offset = fresh_at + len(fresh)
+            return
+        start = fresh_at + cut + 1
+    window = fresh[start - fresh_at :][:MAX_READ]
+    fine_tune.parsed_offset = start + _lines(session, fine_tune, attempt, window)
+
+
+def _lines(session: Session, fine_tune: FineTune, attempt: int, window: bytes) -> int:
+    """Applies the progress lines among the complete lines of ``window``; returns the bytes read."""
     end = window.rfind(b"\n")
     if end < 0:
-        if len(window) >= MAX_READ:
-            # One line longer than the whole window is no progress line (those are short): skip it.
-            fine_tune.parsed_offset = start + len(window)
-        return
+        # One line longer than the whole window is no progress line (those are short): skip it.
+        return len(window) if len(window) >= MAX_READ else 0
     for raw in window[: end + 1].splitlines():
         progress = parse_progress(raw.decode("utf-8", "replace"))
         if progress is not None:
             _apply(session, fine_tune, attempt, progress)
-    fine_tune.parsed_offset = start + end + 1
+    return end + 1
 
 
 def _apply(session: Session, fine_tune: FineTune, attempt: int, progress: Progress) -> None:

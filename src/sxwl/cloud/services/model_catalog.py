@@ -24,6 +24,7 @@ from sxwl.cloud.context import CloudContext
 from sxwl.cloud.db.finetune_models import CatalogModel, ModelKind
 from sxwl.cloud.db.models import User
 from sxwl.cloud.errors import AppError, invalid
+from sxwl.cloud.services import storage_quota
 from sxwl.cloud.services.model_archive import ArchiveProblem, ModelFacts, inspect
 from sxwl.cloud.storage import Artifact, DigestMismatch, StoreUnavailable, TooLarge
 
@@ -99,6 +100,8 @@ async def _register(ctx: CloudContext, owner_id: str | None, name: str, archive:
     limit = ctx.settings.model_max_bytes
     # Judged whole before the store sees a byte: a refused archive stores nothing.
     size, digest = await asyncio.to_thread(_size_and_sha256, archive, limit)
+    if owner_id is not None:
+        await asyncio.to_thread(_fits, ctx, owner_id, size)
     try:
         facts: ModelFacts = await asyncio.to_thread(inspect, archive, max_bytes=limit)
     except ArchiveProblem as exc:
@@ -133,7 +136,10 @@ async def _register(ctx: CloudContext, owner_id: str | None, name: str, archive:
 
     def record() -> CatalogModel:
         try:
-            with ctx.db.session() as session:
+            with ctx.db.session(immediate=True) as session:
+                if owner_id is not None:
+                    storage_quota.lock_owner(session, owner_id)
+                    storage_quota.require(storage_quota.usage(session, ctx.settings, owner_id), size)
                 session.add(row)
         except IntegrityError:
             raise _taken_error(name) from None
@@ -142,11 +148,16 @@ async def _register(ctx: CloudContext, owner_id: str | None, name: str, archive:
     return await asyncio.to_thread(record)
 
 
+def _fits(ctx: CloudContext, owner_id: str, size: int) -> None:
+    with ctx.db.session() as session:
+        storage_quota.require(storage_quota.usage(session, ctx.settings, owner_id), size)
+
+
 async def upload_base(ctx: CloudContext, *, owner: User, name: str, archive: IO[bytes]) -> CatalogModel:
     """A base model private to ``owner`` from ``archive``, a seekable file (an upload as the web
     server spooled it, a file the CLI opened): 422 naming ``file`` for an archive that is not a model
     directory, 409 for a name the owner already gave or a public model has, 413 past
-    ``model_max_bytes``."""
+    ``model_max_bytes`` or the owner's storage quota."""
     return await _register(ctx, owner.id, name, archive)
 
 

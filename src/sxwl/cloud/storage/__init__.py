@@ -134,6 +134,12 @@ class ArtifactStore(Protocol):
         """The answer to a user's download, after the route checked that they may have it."""
         ...
 
+    async def read(self, artifact: Artifact, start: int, length: int) -> bytes:
+        """Up to ``length`` bytes of the object from ``start`` (fewer at its end), for the cloud's own
+        reads (a log's archived segments). Raises ``NotStored`` when it holds no such object and
+        ``StoreUnavailable`` when the store cannot be reached."""
+        ...
+
     async def delete(self, artifact: Artifact) -> None:
         """Removes the artifact's bytes; an address that holds none is no error. Raises
         ``StoreUnavailable`` when the store cannot be reached."""

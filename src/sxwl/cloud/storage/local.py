@@ -73,6 +73,9 @@ class LocalArtifactStore:
             headers=headers,
         )
 
+    async def read(self, artifact: Artifact, start: int, length: int) -> bytes:
+        return await asyncio.to_thread(_read, self._file(artifact), start, length)
+
     async def delete(self, artifact: Artifact) -> None:
         await asyncio.to_thread(_remove, str(self._file(artifact)))
 
@@ -125,6 +128,15 @@ def _open_temp(target: Path) -> tuple[BinaryIO, str]:
 
 def _remove(name: str) -> None:
     Path(name).unlink(missing_ok=True)
+
+
+def _read(path: Path, start: int, length: int) -> bytes:
+    try:
+        with path.open("rb") as handle:
+            handle.seek(start)
+            return handle.read(length)
+    except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+        raise NotStored(f"the store holds no {path.name}") from None
 
 
 def _size_and_sha256(path: Path) -> tuple[int, str] | None:

@@ -240,6 +240,27 @@ class S3ArtifactStore:
         except (BotoCoreError, ClientError, S3UploadFailedError) as exc:
             raise _unavailable(exc) from None
 
+    async def read(self, artifact: Artifact, start: int, length: int) -> bytes:
+        return await asyncio.to_thread(self._read, self._key(artifact), start, length)
+
+    def _read(self, key: str, start: int, length: int) -> bytes:
+        if length <= 0:
+            return b""
+        try:
+            answer = self._client.get_object(
+                Bucket=self.location.bucket, Key=key, Range=f"bytes={start}-{start + length - 1}"
+            )
+            return answer["Body"].read()
+        except ClientError as exc:
+            status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+            if status == 404:
+                raise NotStored("the object store holds no such object") from None
+            if status == 416:  # the range starts at or past the object's end
+                return b""
+            raise _unavailable(exc) from None
+        except BotoCoreError as exc:
+            raise _unavailable(exc) from None
+
     async def delete(self, artifact: Artifact) -> None:
         await asyncio.to_thread(self._delete, self._key(artifact))
 

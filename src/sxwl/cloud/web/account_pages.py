@@ -1,4 +1,5 @@
-"""The account page: profile, password change, and a provider's accessKey with its history."""
+"""The account page: profile, storage used against the quota, password change, and a provider's
+accessKey with its history."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ from sxwl.cloud.api.deps import SESSION_COOKIE, Principal, csrf_ok
 from sxwl.cloud.api.schemas import PasswordChangeIn
 from sxwl.cloud.db.models import Role
 from sxwl.cloud.errors import AppError
-from sxwl.cloud.services import access_keys, accounts
+from sxwl.cloud.services import access_keys, accounts, storage_quota
+from sxwl.cloud.web import jobs_view
 from sxwl.cloud.web.i18n import translate
 from sxwl.cloud.web.kit import (
     FormErrors,
@@ -36,6 +38,10 @@ def _account(
 ) -> Response:
     ctx = ctx_of(request)
     history = []
+    storage = None
+    if principal.user.role != Role.PROVIDER:
+        with ctx.db.session() as session:
+            storage = storage_quota.usage(session, ctx.settings, principal.user.id)
     if principal.user.role == Role.PROVIDER:
         with ctx.db.session() as session:
             access_keys.reveal(ctx, session, principal.user)  # creates one if an old account lacks it
@@ -49,7 +55,16 @@ def _account(
                 }
                 for r in access_keys.history(session, principal.user)
             ]
-    return render(request, "account.html", principal, status=status, key_history=history, errors=errors or {})
+    return render(
+        request,
+        "account.html",
+        principal,
+        status=status,
+        key_history=history,
+        storage=storage,
+        size=jobs_view.size,
+        errors=errors or {},
+    )
 
 
 @router.post("/account/password")

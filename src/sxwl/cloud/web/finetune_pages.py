@@ -6,19 +6,19 @@ Compute users see their own fine-tunes (admins too, their own: like the job page
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import asyncio
 from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
-from starlette.datastructures import UploadFile
 
 from sxwl.cloud.api.deps import Principal, csrf_ok
+from sxwl.cloud.api.uploads import MULTIPART_SLACK, declared_length, read_upload, storage_room
 from sxwl.cloud.body_rules import body_rule
 from sxwl.cloud.db.models import Role
 from sxwl.cloud.db.types import utcnow
 from sxwl.cloud.errors import AppError
-from sxwl.cloud.services import cpods, datasets, fine_tunes
+from sxwl.cloud.services import cpods, datasets, fine_tunes, storage_quota
 from sxwl.cloud.web import finetune_form, finetune_view, jobs_view
 from sxwl.cloud.web.finetune_chart import Chart
 from sxwl.cloud.web.i18n import translate
@@ -39,9 +39,6 @@ router = APIRouter(include_in_schema=False)
 LIST_REFRESH_MS = 5000
 DETAIL_REFRESH_MS = 3000
 FINISHED_REFRESH_MS = 30_000
-READ_CHUNK = 1024 * 1024
-# The multipart envelope around the file (boundaries, part headers, the CSRF field).
-MULTIPART_SLACK = 1024 * 1024
 CLI_EXAMPLE = "sxwl files upload train.jsonl\nsxwl finetune create --model <model> --training-file file-…"
 
 
@@ -139,39 +136,48 @@ def files_page(request: Request, principal: JobsViewer) -> Response:
     return _files(request, principal, uploaded=request.query_params.get("uploaded"))
 
 
-async def _chunks(upload: UploadFile) -> AsyncIterator[bytes]:
-    """The part's bytes as Starlette spooled them (to disk past 1 MiB): never whole in memory."""
-    while chunk := await upload.read(READ_CHUNK):
-        yield chunk
-
-
 @router.post("/finetune/files")
 @body_rule(lambda s: (s.file_max_bytes + MULTIPART_SLACK, s.artifact_upload_timeout_s))
 async def upload_file(request: Request, principal: JobsViewer) -> Response:
+    """Signed in (the dependency) and within the storage quota before a byte of the body is read."""
     ctx, lang = ctx_of(request), language(request)
-    form = await request.form(max_files=1, max_fields=10)
-    if not csrf_ok(request, str(form.get("csrf_token", ""))):
-        return _files(request, principal, error=translate(lang, "error.csrf"), status=403)
-    upload = form.get("file")
-    if not isinstance(upload, UploadFile) or not (upload.filename or upload.size):
-        return _files(request, principal, error=translate(lang, "ft.files.choose"), status=422)
     try:
+        room = await asyncio.to_thread(storage_room, ctx, principal.user.id, declared_length(request))
+        upload = await read_upload(request, {"csrf_token": (128, "the form's CSRF token")}, room)
+    except AppError as exc:
+        return _upload_refused(request, principal, exc)
+    try:
+        if not csrf_ok(request, upload.fields.get("csrf_token")):
+            return _files(request, principal, error=translate(lang, "error.csrf"), status=403)
+        if not (upload.file.filename or upload.file.size):
+            return _files(request, principal, error=translate(lang, "ft.files.choose"), status=422)
         stored = await datasets.upload(
             ctx,
             owner_id=principal.user.id,
-            filename=upload.filename or "",
+            filename=upload.file.filename or "",
             purpose="fine-tune",
-            chunks=_chunks(upload),
+            chunks=upload.chunks(),
         )
     except AppError as exc:
-        key = {413: "ft.files.too_large", 503: "ft.files.unavailable"}.get(exc.status)
-        limit = jobs_view.size(ctx.settings.file_max_bytes)
-        message = translate(lang, key, max=limit) if key else exc.message
-        return _files(request, principal, error=message, status=exc.status if exc.status < 500 else 503)
+        return _upload_refused(request, principal, exc)
     finally:
-        await upload.close()
+        await upload.file.close()
     # The file is recorded either way (one with problems too, so its lines can be read): show it.
     return redirect(f"/finetune/files?uploaded={stored.id}#upload-result")
+
+
+def _upload_refused(request: Request, principal: Principal, exc: AppError) -> Response:
+    ctx, lang = ctx_of(request), language(request)
+    if exc.code == storage_quota.CODE and isinstance(exc.details, dict):
+        used, limit = exc.details["used_bytes"], exc.details["limit_bytes"]
+        message = translate(lang, "storage.refused", used=jobs_view.size(used), limit=jobs_view.size(limit))
+    elif exc.status == 413:
+        message = translate(lang, "ft.files.too_large", max=jobs_view.size(ctx.settings.file_max_bytes))
+    elif exc.status == 422 and isinstance(exc.details, list) and exc.details[0].get("field") == "file":
+        message = translate(lang, "ft.files.choose")
+    else:
+        message = translate(lang, "ft.files.unavailable") if exc.status >= 500 else exc.message
+    return _files(request, principal, error=message, status=exc.status if exc.status < 500 else 503)
 
 
 # ---- the new fine-tune form -----------------------------------------------------------------

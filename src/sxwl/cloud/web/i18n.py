@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from sxwl.cloud.web.i18n_finetune import FINETUNE_MESSAGES
 from sxwl.cloud.web.i18n_money import MONEY_MESSAGES
+from sxwl.cloud.web.i18n_storage import STORAGE_MESSAGES
 
 LANGUAGES = ("zh", "en")
 DEFAULT_LANGUAGE = "zh"
@@ -701,7 +702,7 @@ MESSAGES: dict[str, dict[str, str]] = {
 }
 
 # Kept apart to keep each table readable; a key in both tables would be a mistake (tested).
-for _table in (MONEY_MESSAGES, FINETUNE_MESSAGES):
+for _table in (MONEY_MESSAGES, FINETUNE_MESSAGES, STORAGE_MESSAGES):
     for _lang, _texts in _table.items():
         MESSAGES[_lang].update(_texts)
 

@@ -19,7 +19,7 @@ from sqlalchemy.orm import Session
 
 from sxwl.cloud.db.models import TERMINAL_STATES, Artifact, Job, JobEvent, JobState, Role, User
 from sxwl.cloud.errors import AppError
-from sxwl.cloud.services import job_events, jobs
+from sxwl.cloud.services import job_events, jobs, storage_quota
 from sxwl.cloud.web.i18n import translate
 from sxwl.protocol.fields import CONTROL_CHARS
 from sxwl.protocol.jobs import (
@@ -71,13 +71,7 @@ def duration(lang: str, seconds: int | None) -> str:
     return " ".join(translate(lang, f"duration.{unit}", n=n) for n, unit in picked)
 
 
-def size(num_bytes: int) -> str:
-    value = float(num_bytes)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if value < 1024 or unit == "GiB":
-            return f"{int(value)} {unit}" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    return f"{num_bytes} B"  # pragma: no cover - the loop always returns
+size = storage_quota.size_text
 
 
 _NEED_NODES = re.compile(r"^(?P<nodes>\d+) nodes with (?P<gpus>.+) each$")

@@ -8,7 +8,7 @@ Unique indexes, not a table constraint, and columns added in place: SQLite would
 for a constraint, and dropping the old ``catalog_models`` fails while fine-tunes refer to it.
 
 Revision ID: 0015
-Revises: 0013
+Revises: 0014
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision = "0015"
-down_revision = "0013"
+down_revision = "0014"
 branch_labels = None
 depends_on = None
 
