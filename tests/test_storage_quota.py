@@ -86,11 +86,12 @@ def test_files_models_and_artifacts_count_and_the_use_is_shown(setup: Setup) -> 
     job = setup.submit()
     setup.assigned(job["id"])
     assert put(setup, job["id"], "out/a.bin", b"a" * 300).status_code == 201
-    assert put(setup, job["id"], "out/a.bin", b"a" * 500).status_code == 201  # a replacement counts once
+    # Written once (docs/object-storage.md): other bytes at the path are refused and count nothing.
+    assert put(setup, job["id"], "out/a.bin", b"a" * 500).status_code == 409
     shown = storage(client, user)
     assert shown["files_bytes"] == len(LINE) * 10 and shown["models_bytes"] == len(model)
-    assert shown["artifacts_bytes"] == 500
-    assert shown["used_bytes"] == len(LINE) * 10 + len(model) + 500
+    assert shown["artifacts_bytes"] == 300
+    assert shown["used_bytes"] == len(LINE) * 10 + len(model) + 300
     assert shown["available_bytes"] == QUOTA - shown["used_bytes"]
     # Someone else's use is theirs.
     register(client, "other@example.com", "user")
@@ -159,10 +160,10 @@ def test_an_artifact_past_the_quota_is_refused_by_its_announced_size_and_by_its_
     )
     refused_by_quota(target, 3000)
     refused_by_quota(put(setup, job["id"], "two.bin", big), 3000)
-    # Replacing one.bin gives its 3,000 bytes back first.
-    assert put(setup, job["id"], "one.bin", b"3" * 4000).status_code == 201
+    # Neither refusal stored or recorded anything; one.bin, written once, is as it was.
+    assert put(setup, job["id"], "one.bin", b"3" * 4000).status_code == 409
     listed = setup.client.get(f"/api/v1/jobs/{job['id']}/artifacts", headers=setup.user).json()
-    assert [(a["path"], a["size"]) for a in listed] == [("one.bin", 4000)]
+    assert [(a["path"], a["size"]) for a in listed] == [("one.bin", 3000)]
     with ctx_of(setup.client).db.session() as session:
         assert session.scalar(select(func.count()).select_from(Artifact)) == 1
     objects = stored_objects(setup.client)
