@@ -76,7 +76,7 @@ def sandbox_setup(flags: JobFlags, state_dir: Path, isolation: Isolation) -> San
     if slirp is None:
         raise ValueError("--job-network outbound needs slirp4netns (Debian package slirp4netns)")
     resolv = state_dir / "resolv.conf"
-    state_dir.mkdir(parents=True, exist_ok=True)
+    state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     resolv.write_text(SLIRP_DNS)
     resolv.chmod(0o644)
     return SandboxSetup(bounds=bounds, shared=shared, slirp4netns=slirp, resolv_conf=resolv)

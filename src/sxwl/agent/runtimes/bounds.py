@@ -32,7 +32,9 @@ class JobBounds:
         """For the start-up log: the bounds as a provider set them."""
 
         def gib(n: int | None) -> str:
-            return "unbounded" if n is None else f"{n / 2**30:.1f} GiB"
+            if n is None:
+                return "unbounded"
+            return f"{n / 2**30:.1f} GiB" if n >= 2**30 else f"{n / 2**20:.0f} MiB"
 
         return (
             f"memory {gib(self.memory_bytes)}, processes {self.pids or 'unbounded'}, "

@@ -63,7 +63,7 @@ def _run(runtime: LocalRuntime) -> str | None:
     uid = CHECK_UID if runtime.isolation.own_uids else None
     workdir = runtime.state_dir / CHECK_DIR
     try:
-        runtime.state_dir.mkdir(parents=True, exist_ok=True)
+        runtime.state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         paths = runtime.make_dirs(workdir, uid)
         given = paths.work / "check-in"
         given.write_text("in")
