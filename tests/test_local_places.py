@@ -10,13 +10,13 @@ import os
 import re
 import shutil
 import sys
-import sysconfig
 import time
 import venv
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
+import pydantic
 import pytest
 
 from sxwl.agent.runtimes.local import LocalRuntime
@@ -56,9 +56,9 @@ def python_below(root: Path) -> tuple[Path, dict[str, str]]:
     home = root / "clone"
     venv.EnvBuilder(symlinks=True, with_pip=False).create(home / ".venv")
     (site,) = (home / ".venv" / "lib").glob("python3*/site-packages")
-    (site / "_packages.pth").write_text(
-        f"import site; site.addsitedir({sysconfig.get_paths()['purelib']!r})\n"
-    )
+    # Where the packages really are (a clone's venv has its own; this one borrows them).
+    packages = Path(pydantic.__file__).parent.parent
+    (site / "_packages.pth").write_text(f"import site; site.addsitedir({str(packages)!r})\n")
     shutil.copytree(CODE_ROOT / "sxwl", home / "src" / "sxwl", ignore=shutil.ignore_patterns("__pycache__"))
     return home / ".venv" / "bin" / "python", {"PYTHONPATH": str(home / "src")}
 
