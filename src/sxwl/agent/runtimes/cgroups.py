@@ -14,6 +14,7 @@ import contextlib
 import errno
 import logging
 import os
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -85,20 +86,29 @@ class Cgroups:
                             kills += int(value)
         return kills
 
-    def remove(self, name: str) -> bool:
-        """Removes the attempt's cgroups once its processes are gone; False while some are still
-        there (their pid namespace's end kills them, not all at once)."""
-        gone = True
-        for leaf in self.leaves(name):
-            try:
-                leaf.rmdir()
-            except FileNotFoundError:
-                pass
-            except OSError as exc:
-                if exc.errno != errno.EBUSY:
-                    log.warning("cannot remove the cgroup %s: %s", leaf, exc)
-                gone = False
-        return gone
+    def names(self, prefix: str) -> set[str]:
+        """The attempts' cgroups whose names start with ``prefix`` (an agent's tag)."""
+        return {leaf.name for base in self.bases for leaf in base.glob(f"{prefix}*") if leaf.is_dir()}
+
+    def remove(self, name: str, wait_s: float = 0.0) -> bool:
+        """Removes the attempt's cgroups once its processes are gone, waiting up to ``wait_s`` for
+        them; False while some are still there (the kernel counts a task out a moment after its
+        pid namespace ended)."""
+        deadline = time.monotonic() + wait_s
+        while True:
+            busy = False
+            for leaf in self.leaves(name):
+                try:
+                    leaf.rmdir()
+                except FileNotFoundError:
+                    pass
+                except OSError as exc:
+                    if exc.errno != errno.EBUSY:
+                        log.warning("cannot remove the cgroup %s: %s", leaf, exc)
+                    busy = True
+            if not busy or time.monotonic() >= deadline:
+                return not busy
+            time.sleep(0.05)
 
 
 NONE = Cgroups((), 0, "")

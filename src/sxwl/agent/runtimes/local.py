@@ -132,6 +132,8 @@ class LocalRuntime(AttemptDirs[LocalJob]):
         self.tag = hashlib.sha256(str(self.state_dir).encode()).hexdigest()[:12]
         # Why this CPod cannot run jobs (its start-up check failed); None: it can.
         self.problem: str | None = None
+        # Ended attempts' cgroups still counting a dying process when last tried: each poll retries.
+        self.cgroups_left: set[str] = set()
         # Owners whose jobs this runtime starts; None: anyone's (it isolates them). Without
         # isolation nobody's until the cloud has said whose (``Agent`` sets it at start).
         self.accepted_owners: frozenset[str] | None = None if self.isolation.isolated else frozenset()
@@ -158,6 +160,8 @@ class LocalRuntime(AttemptDirs[LocalJob]):
                 self.save(job)
                 lost.append(job)
                 log.warning("job %s attempt %d vanished while the agent was away", job.job_id, job.attempt)
+        running = {self.cgroup_name(j.job_id, j.attempt) for j in self.jobs.values() if j.outcome is None}
+        self.cgroups_left = self.cgroups.names(f"{self.tag}-") - running  # ended while it was away
         return lost
 
     # ---- GPUs ------------------------------------------------------------------------------------
@@ -363,6 +367,7 @@ class LocalRuntime(AttemptDirs[LocalJob]):
     def poll(self) -> list[LocalJob]:
         """Advances every job: records exits, enforces max runtime and the stop grace. Returns the
         jobs that finished in this call."""
+        self.cgroups_left = {name for name in self.cgroups_left if not self.cgroups.remove(name)}
         finished = []
         now = time.time()
         for job in list(self.jobs.values()):
@@ -393,7 +398,8 @@ class LocalRuntime(AttemptDirs[LocalJob]):
         if job.stop_reason is None and code != 0 and self.cgroups.oom_kills(cgroup):
             limit = self.setup.bounds.memory_bytes or 0
             job.stop_reason = f"out of memory: the job reached its memory limit of {limit / 2**20:.0f} MiB"
-        self.cgroups.remove(cgroup)
+        if not self.cgroups.remove(cgroup):
+            self.cgroups_left.add(cgroup)
         if job.stop_reason is not None:
             job.outcome = "cancelled" if job.stop_cancel else "failed"
         else:
@@ -407,7 +413,6 @@ class LocalRuntime(AttemptDirs[LocalJob]):
         job.reported = True
         self.save(job)
         self.jobs.pop(job.key, None)
-        self.cgroups.remove(self.cgroup_name(job.job_id, job.attempt))  # where _finish found it busy
         for entry in self.workdir(job.job_id, job.attempt).iterdir():
             if entry.name == RECORD_FILE:
                 continue

@@ -55,7 +55,7 @@ def _remove(runtime: LocalRuntime) -> None:
     if workdir.exists():
         writable_tree(workdir)
         shutil.rmtree(workdir, ignore_errors=True)
-    runtime.cgroups.remove(runtime.cgroup_name(CHECK_DIR, 0))
+    runtime.cgroups.remove(runtime.cgroup_name(CHECK_DIR, 0), wait_s=5)
 
 
 def _run(runtime: LocalRuntime) -> str | None:
