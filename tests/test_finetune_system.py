@@ -19,12 +19,14 @@ import httpx
 import pytest
 
 from tests.support.agent import eventually
+from tests.support.places import private_dir
 from tests.support.tiny_finetune import build_model, register_public_model, run_python, write_dataset
 from tests.test_jobs_process import World
 
 pytest.importorskip("peft", reason="fine-tunes need the training extra: pip install -e '.[train]'")
 openai = pytest.importorskip("openai")
 
+__all__ = ["private_dir"]  # the fixture
 MODEL = "tiny-llama"
 TERMINAL = ("succeeded", "failed", "cancelled")
 
@@ -68,8 +70,12 @@ def ftworld(tmp_path: Path, db_url: str) -> Iterator[FineTuneWorld]:
 
 
 @pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
-def test_a_fine_tune_from_the_openai_client_to_an_adapter_that_loads(ftworld: FineTuneWorld) -> None:
-    ftworld.agent("a")
+def test_a_fine_tune_from_the_openai_client_to_an_adapter_that_loads(
+    ftworld: FineTuneWorld, private_dir: Path
+) -> None:
+    # The agent's state below a dir the trainer's uid cannot search, on a path with spaces (a clone
+    # in root's home): the trainer still reads its run file and inputs (docs/agent.md, "Isolation").
+    ftworld.agent("a", state_dir=private_dir / "agent state")
     ftworld.online()
     training = ftworld.dataset(24)
     job = ftworld.api.fine_tuning.jobs.create(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 import signal
+import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -51,9 +52,19 @@ class World:
         ).json()["access_token"]
         return {"Authorization": f"Bearer {token}"}
 
-    def agent(self, name: str = "a", gpus: int = 4, *extra: str) -> AgentProcess:
+    def agent(
+        self,
+        name: str = "a",
+        gpus: int = 4,
+        *extra: str,
+        state_dir: Path | None = None,
+        python: str = sys.executable,
+        env: dict[str, str] | None = None,
+    ) -> AgentProcess:
+        """An agent, its state in ``state_dir`` (default: ``agent-<name>`` here), run by ``python``."""
+        state = state_dir or self.root / f"agent-{name}"
         agent = simulated_agent(
-            self.url, self.root / f"agent-{name}", self.key, *extra, name=name, gpus=gpus, product=PRODUCT
+            self.url, state, self.key, *extra, name=name, gpus=gpus, product=PRODUCT, python=python, env=env
         )
         self.agents.append(agent)
         return agent

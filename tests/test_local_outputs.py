@@ -21,10 +21,15 @@ from typing import Any
 import httpx
 import pytest
 
+from sxwl.agent.runtimes.sandbox import detect
+from sxwl.agent.runtimes.sandbox_mounts import JOB_OUTPUT, JOB_WORK
 from sxwl.cloud.config import Settings
 from tests.support.agent import AgentProcess, eventually
 from tests.support.cloud import CloudProcess, Provider
 from tests.support.net import free_port
+from tests.support.places import private_dir
+
+__all__ = ["private_dir"]  # the fixture
 
 np = pytest.importorskip("numpy", reason="the demo's tiny-lm needs numpy: pip install -e '.[examples]'")
 
@@ -73,14 +78,18 @@ def console_job_page(url: str, email: str, password: str, job_id: str) -> str:
         return page.text
 
 
-def test_make_run_keeps_the_demo_checkpoint(tmp_path: Path) -> None:
+@pytest.mark.parametrize("where", ["tmp", "private"])
+def test_make_run_keeps_the_demo_checkpoint(where: str, tmp_path: Path, private_dir: Path) -> None:
+    """From a working dir below /tmp (which a job's sandbox replaces), and from one below a dir the
+    job's uid cannot search, with spaces in its path (a clone in root's home)."""
+    cwd = tmp_path if where == "tmp" else private_dir
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     log = (tmp_path / "up.log").open("w+")
     # No --data-dir: `make run` relies on the default, ./.sxwl in the working directory.
     proc = subprocess.Popen(
         [sys.executable, "-m", "sxwl.cli", "up", "--port", str(port)],
-        cwd=tmp_path,
+        cwd=cwd,
         env={**os.environ, **FAST, "COLUMNS": "200"},
         stdout=log,
         stderr=subprocess.STDOUT,
@@ -100,9 +109,11 @@ def test_make_run_keeps_the_demo_checkpoint(tmp_path: Path) -> None:
         job_id = job["id"]
         assert job["state"] == "succeeded", httpx.get(f"{url}/api/v1/jobs/{job_id}/logs", headers=user).text
         text = httpx.get(f"{url}/api/v1/jobs/{job_id}/logs", headers=user).text
-        # The job was told an absolute output dir: its attempt's, under the data dir's agent state.
-        (told,) = re.findall(r", output (\S+)$", text, re.MULTILINE)
-        assert Path(told) == (tmp_path / ".sxwl" / "agent" / "jobs" / f"{job_id}-1" / "output").resolve()
+        # The job was told an absolute output dir: in a sandbox the fixed one, else its attempt's,
+        # under the data dir's agent state.
+        (told,) = re.findall(r", output (.+)$", text, re.MULTILINE)
+        attempt = (cwd / ".sxwl" / "agent" / "jobs" / f"{job_id}-1").resolve()
+        assert Path(told) == (JOB_OUTPUT if detect("auto").isolated else attempt / "output")
 
         files = downloaded(url, job_id, user)
         assert set(files) == {"checkpoint.npz", "metrics.json"}
@@ -112,7 +123,7 @@ def test_make_run_keeps_the_demo_checkpoint(tmp_path: Path) -> None:
             assert {"E", "W1", "b1", "W2", "b2", "vocab", "config"} <= set(checkpoint.files)
             assert checkpoint["E"].shape[0] == len(checkpoint["vocab"]) == metrics["vocab_size"]
         # The cloud's store is the relative data dir of `sxwl up`, taken against its working directory.
-        stored = tmp_path / ".sxwl" / "artifacts" / job_id
+        stored = cwd / ".sxwl" / "artifacts" / job_id
         assert (stored / "checkpoint.npz").read_bytes() == files["checkpoint.npz"]
 
         page = console_job_page(url, "user@demo.example.com", password, job_id)
@@ -157,7 +168,10 @@ def test_relative_state_and_data_dirs_are_resolved_at_start(tmp_path: Path) -> N
         )
         text = httpx.get(f"{cloud.url}/api/v1/jobs/{job_id}/logs", headers=user).text
         attempt = (tmp_path / "agent" / "jobs" / f"{job_id}-1").resolve()
-        assert f"output={attempt / 'output'} home={attempt / 'work'} pwd={attempt / 'work'}\n" in text
+        work, output = (
+            (JOB_WORK, JOB_OUTPUT) if detect("auto").isolated else (attempt / "work", attempt / "output")
+        )
+        assert f"output={output} home={work} pwd={work}\n" in text
         assert downloaded(cloud.url, job_id, user) == {"model.bin": b"weights\n"}
         # Both processes kept their files where their working directory put them at start.
         assert (tmp_path / "agent" / "cpod.json").exists()

@@ -16,17 +16,25 @@ T = TypeVar("T")
 
 class AgentProcess:
     def __init__(
-        self, api_url: str, state_dir: Path, access_key: str | None, *args: str, cwd: Path | None = None
+        self,
+        api_url: str,
+        state_dir: Path,
+        access_key: str | None,
+        *args: str,
+        cwd: Path | None = None,
+        python: str = sys.executable,
+        env: dict[str, str] | None = None,
     ) -> None:
-        """``cwd``: the agent's working directory, against which a relative ``state_dir`` counts."""
+        """``cwd``: the agent's working directory, against which a relative ``state_dir`` counts;
+        ``python`` runs it, with ``env`` added to this process's environment."""
         where = cwd / state_dir if cwd is not None else state_dir
         self.log_path = where.parent / f"{where.name}-{time.monotonic_ns()}.log"
         self._log = self.log_path.open("wb")
-        env = {k: v for k, v in os.environ.items() if k != "SXWL_ACCESS_KEY"}
+        env = {k: v for k, v in {**os.environ, **(env or {})}.items() if k != "SXWL_ACCESS_KEY"}
         if access_key is not None:
             env["SXWL_ACCESS_KEY"] = access_key  # never on the command line
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "sxwl.agent", "--api-url", api_url, "--state-dir", str(state_dir), *args],
+            [python, "-m", "sxwl.agent", "--api-url", api_url, "--state-dir", str(state_dir), *args],
             env=env,
             cwd=cwd,
             stdout=self._log,
@@ -54,7 +62,15 @@ class AgentProcess:
 
 
 def simulated_agent(
-    api_url: str, state_dir: Path, access_key: str, *extra: str, name: str, gpus: int, product: str
+    api_url: str,
+    state_dir: Path,
+    access_key: str,
+    *extra: str,
+    name: str,
+    gpus: int,
+    product: str,
+    python: str = sys.executable,
+    env: dict[str, str] | None = None,
 ) -> AgentProcess:
     """An agent with ``gpus`` simulated GPUs of ``product``, quick heartbeats and a 1 s stop grace."""
     return AgentProcess(
@@ -72,6 +88,8 @@ def simulated_agent(
         "--name",
         name,
         *extra,
+        python=python,
+        env=env,
     )
 
 

@@ -17,11 +17,12 @@ from sxwl.agent.client import Refused
 from sxwl.agent.inventory.local import LocalInventory
 from sxwl.agent.inventory.simulated import SimulatedGpus
 from sxwl.agent.leader import LeadershipLost
+from sxwl.agent.local_setup import FLAG_HELP, JobFlags, local_isolation, local_runtime, sandbox_setup
 from sxwl.agent.loop import Agent, AgentConfig
 from sxwl.agent.pod_settings import PodSettings, memory_quantity, node_selector, toleration
 from sxwl.agent.runtimes.base import J
-from sxwl.agent.runtimes.local import LocalRuntime
-from sxwl.agent.runtimes.sandbox import Isolation, IsolationSetting, detect
+from sxwl.agent.runtimes.bounds import DEFAULT_MEMORY, DEFAULT_PIDS, DEFAULT_TMPFS, JobNetwork
+from sxwl.agent.runtimes.sandbox import IsolationSetting
 from sxwl.agent.state import local_cluster_uid
 
 if TYPE_CHECKING:  # the Kubernetes client is imported only by agents that use it: it is slow to load
@@ -142,6 +143,13 @@ def run(
             "this CPod runs; repeat for several."
         ),
     ] = None,
+    job_memory_limit: Annotated[str, typer.Option(help=FLAG_HELP["memory"])] = DEFAULT_MEMORY,
+    job_pids_limit: Annotated[int, typer.Option(help=FLAG_HELP["pids"], min=0)] = DEFAULT_PIDS,
+    job_tmpfs_size: Annotated[str, typer.Option(help=FLAG_HELP["tmpfs"])] = DEFAULT_TMPFS,
+    job_network: Annotated[
+        JobNetwork, typer.Option(envvar="SXWL_JOB_NETWORK", help=FLAG_HELP["network"])
+    ] = "loopback",
+    share_dir: Annotated[list[Path] | None, typer.Option(help=FLAG_HELP["share"])] = None,
     upload_url: Annotated[
         str | None,
         typer.Option(
@@ -218,7 +226,17 @@ def run(
     # Resolved once, at start: every path the agent hands a job (its work and output dirs) or keeps
     # (the token, job records) derives from it and must not depend on a working directory.
     state_dir = state_dir.resolve()
-    mode = local_isolation(isolation, trust_account or []) if runtime == "local" else None
+    mode, setup = None, None
+    if runtime == "local":
+        flags = JobFlags(
+            job_memory_limit, job_pids_limit, job_tmpfs_size, job_network, tuple(share_dir or ())
+        )
+        try:
+            mode = local_isolation(isolation, trust_account or [])
+            setup = sandbox_setup(flags, state_dir, mode)
+        except (RuntimeError, ValueError) as exc:
+            typer.echo(f"error: {exc}", err=True)
+            raise typer.Exit(2) from None
     pods = PodSettings(
         upload_url=(upload_url or api_url).rstrip("/"),
         uploader_image=uploader_image,
@@ -263,9 +281,8 @@ def run(
         if runtime == "local":
             gpus = SimulatedGpus(simulate_gpus, simulate_gpu_product) if simulate_gpus else None
             inventory = LocalInventory(gpus)
-            local = LocalRuntime(
-                config.state_dir, inventory.gpu_indexes(), config.stop_grace_s, config.isolation
-            )
+            assert mode is not None and setup is not None
+            local = local_runtime(config.state_dir, inventory.gpu_indexes(), config.stop_grace_s, mode, setup)
             asyncio.run(_run(Agent(config, inventory, runtime=local)))
         else:
             asyncio.run(_run_kubernetes(config, pods, kubeconfig, namespace, leader_elect, cache_server))
@@ -317,26 +334,6 @@ def _read_ca(path: Path | None) -> bytes | None:
         typer.echo(f"error: --upload-ca-file {path}: not a PEM certificate bundle", err=True)
         raise typer.Exit(2)
     return pem
-
-
-def local_isolation(setting: IsolationSetting, trusted: list[str]) -> Isolation:
-    """The mode this agent runs jobs in, said once at start-up (a warning when tenants are not apart)."""
-    try:
-        mode = detect(setting)
-    except RuntimeError as exc:
-        typer.echo(f"error: {exc}", err=True)
-        raise typer.Exit(2) from None
-    logger = logging.getLogger("sxwl.agent")
-    if mode.isolated:
-        logger.info("jobs are isolated: %s", mode.why)
-    else:
-        logger.warning(
-            "JOBS ARE NOT ISOLATED (%s): they run as this agent's user and could read its state and "
-            "each other's files, so this CPod takes only the jobs of its provider%s",
-            mode.why,
-            f" and of {', '.join(trusted)}" if trusted else "",
-        )
-    return mode
 
 
 class KubernetesUnavailable(Exception):

@@ -198,6 +198,8 @@ def start_local_agent(settings: Settings, access_key: str) -> subprocess.Popen[b
             # Where jobs cannot be isolated (not root, no bubblewrap) the demo user's jobs still run.
             "--trust-account",
             DEMO_USER,
+            # The demo job's script, readable in its sandbox wherever the checkout is (root's home, /tmp).
+            *(["--share-dir", str(EXAMPLE)] if EXAMPLE.is_dir() else []),
         ],
         env={**os.environ, "SXWL_ACCESS_KEY": access_key},
         stdout=log,

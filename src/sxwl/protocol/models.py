@@ -56,6 +56,9 @@ class Node(WireIn):
     cpu_cores: NonNegInt32
     memory_mib: NonNegInt64
     gpu: GpuInfo | None = None
+    # Why a node is not ready, in the agent's words (a local agent whose start-up check found that
+    # jobs cannot run here), for 算力详情.
+    reason: Text | None = Field(default=None, max_length=500)
 
 
 class JobReport(WireIn):

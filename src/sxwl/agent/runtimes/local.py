@@ -6,6 +6,7 @@ only the jobs of the accounts the cloud says it may (its provider and the ones i
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import logging
 import os
@@ -18,11 +19,19 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-import sxwl
 from sxwl.agent.inputs import READ_ONLY_DIR, materialise, writable_tree
 from sxwl.agent.runtimes.base import RECORD_FILE, AttemptDirs, AttemptRecord, Outcome
-from sxwl.agent.runtimes.launcher import EXIT_FILE, REASON_FD, REASON_FILE
-from sxwl.agent.runtimes.sandbox import UID_BASE, UID_COUNT, Isolation, SandboxPaths, job_argv
+from sxwl.agent.runtimes.cgroups import NONE, Cgroups
+from sxwl.agent.runtimes.launcher import EXIT_FILE, NET_FDS, REASON_FD, REASON_FILE
+from sxwl.agent.runtimes.sandbox import (
+    UID_BASE,
+    UID_COUNT,
+    Isolation,
+    SandboxPaths,
+    SandboxSetup,
+    job_argv,
+)
+from sxwl.agent.runtimes.sandbox_mounts import CODE_ROOT, JOB_OUTPUT, JOB_WORK
 from sxwl.agent.tenant_files import OutputTree
 from sxwl.protocol import Assignment, Node
 from sxwl.protocol.finetune import TrainerRun, TrainerSpec
@@ -65,12 +74,15 @@ def place_inputs(inputs: Mapping[str, Path], placed: Path) -> None:
     os.chmod(placed, READ_ONLY_DIR)
 
 
-def trainer_command(spec: TrainerSpec, placed: Path, paths: SandboxPaths) -> list[str]:
+def trainer_command(spec: TrainerSpec, placed: Path, paths: SandboxPaths, isolated: bool) -> list[str]:
     """Writes the ``TrainerRun`` (every path as the job sees it) into the work dir and returns the
     command that runs the agent's own trainer on it."""
 
+    def seen(path: Path) -> Path:
+        return paths.inside(path) if isolated else path
+
     def where(name: str) -> str | None:
-        return str(placed / name) if (placed / name).exists() else None
+        return str(seen(placed / name)) if (placed / name).exists() else None
 
     model_dir, training_file = where("model"), where("training_file")
     if model_dir is None or training_file is None:
@@ -81,12 +93,12 @@ def trainer_command(spec: TrainerSpec, placed: Path, paths: SandboxPaths) -> lis
         training_file=training_file,
         validation_file=where("validation_file"),
         resume_from=where("resume"),
-        output_dir=str(paths.output),
+        output_dir=str(seen(paths.output)),
     )
     run_file = paths.work / TRAINER_RUN_FILE
     run_file.write_text(run.model_dump_json())
     os.chmod(run_file, 0o444)
-    return [sys.executable, "-m", "sxwl.trainer", str(run_file)]
+    return [sys.executable, "-m", "sxwl.trainer", str(seen(run_file))]
 
 
 NOT_ISOLATED = (
@@ -105,6 +117,8 @@ class LocalRuntime(AttemptDirs[LocalJob]):
         stop_grace_s: float = 10.0,
         isolation: Isolation | None = None,
         dev_dir: Path = Path("/dev"),
+        setup: SandboxSetup | None = None,
+        cgroups: Cgroups = NONE,
     ) -> None:
         self.state_dir = state_dir.resolve()
         super().__init__(self.state_dir / "jobs")
@@ -112,6 +126,14 @@ class LocalRuntime(AttemptDirs[LocalJob]):
         self.stop_grace_s = stop_grace_s
         self.isolation = isolation or Isolation(False, False, "not detected")
         self.dev_dir = dev_dir
+        self.setup = setup or SandboxSetup()
+        self.cgroups = cgroups
+        # Names this agent's attempts' cgroups apart from another agent's on the same machine.
+        self.tag = hashlib.sha256(str(self.state_dir).encode()).hexdigest()[:12]
+        # Why this CPod cannot run jobs (its start-up check failed); None: it can.
+        self.problem: str | None = None
+        # Ended attempts' cgroups still counting a dying process when last tried: each poll retries.
+        self.cgroups_left: set[str] = set()
         # Owners whose jobs this runtime starts; None: anyone's (it isolates them). Without
         # isolation nobody's until the cloud has said whose (``Agent`` sets it at start).
         self.accepted_owners: frozenset[str] | None = None if self.isolation.isolated else frozenset()
@@ -138,6 +160,8 @@ class LocalRuntime(AttemptDirs[LocalJob]):
                 self.save(job)
                 lost.append(job)
                 log.warning("job %s attempt %d vanished while the agent was away", job.job_id, job.attempt)
+        running = {self.cgroup_name(j.job_id, j.attempt) for j in self.jobs.values() if j.outcome is None}
+        self.cgroups_left = self.cgroups.names(f"{self.tag}-") - running  # ended while it was away
         return lost
 
     # ---- GPUs ------------------------------------------------------------------------------------
@@ -149,10 +173,14 @@ class LocalRuntime(AttemptDirs[LocalJob]):
         return len(self.used_gpus())
 
     def nodes_to_report(self, nodes: list[Node]) -> list[Node]:
-        """The GPUs our own jobs hold are in use even when NVML shows them idle."""
+        """The GPUs our own jobs hold are in use even when NVML shows them idle; a CPod that cannot
+        run jobs (its start-up check failed) is not ready, and says why."""
         used = self.used_gpu_count()
+        refused = {"status": "not_ready", "reason": self.problem} if self.problem else {}
         return [
-            n.model_copy(update={"gpu": n.gpu.model_copy(update={"used": used})}) if n.gpu else n
+            n.model_copy(
+                update={**refused, **({"gpu": n.gpu.model_copy(update={"used": used})} if n.gpu else {})}
+            )
             for n in nodes
         ]
 
@@ -177,6 +205,8 @@ class LocalRuntime(AttemptDirs[LocalJob]):
         key = f"{assignment.job_id}:{assignment.attempt}"
         if key in self.jobs:
             return self.jobs[key]
+        if self.problem is not None:
+            raise RuntimeError(self.problem)
         missing = sorted({i.name for i in assignment.inputs} - set(inputs or {}))
         if missing:
             raise RuntimeError(f"input {missing[0]} was not fetched")
@@ -188,20 +218,9 @@ class LocalRuntime(AttemptDirs[LocalJob]):
         gpus = free[: assignment.gpus_per_node]
         uid = self._free_uid() if self.isolation.own_uids else None
         workdir = self.workdir(assignment.job_id, assignment.attempt)
-        work = workdir / "work"
-        placed = work / "inputs"
-        paths = SandboxPaths(
-            hidden=(self.state_dir,),
-            work=work,
-            output=workdir / "output",
-            readonly=(placed,) if inputs else (),
-        )
         self.root.mkdir(mode=0o700, parents=True, exist_ok=True)
-        workdir.mkdir(mode=0o700)
-        for own in (paths.work, paths.output):
-            own.mkdir(mode=0o700)
-            if uid is not None:
-                os.chown(own, uid, uid)
+        paths = self.make_dirs(workdir, uid, with_inputs=bool(inputs))
+        placed = paths.work / "inputs"
         if inputs:
             place_inputs(inputs, placed)
         command = (
@@ -212,34 +231,17 @@ class LocalRuntime(AttemptDirs[LocalJob]):
         env = {k: os.environ[k] for k in INHERITED_ENV if k in os.environ}
         env.update(assignment.env)
         if assignment.trainer is not None:
-            command = trainer_command(assignment.trainer, placed, paths)
-            env["PYTHONPATH"] = str(Path(sxwl.__file__).resolve().parent.parent)  # the agent's own sxwl
+            command = trainer_command(assignment.trainer, placed, paths, self.isolation.isolated)
+            env["PYTHONPATH"] = str(CODE_ROOT)  # the agent's own sxwl
         env.update(
-            HOME=str(paths.work),
-            PYTHONUNBUFFERED="1",
+            self.job_env(paths),
             CUDA_VISIBLE_DEVICES=",".join(map(str, gpus)),
             SXWL_JOB_ID=assignment.job_id,
             SXWL_JOB_NAME=assignment.name,
             SXWL_ATTEMPT=str(assignment.attempt),
-            SXWL_OUTPUT_DIR=str(paths.output),
         )
-        argv = job_argv(self.isolation, command, paths, uid, gpus, self.dev_dir, REASON_FD)
-        spec = json.dumps({"argv": argv, "env": env, "cwd": str(paths.work)}).encode()
-        # The launcher gets the spec (with the job's secrets) on a pipe and only the variables it needs
-        # itself: not the agent's (its accessKey, say), which a job of the same uid could read in /proc.
-        launcher_env = {k: os.environ[k] for k in (*INHERITED_ENV, "PYTHONPATH") if k in os.environ}
-        with (workdir / "launcher.log").open("ab") as launcher_log:
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "sxwl.agent.runtimes.launcher", str(workdir)],
-                start_new_session=True,
-                stdin=subprocess.PIPE,
-                stdout=subprocess.DEVNULL,
-                stderr=launcher_log,
-                env=launcher_env,
-            )
-        assert proc.stdin is not None
-        with proc.stdin:
-            proc.stdin.write(spec)
+        cgroup = self.cgroup_name(assignment.job_id, assignment.attempt)
+        proc = self.launch(workdir, paths, command, env, uid, gpus, cgroup)
         job = LocalJob(
             job_id=assignment.job_id,
             attempt=assignment.attempt,
@@ -262,6 +264,73 @@ class LocalRuntime(AttemptDirs[LocalJob]):
             f", uid {uid}" if uid is not None else "",
         )
         return job
+
+    def make_dirs(self, workdir: Path, uid: int | None, with_inputs: bool = False) -> SandboxPaths:
+        """The attempt's dir (the agent's, 0700) with its work and output dirs (its uid's, 0700)."""
+        paths = SandboxPaths(
+            hidden=(self.state_dir,),
+            work=workdir / "work",
+            output=workdir / "output",
+            readonly=(workdir / "work" / "inputs",) if with_inputs else (),
+        )
+        workdir.mkdir(mode=0o700)
+        for own in (paths.work, paths.output):
+            own.mkdir(mode=0o700)
+            if uid is not None:
+                os.chown(own, uid, uid)
+        return paths
+
+    def job_env(self, paths: SandboxPaths) -> dict[str, str]:
+        """The variables naming the attempt's dirs, as the job sees them (fixed paths in a sandbox)."""
+        isolated = self.isolation.isolated
+        return {
+            "HOME": str(JOB_WORK if isolated else paths.work),
+            "SXWL_OUTPUT_DIR": str(JOB_OUTPUT if isolated else paths.output),
+            "PYTHONUNBUFFERED": "1",
+        }
+
+    def cgroup_name(self, job_id: str, attempt: int) -> str:
+        return f"{self.tag}-{job_id}-{attempt}"
+
+    def launch(
+        self,
+        workdir: Path,
+        paths: SandboxPaths,
+        command: list[str],
+        env: dict[str, str],
+        uid: int | None,
+        gpus: list[int],
+        cgroup: str,
+    ) -> subprocess.Popen[bytes]:
+        """Starts the launcher of one attempt (or of the start-up check), in a session of its own."""
+        procs: list[str] = []
+        if self.cgroups.usable:
+            try:
+                procs = [str(p) for p in self.cgroups.create(cgroup, self.setup.bounds)]
+            except OSError as exc:
+                raise RuntimeError(f"cannot make the job's cgroup: {exc.strerror or exc}") from None
+        slirp = self.setup.slirp4netns if self.isolation.isolated else None
+        net_fds = NET_FDS if slirp else None
+        argv = job_argv(
+            self.isolation, command, paths, uid, gpus, self.dev_dir, REASON_FD, self.setup, net_fds
+        )
+        spec = {"argv": argv, "env": env, "cwd": str(paths.work), "cgroups": procs, "slirp": slirp}
+        # The launcher gets the spec (with the job's secrets) on a pipe and only the variables it needs
+        # itself: not the agent's (its accessKey, say), which a job of the same uid could read in /proc.
+        launcher_env = {k: os.environ[k] for k in (*INHERITED_ENV, "PYTHONPATH") if k in os.environ}
+        with (workdir / "launcher.log").open("ab") as launcher_log:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "sxwl.agent.runtimes.launcher", str(workdir)],
+                start_new_session=True,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.DEVNULL,
+                stderr=launcher_log,
+                env=launcher_env,
+            )
+        assert proc.stdin is not None
+        with proc.stdin:
+            proc.stdin.write(json.dumps(spec).encode())
+        return proc
 
     def _free_uid(self) -> int:
         """The lowest uid of the reserved range that no attempt still holds files or processes with:
@@ -298,6 +367,7 @@ class LocalRuntime(AttemptDirs[LocalJob]):
     def poll(self) -> list[LocalJob]:
         """Advances every job: records exits, enforces max runtime and the stop grace. Returns the
         jobs that finished in this call."""
+        self.cgroups_left = {name for name in self.cgroups_left if not self.cgroups.remove(name)}
         finished = []
         now = time.time()
         for job in list(self.jobs.values()):
@@ -324,6 +394,12 @@ class LocalRuntime(AttemptDirs[LocalJob]):
         reason_file = self.workdir(job.job_id, job.attempt) / REASON_FILE
         if job.stop_reason is None and reason_file.exists():
             job.stop_reason = reason_file.read_text()  # the command could not run: "command not found: …"
+        cgroup = self.cgroup_name(job.job_id, job.attempt)
+        if job.stop_reason is None and code != 0 and self.cgroups.oom_kills(cgroup):
+            limit = self.setup.bounds.memory_bytes or 0
+            job.stop_reason = f"out of memory: the job reached its memory limit of {limit / 2**20:.0f} MiB"
+        if not self.cgroups.remove(cgroup):
+            self.cgroups_left.add(cgroup)
         if job.stop_reason is not None:
             job.outcome = "cancelled" if job.stop_cancel else "failed"
         else:

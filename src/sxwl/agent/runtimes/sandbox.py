@@ -1,7 +1,7 @@
 """Keeping tenants apart on a local CPod (docs/agent.md, "Isolation"): each attempt runs under
-bubblewrap in its own pid, ipc, uts and mount namespaces, sees the machine's files read-only, has
-its working and output dirs as its only writable places besides a private /tmp, cannot see the
-agent's state dir or other attempts at all, and, when the agent is root, runs as a uid of its own.
+bubblewrap in its own pid, ipc, uts, cgroup, network and mount namespaces, sees the machine's files
+read-only and its own dirs at fixed paths (sandbox_mounts.py), cannot see the agent's state dir or
+other attempts at all, and, when the agent is root, runs as a uid of its own.
 
 Which mode a CPod runs in is decided once at start-up by running bubblewrap for real."""
 
@@ -12,9 +12,22 @@ import shutil
 import subprocess
 import sys
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
+
+from sxwl.agent.runtimes.bounds import JobBounds
+from sxwl.agent.runtimes.sandbox_mounts import (
+    JOB_WORK,
+    PRIVATE_TMPFS,
+    SandboxPaths,
+    agent_paths,
+    attempt_binds,
+    exposed_binds,
+    root_entries,
+)
+
+__all__ = ["EXEC_SHIM", "Isolation", "IsolationSetting", "SandboxPaths", "SandboxSetup", "detect", "job_argv"]
 
 IsolationSetting = Literal["auto", "none", "required"]
 
@@ -26,18 +39,29 @@ UID_COUNT = 65_536
 # Device nodes every CUDA process needs besides its GPUs' own /dev/nvidia<N>.
 NVIDIA_SHARED_DEVICES = ("nvidiactl", "nvidia-uvm")
 
-# Runs first inside the sandbox (as root when the agent is root), in the job's environment: drops to
-# the attempt's uid, gives SIGTERM its default action back (the launcher and bubblewrap ignore it,
-# so that a stop reaches only the job), and says so when the command cannot be run at all, on
-# stderr (the job's log) and on the reason fd that the launcher reads. ``python -I`` ignores the
-# job's PYTHON* variables and user site.
+# Runs first inside the sandbox (as root when the agent is root), in the job's environment: sends its
+# stderr where its stdout goes (the job's log; what came before, bubblewrap's words, went to the
+# launcher apart), waits for the launcher to give the sandbox's network namespace its outbound link
+# (after bubblewrap set up its loopback: the two would race), bounds the processes of the attempt's
+# uid, drops to that uid, gives SIGTERM its default action back (the launcher and bubblewrap ignore
+# it, so that a stop reaches only the job), and says so when the command cannot be run at all, on
+# stderr and on the reason fd that the launcher reads. ``python -I`` ignores the job's PYTHON*
+# variables and user site.
 EXEC_SHIM = """
-import os, signal, sys
+import os, resource, signal, sys
 import warnings  # os.execvp imports it: before the drop, as this Python may be unreadable to the job
-fd, uid = int(sys.argv[1]), int(sys.argv[2])
-argv = sys.argv[3:]
+fd, uid, nproc, net = (int(a) for a in sys.argv[1:5])
+argv = sys.argv[5:]
+os.dup2(1, 2)
 os.set_inheritable(fd, False)
+if net >= 0:  # the sandbox is set up: the launcher links its network now and says when done
+    os.write(net, b"r")
+    if os.read(net, 1) != b"g":
+        sys.exit(125)  # no network: the launcher ends the sandbox and says why
+    os.close(net)
 signal.signal(signal.SIGTERM, signal.SIG_DFL)
+if nproc > 0:
+    resource.setrlimit(resource.RLIMIT_NPROC, (nproc, nproc))
 if uid >= 0:
     os.setgroups([])
     os.setresgid(uid, uid, uid)
@@ -102,8 +126,9 @@ def _probe(bwrap: str | None) -> Isolation:
 
 
 def _namespaces(root: bool) -> list[str]:
-    # The network stays shared: jobs download data and talk to each other across nodes.
-    common = ["--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try"]
+    # A network namespace of its own: no job reaches another's (or the host's) loopback; outbound
+    # access, where the provider allows it, is the launcher's slirp4netns.
+    common = ["--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try", "--unshare-net"]
     # Not root: a user namespace makes the others possible; nested ones could undo nothing, but
     # there is no reason to allow them.
     return common if root else [*common, "--unshare-user", "--disable-userns"]
@@ -121,42 +146,15 @@ def device_binds(gpus: Iterable[int], dev_dir: Path) -> list[str]:
 
 
 @dataclass(frozen=True)
-class SandboxPaths:
-    hidden: tuple[Path, ...]  # invisible inside: the agent's state dir (every attempt's files)
-    work: Path
-    output: Path
-    # Read-only inside, though below ``work``: the attempt's inputs, hard links of the agent's cache.
-    readonly: tuple[Path, ...] = ()
+class SandboxSetup:
+    """What every attempt's sandbox gets from the agent's flags: its bounds, the dirs a provider
+    shares with jobs (read-only, at their own paths), and for outbound network (``bounds.network``)
+    the slirp4netns that gives it and the resolv.conf that names slirp4netns's DNS forwarder."""
 
-
-def interpreter_binds() -> list[str]:
-    """This Python for a job of another uid where it lives below a dir others cannot search (root's
-    home, say): that dir becomes an empty tmpfs with only the installation in it, read-only. Jobs
-    (and the demo of ``sxwl up``) run the agent's interpreter; nothing else of that dir shows."""
-    args: list[str] = []
-    hidden: set[Path] = set()
-    for prefix in sorted({Path(sys.base_prefix).resolve(), Path(sys.prefix).resolve()}):
-        top = next((d for d in reversed(prefix.parents) if not d.stat().st_mode & 0o001), None)
-        if top is None:
-            continue
-        if top not in hidden:
-            hidden.add(top)
-            args += ["--tmpfs", str(top)]
-        for parent in _parents_inside((top,), (prefix,)):
-            args += ["--perms", "0755", "--dir", str(parent)]
-        args += ["--ro-bind", str(prefix), str(prefix)]
-    return args
-
-
-def _parents_inside(hidden: tuple[Path, ...], targets: tuple[Path, ...]) -> list[Path]:
-    """The dirs strictly between a hidden dir and each target below it, outermost first."""
-    found: list[Path] = []
-    for target in targets:
-        for root in hidden:
-            if target.is_relative_to(root):
-                chain = [p for p in target.parents if p.is_relative_to(root) and p != root]
-                found += [p for p in reversed(chain) if p not in found]
-    return found
+    bounds: JobBounds = field(default_factory=JobBounds)
+    shared: tuple[Path, ...] = ()
+    slirp4netns: str | None = None
+    resolv_conf: Path | None = None
 
 
 def job_argv(
@@ -167,26 +165,43 @@ def job_argv(
     gpus: list[int],
     dev_dir: Path,
     reason_fd: int,
+    setup: SandboxSetup | None = None,
+    net_fds: tuple[int, int] | None = None,
     bwrap: str = "bwrap",
 ) -> list[str]:
-    """What the launcher runs: the shim (and the command after it), inside bubblewrap when isolated."""
-    shim = [sys.executable, "-I", "-c", EXEC_SHIM, str(reason_fd), str(uid if uid is not None else -1)]
+    """What the launcher runs: the shim (and the command after it), inside bubblewrap when isolated.
+    ``net_fds``: where bubblewrap writes its info (the sandbox's pid), and the shim's end of the
+    socket on which it waits until the launcher has given the network namespace its outbound link."""
+    setup = setup or SandboxSetup()
+    bounds = setup.bounds
+    nproc = bounds.pids if uid is not None and bounds.pids is not None else -1
+    shim = [
+        sys.executable,
+        "-I",
+        "-c",
+        EXEC_SHIM,
+        str(reason_fd),
+        str(uid if uid is not None else -1),
+        str(nproc),
+        str(net_fds[1] if net_fds is not None and isolation.isolated else -1),
+    ]
     if not isolation.isolated:
         return [*shim, *command]
     box = [bwrap, *_namespaces(isolation.own_uids), "--die-with-parent", "--hostname", "sxwl-job"]
-    box += ["--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc"]
-    # A private /tmp and /dev/shm: in the sandbox's memory only, gone with it.
-    box += ["--perms", "1777", "--tmpfs", "/tmp", "--perms", "1777", "--tmpfs", "/dev/shm"]  # noqa: S108
-    if isolation.own_uids:
-        box += interpreter_binds()
+    box += [*root_entries(), "--dev", "/dev", "--proc", "/proc"]
+    # A private /tmp and /dev/shm: in the sandbox's memory only (its cgroup's), bounded, gone with it.
+    for tmpfs in PRIVATE_TMPFS:
+        size = ["--size", str(bounds.tmpfs_bytes)] if bounds.tmpfs_bytes is not None else []
+        box += ["--perms", "1777", *size, "--tmpfs", str(tmpfs)]
+    box += exposed_binds((*agent_paths(), *setup.shared), isolation.own_uids)
+    # After what is exposed: a shared dir above the state dir does not show it.
     for hidden in paths.hidden:
         box += ["--tmpfs", str(hidden)]
-    # bwrap would create the dirs leading to a bind under a hidden dir with the modes of the real
-    # ones (0700, the agent's): made here first, empty and traversable.
-    for parent in _parents_inside(paths.hidden, (paths.work, paths.output)):
-        box += ["--perms", "0755", "--dir", str(parent)]
-    box += ["--bind", str(paths.work), str(paths.work), "--bind", str(paths.output), str(paths.output)]
-    for path in paths.readonly:
-        box += ["--ro-bind", str(path), str(path)]
+    box += attempt_binds(paths)
+    if net_fds is not None:
+        box += ["--info-fd", str(net_fds[0])]
+        if setup.resolv_conf is not None:
+            box += ["--ro-bind", str(setup.resolv_conf), "/etc/resolv.conf"]
     box += device_binds(gpus, dev_dir)
-    return [*box, "--chdir", str(paths.work), "--", *shim, *command]
+    box += ["--remount-ro", "/"]  # the sandbox's root itself: nobody adds top-level entries
+    return [*box, "--chdir", str(JOB_WORK), "--", *shim, *command]

@@ -35,6 +35,7 @@ class NodeView:
     gpus_used: int
     cpu_cores: int
     memory_mib: int
+    reason: str | None = None  # why it is not ready, in its agent's words
 
 
 @dataclass(frozen=True)
@@ -70,6 +71,11 @@ class CPodView:
     @property
     def revoked(self) -> bool:
         return self.status == "revoked"
+
+    @property
+    def refusals(self) -> list[str]:
+        """Why its agent takes no jobs (a failed start-up check), each said once."""
+        return list(dict.fromkeys(n.reason for n in self.nodes if n.reason))
 
 
 def gib(mib: int | None) -> str:
@@ -153,6 +159,7 @@ def node_view(node: dict[str, Any]) -> NodeView:
         gpus_used=int(gpu.get("used", 0)),
         cpu_cores=int(node.get("cpu_cores", 0)),
         memory_mib=int(node.get("memory_mib", 0)),
+        reason=str(node["reason"]) if node.get("reason") else None,
     )
 
 

@@ -123,6 +123,7 @@ MESSAGES: dict[str, dict[str, str]] = {
         "compute.revoked_note": "此 CPod 已吊销。在该集群上用 accessKey 重新注册即可恢复。",
         "compute.not_isolated": "此 CPod 的 agent 不隔离任务（非 root 且无用户命名空间、未安装 bubblewrap，或已关闭隔离）："
         "任务以 agent 的用户身份运行，彼此之间以及与 agent 之间都没有隔离，因此它只运行以下账户的任务：{accounts}。",
+        "compute.takes_no_jobs": "此 CPod 不接收任务：其 agent 启动时的自检失败（修复后重启 agent 即可恢复）。agent 报告：{reason}",
         "compute.events": "事件记录",
         "compute.events_empty": "暂无事件。",
         "compute.event_time": "时间",
@@ -468,6 +469,8 @@ MESSAGES: dict[str, dict[str, str]] = {
         "compute.not_isolated": "This CPod's agent does not isolate jobs (not root and no user namespaces, "
         "bubblewrap missing, or isolation turned off): jobs run as the agent's user, without isolation "
         "from each other or from the agent, so it runs only the jobs of these accounts: {accounts}.",
+        "compute.takes_no_jobs": "This CPod takes no jobs: its agent's start-up check failed (restart the "
+        "agent after the fix). The agent says: {reason}",
         "compute.events": "Event history",
         "compute.events_empty": "No events yet.",
         "compute.event_time": "Time",
