@@ -95,6 +95,8 @@ def unseen_python(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     link.parent.mkdir()
     link.symlink_to(sys.executable)
     monkeypatch.setattr(sys, "executable", str(link))
+    # The link is outside the venv: the launcher it starts (outside the sandbox) finds sxwl only here.
+    monkeypatch.setenv("PYTHONPATH", str(CODE_ROOT))
     return link
 
 
