@@ -377,7 +377,7 @@ def test_a_fine_tunes_page_follows_its_progress_eta_cost_and_loss(money: Money) 
         attempt,
         0,
         Progress(kind="started"),
-        Progress(kind="metrics", step=10, total_steps=100, loss=2.0),
+        Progress(kind="metrics", step=10, total_steps=100, loss=2.0, elapsed_s=12.0),
     )
     money.tick(10)
     append_progress(
@@ -385,13 +385,13 @@ def test_a_fine_tunes_page_follows_its_progress_eta_cost_and_loss(money: Money) 
         job_id,
         attempt,
         offset,
-        Progress(kind="metrics", step=20, total_steps=100, loss=1.5),
-        Progress(kind="eval", step=20, total_steps=100, loss=1.5, eval_loss=1.6),
+        Progress(kind="metrics", step=20, total_steps=100, loss=1.5, elapsed_s=22.0),
+        Progress(kind="eval", step=20, total_steps=100, loss=1.5, eval_loss=1.6, elapsed_s=22.0),
     )
     page = browser.get(f"/finetune/{fine_tune_id}").text
     assert '<progress class="ft-bar ft-bar-lg" value="20" max="100"' in page
     assert "第 20 / 100 步" in page and '<strong id="ft-percent">20%</strong>' in page
-    # 10 steps in 10 s: 80 steps left at one a second.
+    # 10 steps in 10 s by the trainer's clock: 80 steps left at one a second.
     assert re.search(r'<dd id="ft-eta">约 1 分 20 秒', page)
     assert '<dd id="ft-cost">¥0.02</dd>' in page  # 10 s of one A100 at 7.20 an hour
     expected = re.search(r'<dd id="ft-expected">¥([0-9.]+)', page)
@@ -443,6 +443,10 @@ def test_a_succeeded_fine_tune_offers_its_adapter(money: Money) -> None:
     url = finetune_view.model_url(name)
     assert f'href="{url}" download id="adapter-download"' in page
     assert 'id="cancel-ft"' not in page
+    # One training loss: the one logged at the latest step, in the summary and the chart alike (not
+    # the run's mean an older trainer's last line carries).
+    assert '<dd id="ft-loss">0.9000</dd>' in page
+    assert re.search(r'class="legend legend-train">[^<]*<b>0\.9000</b>', page)
     download = browser.get(url)
     assert download.status_code == 200 and download.content == b"adapter bytes"  # the cookie is enough
     assert "微调成功完成" in page
