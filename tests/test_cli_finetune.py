@@ -13,6 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests.support.agent import eventually
 from tests.test_cli import sxwl
 from tests.test_finetune_system import MODEL, FineTuneWorld
 
@@ -59,6 +60,22 @@ def test_the_cli_uploads_checks_fine_tunes_and_downloads(tmp_path: Path, db_url:
         assert code == 2 and "--epochs" in text
         code, text = run("finetune", "create", "--model", "nope", "--training-file", from_sample)
         assert code == 1 and "nope" in text
+
+        # With no CPod yet, `show` says what the fine-tune waits for.
+        code, text = run(
+            "finetune", "create", "--model", MODEL, "--training-file", from_sample, "--gpus", "1"
+        )  # fmt: skip
+        assert code == 0, text
+        (waiting,) = set(re.findall(r"ftjob-[0-9a-f]+", text))
+
+        def queue_reason() -> str | None:
+            got = httpx.get(f"{world.url}/v1/fine_tuning/jobs/{waiting}", headers=world.user).json()
+            return got["reason"] if "no online CPod" in (got["reason"] or "") else None
+
+        reason = eventually(queue_reason, what="the scheduler's reason")
+        code, shown = run("finetune", "show", waiting)
+        assert code == 0 and "queued" in shown and f"waiting: {reason}" in " ".join(shown.split()), shown
+        assert run("finetune", "cancel", waiting)[0] == 0
 
         world.agent("a")
         world.online()

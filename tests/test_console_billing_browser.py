@@ -21,13 +21,14 @@ from sxwl.cloud.app import create_app
 from sxwl.cloud.db.types import utcnow
 from sxwl.cloud.services import earnings
 from tests.support import cloud as cloud_support
-from tests.support.browser import fits_width, new_context, screenshot, sign_in
+from tests.support.browser import fits_width, new_context, register_in_form, screenshot, sign_in
 from tests.support.served import Served
 from tests.test_console_billing import Ran, ctx_of, run_priced_job
 from tests.test_console_jobs import PRODUCT
 
 pytestmark = pytest.mark.browser
 
+PHONE = ViewportSize(width=390, height=844)
 PASSWORD = "correct horse"  # what the form-registered accounts of tests/test_console_forms.py use
 
 
@@ -124,6 +125,32 @@ def test_the_user_sees_the_balance_statement_and_job_cost(context: BrowserContex
     expect(page.locator("#estimate")).to_have_text(at_most)  # recomputed by app.js as it is typed
     expect(page.locator("#f-gpu_product option", has_text=PRODUCT)).to_contain_text("¥7.20/GPU 小时")
     shot(page, "billing-submit-estimate")
+
+
+def test_a_job_beyond_the_balance_is_refused_in_place_keeping_the_form(
+    browser: Browser, cloud: Cloud
+) -> None:
+    for name, viewport in (("desktop", ViewportSize(width=1280, height=800)), ("phone", PHONE)):
+        context = new_context(browser, cloud.url, viewport=viewport)
+        try:
+            page = context.new_page()
+            register_in_form(page, "user", f"broke-{name}@example.com")
+            page.goto("/jobs/new")
+            page.locator("#f-command").fill("python3 train.py --epochs 3")
+            page.locator("#f-gpu_product").select_option(PRODUCT)
+            page.locator("#f-gpus_per_node").fill("1")
+            page.locator("#f-gpus_per_node").press("Enter")
+            # Not a bare "402" page: the message above the form, the amount missing, where to top up.
+            error = page.locator("#form-error")
+            expect(error).to_contain_text("还差 ¥7.20")
+            expect(error).to_contain_text("请联系管理员充值")
+            expect(page.locator("#top-up-link")).to_have_attribute("href", "/billing")
+            expect(page.locator("#f-command")).to_have_value("python3 train.py --epochs 3")
+            expect(page.locator("#f-gpus_per_node")).to_have_value("1")
+            assert fits_width(page, viewport["width"]), f"the refused form scrolls sideways ({name})"
+            screenshot(page, f"job-form-no-balance-{name}")
+        finally:
+            context.close()
 
 
 def test_the_admin_sees_prices_revenue_and_a_refused_payout(context: BrowserContext, cloud: Cloud) -> None:

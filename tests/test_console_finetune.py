@@ -8,6 +8,7 @@ progress lines appended to its log as the agent would, on the cloud's frozen clo
 
 from __future__ import annotations
 
+import html
 import io
 import json
 import re
@@ -25,12 +26,15 @@ from sxwl.cloud.context import CloudContext
 from sxwl.cloud.db.finetune_models import DataFile, FineTune
 from sxwl.cloud.services import model_catalog
 from sxwl.cloud.services.dataset_checks import JsonlChecker
-from sxwl.cloud.web import finetune_chart, finetune_view
+from sxwl.cloud.web import finetune_chart, finetune_view, jobs_view
 from sxwl.cloud.web.i18n import MESSAGES
 from sxwl.cloud.web.i18n_finetune import FINETUNE_MESSAGES
 from sxwl.protocol.finetune import ADAPTER_ARTIFACT, Progress, checkpoint_artifact, progress_line
+from tests.conftest import login, register
+from tests.support.agent import eventually
 from tests.support.billing_api import BILLING, PRODUCT, Money
 from tests.support.clock import TestClock
+from tests.support.cpods import access_key, beat, gpu_node, register_cpod
 from tests.support.threads import run_on_thread
 from tests.test_console_billing import admin_browser
 from tests.test_console_forms import csrf
@@ -264,10 +268,55 @@ def test_the_form_offers_the_catalogue_and_the_users_valid_files(client: TestCli
     good = uploaded_id(upload(browser, jsonl(*GOOD_LINES), "good.jsonl"))
     bad = uploaded_id(upload(browser, jsonl(b"nope"), "bad.jsonl"))
     page = browser.get(f"/finetune/new?training_file={good}").text
-    assert f'<option value="{MODEL}" >{MODEL} · 4 参数 · LlamaForCausalLM</option>' in page
+    # The only model is chosen already, as is the file the link names.
+    assert f'<option value="{MODEL}" selected>{MODEL} · 4 参数 · LlamaForCausalLM</option>' in page
     assert f'<option value="{good}" selected>good.jsonl · 2 个样本 · {good}</option>' in page
     assert bad not in page  # a file with errors is not offered
     assert "不使用验证文件" in page and "费用上限（元）" in page and "LoRA rank" in page
+
+
+def test_the_forms_defaults_fit_the_online_cpods_and_the_users_last_choice(client: TestClient) -> None:
+    """Submitted untouched, the form starts a fine-tune that can run: GPUs only where an online CPod
+    that runs fine-tunes has one, the model of the user's latest fine-tune, their newest file."""
+    ctx = ctx_of(client)
+    register_model(ctx)
+    browser = browser_user(client)
+    older = uploaded_id(upload(browser, jsonl(*GOOD_LINES), "older.jsonl"))
+    newest = uploaded_id(upload(browser, jsonl(*GOOD_LINES), "newest.jsonl"))
+
+    def defaults() -> tuple[str, str, str, str]:
+        page = browser.get("/finetune/new").text
+        model = re.search(r'<option value="([^"]+)" selected>', page.split('id="f-model"')[1])
+        train = re.search(r'<option value="([^"]+)" selected>', page.split('id="f-training_file"')[1])
+        gpus = re.search(r'id="f-gpus" name="gpus" value="(\d*)"', page)
+        hint = re.search(r'<p class="field-hint" id="h-gpus">([^<]*)</p>', page)
+        assert model and train and gpus and hint, page
+        return model.group(1), train.group(1), gpus.group(1), hint.group(1)
+
+    # No CPod at all: on CPUs, and the form says why.
+    assert defaults() == (
+        MODEL,
+        newest,
+        "0",
+        "在线运行微调的 CPod 都没有 GPU：填 0 用 CPU 训练（适合很小的模型）。",
+    )
+    # GPUs on a CPod that runs no fine-tunes (Kubernetes without a trainer image) change nothing.
+    register(client, "owner@example.com", "provider")
+    key = access_key(client, login(client, "owner@example.com"))
+    k8s = register_cpod(client, key, cluster_uid="cluster-k8s-1", runtime="kubernetes")
+    assert beat(client, k8s["cpod_token"], 1, [gpu_node("g1", count=8)]).status_code == 200
+    assert defaults()[2] == "0"
+    # A CPod that runs fine-tunes and has a GPU: one GPU.
+    local = register_cpod(client, key, cluster_uid="cluster-local-1")
+    assert beat(client, local["cpod_token"], 1, [gpu_node("g2", count=2)]).status_code == 200
+    assert defaults()[2] == "1"
+    # Another model, used last: the next form starts with it; what is typed or linked still wins.
+    register_model(ctx, "other-model")
+    assert defaults()[0] == MODEL  # the first of equal size
+    created_id(create_form(browser, model="other-model", training_file=older))
+    assert defaults()[0] == "other-model"
+    linked = browser.get(f"/finetune/new?training_file={older}").text
+    assert f'<option value="{older}" selected>' in linked
 
 
 def test_form_errors_are_shown_in_place_and_nothing_is_created(client: TestClient) -> None:
@@ -377,7 +426,7 @@ def test_a_fine_tunes_page_follows_its_progress_eta_cost_and_loss(money: Money) 
         attempt,
         0,
         Progress(kind="started"),
-        Progress(kind="metrics", step=10, total_steps=100, loss=2.0),
+        Progress(kind="metrics", step=10, total_steps=100, loss=2.0, elapsed_s=12.0),
     )
     money.tick(10)
     append_progress(
@@ -385,13 +434,13 @@ def test_a_fine_tunes_page_follows_its_progress_eta_cost_and_loss(money: Money) 
         job_id,
         attempt,
         offset,
-        Progress(kind="metrics", step=20, total_steps=100, loss=1.5),
-        Progress(kind="eval", step=20, total_steps=100, loss=1.5, eval_loss=1.6),
+        Progress(kind="metrics", step=20, total_steps=100, loss=1.5, elapsed_s=22.0),
+        Progress(kind="eval", step=20, total_steps=100, loss=1.5, eval_loss=1.6, elapsed_s=22.0),
     )
     page = browser.get(f"/finetune/{fine_tune_id}").text
     assert '<progress class="ft-bar ft-bar-lg" value="20" max="100"' in page
     assert "第 20 / 100 步" in page and '<strong id="ft-percent">20%</strong>' in page
-    # 10 steps in 10 s: 80 steps left at one a second.
+    # 10 steps in 10 s by the trainer's clock: 80 steps left at one a second.
     assert re.search(r'<dd id="ft-eta">约 1 分 20 秒', page)
     assert '<dd id="ft-cost">¥0.02</dd>' in page  # 10 s of one A100 at 7.20 an hour
     expected = re.search(r'<dd id="ft-expected">¥([0-9.]+)', page)
@@ -409,6 +458,28 @@ def test_a_fine_tunes_page_follows_its_progress_eta_cost_and_loss(money: Money) 
     assert f'<tr data-key="{fine_tune_id}"' in listing and ">support-bot</a>" in listing
     assert 'value="20" max="100"' in listing and "第 20 / 100 步 · 20%" in listing
     assert "约 1 分 20 秒" in listing and "¥0.02" in listing
+
+
+def test_a_queued_fine_tune_says_what_it_waits_for_on_its_page_and_in_the_list(client: TestClient) -> None:
+    register_model(ctx_of(client))
+    browser = browser_user(client)
+    file_id = uploaded_id(upload(browser, jsonl(*GOOD_LINES)))
+    fine_tune_id = created_id(create_form(browser, training_file=file_id, gpus="2"))
+    user = login(client, "dev@example.com")
+
+    def waiting() -> str | None:
+        reason = client.get(f"/v1/fine_tuning/jobs/{fine_tune_id}", headers=user).json()["reason"]
+        return reason if reason and "scheduler" not in reason else None
+
+    reason = eventually(waiting, what="the scheduler's reason")  # no CPod at all
+    for lang, label in (("zh", "排队原因："), ("en", "Waiting:")):
+        browser.cookies.set("sxwl_lang", lang)
+        shown = html.escape(jobs_view.reason(lang, reason), quote=False)
+        page = browser.get(f"/finetune/{fine_tune_id}").text
+        said = re.search(r'<p class="job-reason" id="ft-reason" data-status="queued">(.*?)</p>', page, re.S)
+        assert said and label in said.group(1) and shown in said.group(1), page
+        listing = browser.get("/finetune").text
+        assert f'<span class="muted small ft-reason">{shown}</span>' in listing
 
 
 def test_a_succeeded_fine_tune_offers_its_adapter(money: Money) -> None:
@@ -443,6 +514,10 @@ def test_a_succeeded_fine_tune_offers_its_adapter(money: Money) -> None:
     url = finetune_view.model_url(name)
     assert f'href="{url}" download id="adapter-download"' in page
     assert 'id="cancel-ft"' not in page
+    # One training loss: the one logged at the latest step, in the summary and the chart alike (not
+    # the run's mean an older trainer's last line carries).
+    assert '<dd id="ft-loss">0.9000</dd>' in page
+    assert re.search(r'class="legend legend-train">[^<]*<b>0\.9000</b>', page)
     download = browser.get(url)
     assert download.status_code == 200 and download.content == b"adapter bytes"  # the cookie is enough
     assert "微调成功完成" in page

@@ -241,7 +241,7 @@ def test_upload_create_and_watch_a_fine_tune(context: BrowserContext, cloud: Clo
         attempt,
         Progress(kind="started"),
         *[
-            Progress(kind="metrics", step=2 * i + 2, total_steps=TOTAL, loss=loss)
+            Progress(kind="metrics", step=2 * i + 2, total_steps=TOTAL, loss=loss, elapsed_s=3.0 * i + 3)
             for i, loss in enumerate(losses[:5])
         ],
         Progress(kind="eval", step=10, total_steps=TOTAL, loss=1.72, eval_loss=1.85),
@@ -253,7 +253,7 @@ def test_upload_create_and_watch_a_fine_tune(context: BrowserContext, cloud: Clo
         job_id,
         attempt,
         *[
-            Progress(kind="metrics", step=2 * i + 12, total_steps=TOTAL, loss=loss)
+            Progress(kind="metrics", step=2 * i + 12, total_steps=TOTAL, loss=loss, elapsed_s=3.0 * i + 18)
             for i, loss in enumerate(losses[5:])
         ],
         Progress(kind="eval", step=20, total_steps=TOTAL, loss=1.3, eval_loss=1.46),
@@ -269,7 +269,8 @@ def test_upload_create_and_watch_a_fine_tune(context: BrowserContext, cloud: Clo
         "第 20/60 步：训练损失 1.3000，验证损失 1.4600"
     )
     expect(page.locator("#ft-cost")).to_have_text(re.compile(r"^¥\d+\.\d+$"))
-    expect(page.locator("#ft-eta")).to_have_text(re.compile(r"约 "), timeout=LIVE_MS)
+    # 2 steps every 3 s by the trainer's clock: the 40 steps left take a minute from the last line.
+    expect(page.locator("#ft-eta")).to_have_text(re.compile(r"约 (1 分|[45]\d 秒)"), timeout=LIVE_MS)
     assert page.evaluate("window.__sameDocument") is True
     shot(page, tmp_path, "finetune-running")
 
@@ -307,7 +308,9 @@ def test_upload_create_and_watch_a_fine_tune(context: BrowserContext, cloud: Clo
     assert fits_width(page, 390), "the list scrolls sideways on a phone"
 
 
-def test_cancel_a_queued_fine_tune_through_the_dialog(context: BrowserContext, cloud: Cloud) -> None:
+def test_cancel_a_queued_fine_tune_through_the_dialog(
+    context: BrowserContext, cloud: Cloud, tmp_path: Path
+) -> None:
     page = context.new_page()
     register_in_form(page, "user", "canceller@example.com")
     top_up(cloud, "canceller@example.com")
@@ -320,6 +323,14 @@ def test_cancel_a_queued_fine_tune_through_the_dialog(context: BrowserContext, c
     page.locator("#f-gpus").fill("0")  # on CPUs: no CPod offers that, so it stays queued
     page.locator("#submit-ft").click()
     expect(page).to_have_url(re.compile(r"/finetune/ftjob-[0-9a-f]+\?created=1$"))
+    # It says what it waits for, live (the scheduler's reason, in the page's language).
+    expect(page.locator("#ft-reason")).to_contain_text("排队原因：", timeout=LIVE_MS)
+    expect(page.locator("#ft-reason .reason")).not_to_be_empty()
+    shot(page, tmp_path, "finetune-queued")
+    page.set_viewport_size({"width": 390, "height": 844})
+    assert fits_width(page, 390), "the queued fine-tune's page scrolls sideways on a phone"
+    screenshot(page, "finetune-queued-phone")
+    page.set_viewport_size({"width": 1280, "height": 800})
     page.locator("#cancel-ft").click()
     expect(page.locator("#cancel-dialog")).to_be_visible()
     page.locator("#cancel-confirm").click()

@@ -142,7 +142,16 @@ def test_progress_lines_split_across_chunks_become_metrics(ft: FineTunes) -> Non
     log = (
         b"loading the model\n"
         + _line("started", total_steps=10, message="Training started")
-        + _line("metrics", step=2, total_steps=10, loss=2.5, learning_rate=1e-4, epoch=0.2, tokens_per_s=50.0)
+        + _line(
+            "metrics",
+            step=2,
+            total_steps=10,
+            loss=2.5,
+            learning_rate=1e-4,
+            epoch=0.2,
+            tokens_per_s=50.0,
+            elapsed_s=3.5,
+        )
         + b"::sxwl-progress:: {not json\n"
         + _line("eval", step=4, total_steps=10, eval_loss=2.25, trained_tokens=800)
     )
@@ -170,6 +179,7 @@ def test_progress_lines_split_across_chunks_become_metrics(ft: FineTunes) -> Non
         "learning_rate": 1e-4,
         "tokens_per_s": 50.0,
         "epoch": 0.2,
+        "elapsed_s": 3.5,
     }
     assert metrics[0]["data"]["eval_loss"] == 2.25
     assert "Training started" in [e["message"] for e in events]
@@ -398,7 +408,15 @@ def test_admins_see_every_users_fine_tunes_when_they_ask(ft: FineTunes) -> None:
     assert cancelled.status_code == 200 and cancelled.json()["status"] == "cancelled"
 
 
-def test_eta_and_expected_cost_come_from_the_recent_step_rate(
+def _steps(steps: range, total: int, seconds_per_step: float) -> bytes:
+    """The trainer's metrics lines of ``steps``, each timed by its clock (``elapsed_s``)."""
+    return b"".join(
+        _line("metrics", step=s, total_steps=total, loss=3.0 - s / 100, elapsed_s=s * seconds_per_step)
+        for s in steps
+    )
+
+
+def test_eta_and_expected_cost_come_from_the_trainers_step_rate_when_steps_arrive_in_bursts(
     clock: TestClock, make_client: Callable[..., TestClient]
 ) -> None:
     # Billing on (attempts are priced only then), its metering loop left to the test.
@@ -412,15 +430,33 @@ def test_eta_and_expected_cost_come_from_the_recent_step_rate(
     started = ft.get(fine_tune["id"])
     assert started["estimated_finish"] is None and started["cost"]["expected_total"] is None
     job_id = fine_tune["job_id"]
-    first = _line("metrics", step=2, total_steps=10, loss=2.0)
-    ft.log(job_id, 1, 0, first)
-    clock.advance(10)  # 2 steps in 10 s: the 6 steps left take 30 s more
-    ft.log(job_id, 1, len(first), _line("metrics", step=4, total_steps=10, loss=1.8))
+    # The trainer runs a step every 2 s. A backlog of 15 steps arrives at once, the next 5 a second
+    # later: by arrival, 10 steps took 1 s; by the trainer's clock, 18 s.
+    backlog = _steps(range(1, 16), 50, 2.0)
+    assert ft.log(job_id, 1, 0, backlog).status_code == 200
+    clock.advance(1)
+    rest = _steps(range(16, 21), 50, 2.0)
+    assert ft.log(job_id, 1, len(backlog), rest).status_code == 200
     now = ft.get(fine_tune["id"])
-    assert now["estimated_finish"] == int(clock.now.timestamp()) + 30
-    # The rest of the run at 7.20 CNY per GPU-hour: 30 s of one GPU is 60000 micro-yuan.
-    assert now["cost"]["expected_total"] - now["cost"]["so_far"] == 60_000
+    # 30 steps left at 2 s each: a minute more, and a minute of one GPU at 7.20 CNY an hour.
+    assert now["estimated_finish"] == int(clock.now.timestamp()) + 60
+    assert now["cost"]["expected_total"] - now["cost"]["so_far"] == 120_000
     assert now["progress"]["percent"] == 40.0
+    # Twenty seconds on, the next batch: 20 steps left.
+    clock.advance(20)
+    more = _steps(range(21, 31), 50, 2.0)
+    assert ft.log(job_id, 1, len(backlog) + len(rest), more).status_code == 200
+    later = ft.get(fine_tune["id"])
+    assert later["estimated_finish"] == int(clock.now.timestamp()) + 40
+    assert later["cost"]["expected_total"] - later["cost"]["so_far"] == 80_000
+
+
+def test_lines_without_the_trainers_clock_give_no_eta(ft: FineTunes) -> None:
+    """A trainer older than ``elapsed_s``: no rate is better than one from arrival times."""
+    fine_tune, _ = ft.running()
+    lines = b"".join(_line("metrics", step=s, total_steps=50, loss=1.0) for s in range(1, 21))
+    assert ft.log(fine_tune["job_id"], 1, 0, lines).status_code == 200
+    assert ft.get(fine_tune["id"])["estimated_finish"] is None
 
 
 def test_bad_cursors_name_the_parameter(ft: FineTunes) -> None:

@@ -51,7 +51,11 @@ def write_run(tmp: Path, model: Path, **fields: object) -> Path:
     return path
 
 
-def run_trainer(run_file: Path, output: Path) -> tuple[subprocess.CompletedProcess[str], list[Progress]]:
+def run_trainer(
+    run_file: Path, output: Path, max_log_points: int | None = None
+) -> tuple[subprocess.CompletedProcess[str], list[Progress]]:
+    """``python -m sxwl.trainer``; ``max_log_points``: the run's cap on metrics lines lowered, so a
+    short run logs every few steps as a long one does."""
     env = dict(os.environ)
     env.update(
         SXWL_OUTPUT_DIR=str(output),
@@ -59,8 +63,16 @@ def run_trainer(run_file: Path, output: Path) -> tuple[subprocess.CompletedProce
         HF_HUB_OFFLINE="1",
         PYTHONPATH=os.pathsep.join([str(SRC), env.get("PYTHONPATH", "")]),
     )
+    command = ["-m", "sxwl.trainer", str(run_file)]
+    if max_log_points is not None:
+        command = [
+            "-c",
+            f"import runpy, sys, sxwl.trainer.run as run; run.MAX_LOG_POINTS = {max_log_points}; "
+            "sys.argv[0] = 'sxwl.trainer'; runpy.run_module('sxwl.trainer', run_name='__main__')",
+            str(run_file),
+        ]
     proc = subprocess.run(
-        [sys.executable, "-m", "sxwl.trainer", str(run_file)],
+        [sys.executable, *command],
         env=env,
         capture_output=True,
         text=True,
@@ -160,6 +172,22 @@ def test_checkpoints_every_n_steps_when_asked(model_dir: Path, tmp_path: Path) -
     proc, lines = run_trainer(run, tmp_path / "out")
     assert proc.returncode == 0, proc.stderr
     assert [c.step for c in of(lines, "checkpoint")] == [4, 8, 12]
+
+
+def test_a_checkpoint_between_logging_steps_logs_its_step_timed_by_the_trainer(
+    model_dir: Path, tmp_path: Path
+) -> None:
+    """A long run logs every few steps; a step it saves at is logged too, so the cloud finds the
+    checkpoint's losses at its own step. Every line says when it ran (``elapsed_s``)."""
+    run = write_run(tmp_path, model_dir, checkpoint_every_steps=4)
+    proc, lines = run_trainer(run, tmp_path / "out", max_log_points=4)  # 12 steps: every 3rd logged
+    assert proc.returncode == 0, proc.stderr
+    metrics = of(lines, "metrics")
+    assert [c.step for c in of(lines, "checkpoint")] == [4, 8, 12]
+    assert [m.step for m in metrics] == [3, 4, 6, 8, 9, 12]
+    times = [m.elapsed_s for m in metrics if m.elapsed_s is not None]
+    assert len(times) == len(metrics) and times == sorted(times) and times[0] > 0
+    assert lines[-1].kind == "done" and lines[-1].loss is None  # one training loss: the logged one
 
 
 @pytest.mark.parametrize(

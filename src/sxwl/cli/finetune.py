@@ -277,6 +277,8 @@ def _summary(job: dict[str, Any]) -> str:
         parts.append(
             f"cost {yuan_text(cost['so_far'])} CNY" + (f" of ~{yuan_text(expected)}" if expected else "")
         )
+    if job.get("reason"):  # what a queued one waits for, or why it failed or was cancelled
+        parts.append(f"{'waiting' if job['status'] == 'queued' else 'reason'}: {job['reason']}")
     return "  ".join(p for p in parts if p)
 
 

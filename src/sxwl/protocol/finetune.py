@@ -178,6 +178,10 @@ class Progress(Wire):
     learning_rate: float | None = None
     tokens_per_s: float | None = None
     trained_tokens: NonNegInt64 | None = None
+    # Seconds since the attempt's training began, by the trainer's own clock (kinds "metrics" and
+    # "eval"): the step rate comes from these, not from when lines reach the cloud, which is in
+    # batches of many steps.
+    elapsed_s: float | None = Field(default=None, ge=0, allow_inf_nan=False)
     checkpoint: Text | None = Field(default=None, max_length=1024)  # its artifact path, kind "checkpoint"
     dataset: DatasetCount | None = None  # kind "dataset"
     message: Text | None = Field(default=None, max_length=500)

@@ -24,6 +24,7 @@ class Reporter(TrainerCallback):
         self.output_dir = output_dir
         self.resuming = resuming
         self.device = device
+        self._began = 0.0
         self._last_time = 0.0
         self._last_tokens = 0
 
@@ -35,7 +36,7 @@ class Reporter(TrainerCallback):
     def on_train_begin(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: object
     ) -> None:
-        self._last_time = time.monotonic()
+        self._began = self._last_time = time.monotonic()
         self._last_tokens = state.num_input_tokens_seen
         # The Trainer has loaded the checkpoint's state by now: global_step is where it goes on from.
         kind: ProgressKind = "resumed" if self.resuming else "started"
@@ -65,6 +66,7 @@ class Reporter(TrainerCallback):
                 learning_rate=float(logs["learning_rate"]) if "learning_rate" in logs else None,
                 tokens_per_s=rate,
                 trained_tokens=tokens,
+                elapsed_s=now - self._began,
             )
         )
 
@@ -77,7 +79,23 @@ class Reporter(TrainerCallback):
         **kwargs: object,
     ) -> None:
         if metrics and "eval_loss" in metrics:
-            emit(self._progress("eval", state, epoch=state.epoch, eval_loss=float(metrics["eval_loss"])))
+            elapsed = time.monotonic() - self._began
+            loss = float(metrics["eval_loss"])
+            emit(self._progress("eval", state, epoch=state.epoch, eval_loss=loss, elapsed_s=elapsed))
+
+    # A checkpoint's metrics are those logged at its step: where a save falls between two logging
+    # steps, the step is logged too (the Trainer logs, evaluates, then saves, after these callbacks).
+    def on_step_end(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: object
+    ) -> None:
+        if control.should_save:
+            control.should_log = True
+
+    def on_epoch_end(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: object
+    ) -> None:
+        if control.should_save:
+            control.should_log = True
 
     def on_save(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: object

@@ -193,7 +193,7 @@ def train(run: TrainerRun) -> None:
         trainer.remove_callback(PrinterCallback)
         device = f"cuda ({torch.cuda.get_device_name()})" if cuda else "cpu"
         trainer.add_callback(Reporter(output_dir=output, resuming=resume_dir is not None, device=device))
-        result = trainer.train(resume_from_checkpoint=str(resume_dir) if resume_dir else None)
+        trainer.train(resume_from_checkpoint=str(resume_dir) if resume_dir else None)
         adapter = scratch / "adapter"
         trained = trainer.model
         assert isinstance(trained, PeftModel)
@@ -206,7 +206,6 @@ def train(run: TrainerRun) -> None:
             step=trainer.state.global_step,
             total_steps=trainer.state.max_steps,
             epoch=trainer.state.epoch,
-            loss=float(result.training_loss),
             trained_tokens=trainer.state.num_input_tokens_seen,
         )
     )

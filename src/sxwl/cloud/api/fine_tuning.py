@@ -75,6 +75,7 @@ def _out(fine_tune: FineTune, job: Job, estimate: fine_tune_estimate.Estimate) -
             step=fine_tune.step, total_steps=fine_tune.total_steps, percent=estimate.percent
         ),
         cost=CostOut(so_far=estimate.cost_so_far, expected_total=estimate.expected_total),
+        reason=fine_tunes.reason(fine_tune, job),
     )
 
 

@@ -56,6 +56,9 @@ class FineTuningJobOut(BaseModel):
     gpus: int
     progress: ProgressOut
     cost: CostOut
+    # Ours, where OpenAI's object has no place for it: what a queued fine-tune waits for, or why it
+    # failed or was cancelled (null otherwise). The `openai` client keeps it as an extra field.
+    reason: str | None
 
 
 class FineTuningJobListOut(BaseModel):

@@ -354,3 +354,15 @@ def gpu_types(session: Session) -> list[GpuSummary]:
         )
         for line in add_up(line for nodes in rows for line in summarize(nodes))
     ]
+
+
+def fine_tune_gpus(session: Session) -> int:
+    """The most GPUs a fine-tune (one node) could have on an online CPod that runs fine-tunes: 0
+    where none has a ready node with GPUs, and a fine-tune fits only on CPUs."""
+    rows = session.scalars(
+        select(CPod.nodes).where(
+            CPod.status == CPodStatus.ONLINE, CPod.revoked_at.is_(None), CPod.takes_fine_tunes.is_(True)
+        )
+    )
+    gpus = (node.get("gpu") for nodes in rows for node in nodes if node.get("status") == "ready")
+    return max((int(gpu["allocatable"]) for gpu in gpus if gpu), default=0)

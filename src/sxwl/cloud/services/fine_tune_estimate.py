@@ -1,6 +1,7 @@
 """How far a fine-tune is, when it will end and what it will cost: the percent of its steps done, an
-ETA from the recent step rate (the last few metrics events, so a slow start or a resume does not
-skew it), the cost so far and the expected total. None wherever it is not known yet."""
+ETA from the recent step rate (the last few metrics events, timed by the trainer, so a slow start or
+a resume does not skew it), the cost so far and the expected total. None wherever it is not known
+yet."""
 
 from __future__ import annotations
 
@@ -44,9 +45,12 @@ def guessed_cost(session: Session, spec: JobFields, steps: int) -> int | None:
 
 
 def step_rate(session: Session, fine_tune: FineTune) -> float | None:
-    """Steps per second over the latest metrics events of the current attempt."""
-    rows = session.execute(
-        select(FineTuneEvent.at, FineTuneEvent.data)
+    """Steps per second over the latest metrics events of the current attempt, timed by the
+    trainer's own clock (``elapsed_s``): the agent ships the log in batches, so when the lines reached
+    the cloud says nothing of when their steps ran. Lines without it (a trainer older than the
+    field) give no rate."""
+    rows = session.scalars(
+        select(FineTuneEvent.data)
         .where(
             FineTuneEvent.fine_tune_id == fine_tune.id,
             FineTuneEvent.type == "metrics",
@@ -55,11 +59,15 @@ def step_rate(session: Session, fine_tune: FineTune) -> float | None:
         .order_by(FineTuneEvent.id.desc())
         .limit(RECENT_EVENTS)
     ).all()
-    points = [(at, int(data["step"])) for at, data in rows if data and data.get("step") is not None]
+    points = [
+        (float(data["elapsed_s"]), int(data["step"]))
+        for data in rows
+        if data and isinstance(data.get("elapsed_s"), int | float) and isinstance(data.get("step"), int)
+    ]
     if len(points) < 2:
         return None
-    (last_at, last_step), (first_at, first_step) = points[0], points[-1]
-    seconds = (last_at - first_at).total_seconds()
+    (last_s, last_step), (first_s, first_step) = points[0], points[-1]
+    seconds = last_s - first_s
     if seconds <= 0 or last_step <= first_step:
         return None
     return float((last_step - first_step) / seconds)

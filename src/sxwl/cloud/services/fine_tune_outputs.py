@@ -11,11 +11,17 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from sxwl.cloud.db.finetune_models import CatalogModel, FineTune, FineTuneCheckpoint, ModelKind
+from sxwl.cloud.db.finetune_models import (
+    CatalogModel,
+    FineTune,
+    FineTuneCheckpoint,
+    FineTuneEvent,
+    ModelKind,
+)
 from sxwl.cloud.db.models import Artifact, Job, JobState
 from sxwl.cloud.db.types import utcnow
 from sxwl.cloud.services import fine_tune_events
-from sxwl.protocol.finetune import ADAPTER_ARTIFACT, JobInput, checkpoint_artifact
+from sxwl.protocol.finetune import ADAPTER_ARTIFACT, JobInput, Progress, checkpoint_artifact
 
 _CHECKPOINT = re.compile(r"^checkpoints/step-([0-9]{8,18})\.tar$")
 MAX_MODEL_ID = 200
@@ -41,7 +47,6 @@ def artifact_recorded(session: Session, job: Job, attempt: int, path: str, size:
     fine_tune = fine_tune_events.of_job(session, job.id)
     if fine_tune is None:
         return
-    metrics = {"step": step, "train_loss": fine_tune.loss, "valid_loss": fine_tune.eval_loss}
     row = session.scalar(
         select(FineTuneCheckpoint).where(
             FineTuneCheckpoint.fine_tune_id == fine_tune.id,
@@ -57,7 +62,7 @@ def artifact_recorded(session: Session, job: Job, attempt: int, path: str, size:
                 attempt=attempt,
                 path=path,
                 step=step,
-                metrics=metrics,
+                metrics=_logged_at(session, fine_tune.id, attempt, step),
             )
         )
         fine_tune_events.add(session, fine_tune, f"Checkpoint at step {step} saved", attempt=attempt)
@@ -65,6 +70,50 @@ def artifact_recorded(session: Session, job: Job, attempt: int, path: str, size:
     resume["object"] = {"job_id": job.id, "attempt": attempt, "path": path}
     # A new list: the JSON column is saved only when it is assigned, not when it is changed in place.
     job.inputs = [entry for entry in job.inputs if entry.get("name") != "resume"] + [resume]
+
+
+def _logged_at(session: Session, fine_tune_id: str, attempt: int, step: int) -> dict[str, Any]:
+    """The checkpoint's metrics (OpenAI's names): the losses the attempt logged at its step, from its
+    metrics and eval lines (the trainer logs every step it saves at). A line not read yet leaves its
+    loss None, and ``steps_logged`` fills it in when it comes."""
+    rows = session.scalars(
+        select(FineTuneEvent.data).where(
+            FineTuneEvent.fine_tune_id == fine_tune_id,
+            FineTuneEvent.attempt == attempt,
+            FineTuneEvent.type == "metrics",
+            FineTuneEvent.data["step"].as_integer() == step,
+        )
+    ).all()
+    metrics: dict[str, Any] = {"step": step, "train_loss": None, "valid_loss": None}
+    for data in rows:
+        if data and data.get("loss") is not None:
+            metrics["train_loss"] = data["loss"]
+        if data and data.get("eval_loss") is not None:
+            metrics["valid_loss"] = data["eval_loss"]
+    return metrics
+
+
+def steps_logged(session: Session, fine_tune: FineTune, attempt: int, lines: list[Progress]) -> None:
+    """The losses of progress lines just read, on the attempt's checkpoints of their steps that
+    reached the cloud before them."""
+    steps = {p.step for p in lines if p.kind in ("metrics", "eval")}
+    if not steps:
+        return
+    rows = session.scalars(
+        select(FineTuneCheckpoint).where(
+            FineTuneCheckpoint.fine_tune_id == fine_tune.id,
+            FineTuneCheckpoint.attempt == attempt,
+            FineTuneCheckpoint.step.in_(steps),
+        )
+    ).all()
+    for row in rows:
+        metrics = dict(row.metrics)  # a new dict: the JSON column is saved only when assigned
+        for p in lines:
+            if p.step == row.step and p.kind == "metrics" and p.loss is not None:
+                metrics["train_loss"] = p.loss
+            if p.step == row.step and p.eval_loss is not None:
+                metrics["valid_loss"] = p.eval_loss
+        row.metrics = metrics
 
 
 def requeued(session: Session, job: Job, attempt: int, why: str) -> None:

@@ -10,7 +10,7 @@ from sqlalchemy.orm import Session
 from sxwl.cloud.db.finetune_models import DataFile, FineTune
 from sxwl.cloud.db.models import AttemptLog, Job
 from sxwl.cloud.db.types import utcnow
-from sxwl.cloud.services import fine_tune_events
+from sxwl.cloud.services import fine_tune_events, fine_tune_outputs
 from sxwl.cloud.services.log_chunks import read_bytes
 from sxwl.protocol.finetune import DatasetCount, Progress, parse_progress
 
@@ -63,10 +63,14 @@ def _lines(session: Session, fine_tune: FineTune, attempt: int, window: bytes) -
     if end < 0:
         # One line longer than the whole window is no progress line (those are short): skip it.
         return len(window) if len(window) >= MAX_READ else 0
+    found = []
     for raw in window[: end + 1].splitlines():
         progress = parse_progress(raw.decode("utf-8", "replace"))
         if progress is not None:
             _apply(session, fine_tune, attempt, progress)
+            found.append(progress)
+    # A checkpoint's upload can overtake the log lines of its step: they give it its losses.
+    fine_tune_outputs.steps_logged(session, fine_tune, attempt, found)
     return end + 1
 
 
@@ -75,8 +79,8 @@ def _apply(session: Session, fine_tune: FineTune, attempt: int, progress: Progre
         fine_tune.total_steps = progress.total_steps
     if progress.kind in ("metrics", "eval", "done", "resumed"):
         fine_tune.step = progress.step  # a resumed attempt starts again from its checkpoint's step
-    if progress.loss is not None:
-        fine_tune.loss = progress.loss
+    if progress.loss is not None and progress.kind == "metrics":
+        fine_tune.loss = progress.loss  # the training loss: the one logged at the latest step
     if progress.eval_loss is not None:
         fine_tune.eval_loss = progress.eval_loss
     if progress.tokens_per_s is not None:
@@ -93,6 +97,7 @@ def _apply(session: Session, fine_tune: FineTune, attempt: int, progress: Progre
             "learning_rate": progress.learning_rate,
             "tokens_per_s": progress.tokens_per_s,
             "epoch": progress.epoch,
+            "elapsed_s": progress.elapsed_s,
         }
         message = f"Step {progress.step}/{data['total_steps']}: " + (
             f"training loss={progress.loss:.4f}" if progress.loss is not None else "training"

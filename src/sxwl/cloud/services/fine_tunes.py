@@ -63,6 +63,14 @@ def status(fine_tune: FineTune, job: Job) -> Status:
     return _BY_JOB_STATE[job.state]
 
 
+def reason(fine_tune: FineTune, job: Job) -> str | None:
+    """Why the fine-tune is in its status, where that needs saying: what a queued one waits for (its
+    job's reason, in the scheduler's words), or why it failed or was cancelled."""
+    if status(fine_tune, job) in (Status.QUEUED, Status.FAILED, Status.CANCELLED):
+        return job.reason
+    return None
+
+
 def _not_found(field: str, message: str) -> AppError:
     return AppError(404, f"{field}: {message}", details=[{"field": field, "message": message}])
 

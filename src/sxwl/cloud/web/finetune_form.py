@@ -11,7 +11,9 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from sxwl.cloud.db.finetune_models import CatalogModel
 from sxwl.cloud.errors import AppError
+from sxwl.cloud.web.finetune_view import FileRow
 from sxwl.cloud.web.i18n import translate
 from sxwl.cloud.web.money_view import money_text
 from sxwl.protocol.finetune import MAX_BATCH_SIZE, MAX_EPOCHS, MAX_LR_MULTIPLIER, FineTuneRequest
@@ -33,11 +35,28 @@ FORM_FIELDS = (
     "gpus",
     "max_cost_yuan",
 )
-FORM_DEFAULTS = {"gpus": "1", "lora_rank": "8", "lora_alpha": "16"}
+FORM_DEFAULTS = {"gpus": "0", "lora_rank": "8", "lora_alpha": "16"}
 MAX_COST_YUAN = Decimal(10_000_000)
 _HYPER = ("n_epochs", "batch_size", "learning_rate_multiplier")
 # FineTuneRequest's field (or the first parts of its location) -> the form's field.
 _FORM_FIELD = {"max_cost": "max_cost_yuan", "lora.rank": "lora_rank", "lora.alpha": "lora_alpha"}
+
+
+def defaults(
+    models: Sequence[CatalogModel], files: Sequence[FileRow], last_model: str | None, gpus: int
+) -> dict[str, str]:
+    """What the form starts with, so that submitting it untouched starts a fine-tune that can run:
+    the base model of the user's latest fine-tune (else the smallest, the quickest to try), their
+    newest usable file, and 1 GPU only where an online CPod that runs fine-tunes has one (else 0: on
+    CPUs, where a GPU asked for would keep it queued for ever)."""
+    chosen = dict(FORM_DEFAULTS, gpus="1" if gpus > 0 else "0")
+    if last_model is not None and any(m.id == last_model for m in models):
+        chosen["model"] = last_model
+    elif models:  # a model of unknown size after every known one
+        chosen["model"] = min(models, key=lambda m: m.parameters or 2**63).id
+    if files:
+        chosen["training_file"] = files[0].id
+    return chosen
 
 
 def request_payload(form: Mapping[str, str]) -> dict[str, Any]:

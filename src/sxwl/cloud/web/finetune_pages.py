@@ -19,7 +19,7 @@ from sxwl.cloud.db.models import Role
 from sxwl.cloud.db.types import utcnow
 from sxwl.cloud.errors import AppError
 from sxwl.cloud.services import cpods, datasets, fine_tunes, storage_quota
-from sxwl.cloud.web import finetune_form, finetune_view, jobs_view
+from sxwl.cloud.web import finetune_form, finetune_view, jobs_view, money_view
 from sxwl.cloud.web.finetune_chart import Chart
 from sxwl.cloud.web.i18n import translate
 from sxwl.cloud.web.kit import (
@@ -48,6 +48,7 @@ def _helpers(lang: str) -> dict[str, Any]:
         "duration": lambda seconds: jobs_view.duration(lang, seconds),
         "params_text": finetune_view.params_text,
         "problem_text": lambda message: finetune_view.problem_text(lang, message),
+        "reason_text": lambda text: jobs_view.reason(lang, text),
         "size": jobs_view.size,
         "chart_box": Chart,
         "cli_example": CLI_EXAMPLE,
@@ -189,12 +190,15 @@ def _form(
     form: dict[str, str] | None = None,
     errors: dict[str, str] | None = None,
     status: int = 200,
+    funds_link: money_view.FundsLink | None = None,
 ) -> Response:
-    shown = finetune_form.FORM_DEFAULTS | (form or {})
     with ctx_of(request).db.session() as session:
         models = finetune_view.base_models(session, principal.user)
         files = finetune_view.training_files(session, principal.user)
         gpu_types = cpods.gpu_types(session)
+        last_model = finetune_view.last_model(session, principal.user)
+        fits = cpods.fine_tune_gpus(session)
+    shown = finetune_form.defaults(models, files, last_model, fits) | (form or {})
     return render(
         request,
         "finetune_new.html",
@@ -207,6 +211,8 @@ def _form(
         files=files,
         gpu_types=gpu_types,
         known_products={g.product for g in gpu_types},
+        gpus_fit=fits,
+        funds_link=funds_link,
         limits={
             "epochs": MAX_EPOCHS,
             "batch_size": MAX_BATCH_SIZE,
@@ -239,12 +245,12 @@ async def create_finetune(request: Request, principal: JobsViewer) -> Response:
             fine_tune = fine_tunes.create(ctx, session, owner=session.merge(principal.user), request=body)
             fine_tune_id = fine_tune.id
     except AppError as exc:
-        if exc.status in (402, 404, 409, 422):
-            shown = finetune_form.create_errors(lang, exc)
-            if exc.status == 402:
-                shown = {"form": translate(lang, "ft.error.balance")}
-            return _form(request, principal, form, shown, 422 if exc.status == 404 else exc.status)
-        return error_page(request, exc.status, principal)
+        # Every refusal is said in place: by its field where it names one, else above the form.
+        if exc.status == 402:
+            message, link = money_view.short_of_funds(lang, exc, principal.user.role)
+            return _form(request, principal, form, {"form": message}, 402, link)
+        shown = finetune_form.create_errors(lang, exc)
+        return _form(request, principal, form, shown, 422 if exc.status == 404 else exc.status)
     return redirect(f"/finetune/{fine_tune_id}?created=1")
 
 

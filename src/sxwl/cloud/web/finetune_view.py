@@ -174,6 +174,7 @@ class FineTuneRow:
     created_at: datetime
     fine_tuned_model: str | None
     cancel_requested: bool
+    reason: str | None = None  # what a queued one waits for, or why it failed or was cancelled
     owner_email: str | None = None  # shown when an administrator lists every user's
 
     @property
@@ -183,7 +184,10 @@ class FineTuneRow:
     @property
     def version(self) -> str:
         """Changes whenever the row's text does, so the live list swaps the row."""
-        return f"{self.status}:{self.step}:{self.total_steps}:{self.cost_so_far}:{self.fine_tuned_model}"
+        return (
+            f"{self.status}:{self.step}:{self.total_steps}:{self.cost_so_far}:{self.fine_tuned_model}"
+            f":{self.reason}"
+        )
 
 
 def row_of(session: Session, fine_tune: FineTune, job: Job, now: datetime) -> FineTuneRow:
@@ -205,6 +209,7 @@ def _row(fine_tune: FineTune, job: Job, estimate: fine_tune_estimate.Estimate) -
         created_at=fine_tune.created_at,
         fine_tuned_model=fine_tune.fine_tuned_model,
         cancel_requested=job.cancel_requested_at is not None and job.state not in TERMINAL_STATES,
+        reason=fine_tunes.reason(fine_tune, job),
     )
 
 
@@ -282,6 +287,16 @@ def file_rows(session: Session, user: User) -> list[FileRow]:
 
 def training_files(session: Session, user: User) -> list[FileRow]:
     return [r for r in file_rows(session, user) if r.usable]
+
+
+def last_model(session: Session, user: User) -> str | None:
+    """The base model of the user's latest fine-tune: the new fine-tune form's first choice."""
+    return session.scalar(
+        select(FineTune.model)
+        .where(FineTune.owner_id == user.id)
+        .order_by(FineTune.created_at.desc(), FineTune.id.desc())
+        .limit(1)
+    )
 
 
 def base_models(session: Session, user: User) -> list[CatalogModel]:

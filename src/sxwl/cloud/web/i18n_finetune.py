@@ -196,7 +196,8 @@ FINETUNE_MESSAGES: dict[str, dict[str, str]] = {
         "ft.error.max_cost": "请输入大于 0、不超过 {maximum} 的金额（元），最多 6 位小数。",
         "ft.error.over_cap": "预计费用 ¥{cost}（约 {steps} 步）高于上限 ¥{cap}：请提高上限或减少训练量。",
         "ft.error.no_price": "这种 GPU 还没有定价，无法估算费用；请去掉上限或换一种 GPU。",
-        "ft.error.balance": "余额不足以开始这次微调，请先充值。",
+        "ft.waiting_for": "排队原因：",
+        "ft.field.gpus_cpu_only": "在线运行微调的 CPod 都没有 GPU：填 0 用 CPU 训练（适合很小的模型）。",
     },
     "en": {
         "nav.finetune": "Fine-tuning",
@@ -390,6 +391,7 @@ FINETUNE_MESSAGES: dict[str, dict[str, str]] = {
         "ft.error.max_cost": "Enter an amount in yuan above 0 and at most {maximum}, with at most 6 decimals.",
         "ft.error.over_cap": "The estimated cost ¥{cost} (about {steps} steps) is above the cap ¥{cap}: raise the cap or train less.",
         "ft.error.no_price": "These GPUs have no price yet, so the cost cannot be estimated; remove the cap or choose other GPUs.",
-        "ft.error.balance": "Your balance cannot pay for this fine-tune; top up first.",
+        "ft.waiting_for": "Waiting:",
+        "ft.field.gpus_cpu_only": "No online CPod that runs fine-tunes has GPUs: 0 trains on CPUs (tiny models only).",
     },
 }

@@ -130,6 +130,7 @@ def _form(
     form: dict[str, str] | None = None,
     errors: dict[str, str] | None = None,
     status: int = 200,
+    funds_link: money_view.FundsLink | None = None,
 ) -> Response:
     lang = language(request)
     shown = jobs_view.FORM_DEFAULTS | (form or {})
@@ -154,6 +155,7 @@ def _form(
         max_gpus_per_node=MAX_GPUS_PER_NODE,
         max_nodes=MAX_NODES,
         cli_example=CLI_EXAMPLE,
+        funds_link=funds_link,
     )
 
 
@@ -177,9 +179,13 @@ async def submit_job(request: Request, principal: JobsViewer) -> Response:
             job = job_service.submit(ctx, session, session.merge(principal.user), body)
             job_id = job.id
     except AppError as exc:
+        # Every refusal is said above the form, which keeps what was typed.
+        if exc.status == 402:
+            message, link = money_view.short_of_funds(lang, exc, principal.user.role)
+            return _form(request, principal, form, {"form": message}, 402, link)
         if exc.status == 422:
             return _form(request, principal, form, jobs_view.submit_errors(lang, exc), 422)
-        return error_page(request, exc.status, principal)
+        return _form(request, principal, form, {"form": exc.message}, exc.status)
     return redirect(f"/jobs/{job_id}?notice=job_submitted")
 
 

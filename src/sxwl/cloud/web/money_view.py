@@ -12,7 +12,8 @@ from pydantic import ValidationError
 from sqlalchemy import or_, select
 from sqlalchemy.orm import Session
 
-from sxwl.cloud.db.models import User
+from sxwl.cloud.db.models import Role, User
+from sxwl.cloud.errors import AppError
 from sxwl.cloud.services import billing
 from sxwl.cloud.services.billing import Balance
 from sxwl.cloud.services.prices import PriceBook
@@ -61,6 +62,34 @@ def warning(lang: str, balance: Balance) -> str | None:
             lang, "billing.low", balance=money_text(balance.balance), burn=money_text(balance.burn_per_hour)
         )
     return None
+
+
+@dataclass(frozen=True)
+class FundsLink:
+    url: str
+    label: str  # an i18n key
+
+
+def short_of_funds(lang: str, exc: AppError, role: Role) -> tuple[str, FundsLink]:
+    """A submission refused for its balance (402 of ``billing.require_funds``), for the form that
+    was sent: how much is missing, who can top up, and the link to where that happens (an
+    administrator tops up on 充值与结算; a compute user asks one, and sees the balance on 费用)."""
+    details = exc.details if isinstance(exc.details, dict) else {}
+    balance, required, missing = (int(details.get(k) or 0) for k in ("balance", "required", "missing"))
+    admin = role == Role.ADMIN
+    who = "" if admin else translate(lang, "funds.ask_admin")
+    if required > 0:
+        text = translate(
+            lang,
+            "funds.short",
+            balance=money_text(balance),
+            required=money_text(required),
+            missing=money_text(missing),
+        )
+    else:  # no price yet: nothing is estimated, but an empty balance never submits
+        text = translate(lang, "funds.empty", balance=money_text(balance))
+    link = FundsLink("/admin/money", "funds.top_up") if admin else FundsLink("/billing", "billing.link")
+    return f"{text}{who}", link
 
 
 def hold_days(hold_s: float) -> str:
