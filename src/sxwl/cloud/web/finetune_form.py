@@ -50,10 +50,10 @@ def defaults(
     newest usable file, and 1 GPU only where an online CPod that runs fine-tunes has one (else 0: on
     CPUs, where a GPU asked for would keep it queued for ever)."""
     chosen = dict(FORM_DEFAULTS, gpus="1" if gpus > 0 else "0")
-    if last_model is not None and any(m.id == last_model for m in models):
+    if last_model is not None and any(m.name == last_model for m in models):
         chosen["model"] = last_model
     elif models:  # a model of unknown size after every known one
-        chosen["model"] = min(models, key=lambda m: m.parameters or 2**63).id
+        chosen["model"] = min(models, key=lambda m: m.parameters or 2**63).name
     if files:
         chosen["training_file"] = files[0].id
     return chosen

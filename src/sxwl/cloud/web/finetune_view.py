@@ -290,9 +290,10 @@ def training_files(session: Session, user: User) -> list[FileRow]:
 
 
 def last_model(session: Session, user: User) -> str | None:
-    """The base model of the user's latest fine-tune: the new fine-tune form's first choice."""
+    """The name of the base model of the user's latest fine-tune: the new fine-tune form's first
+    choice (the form names models as the user does)."""
     return session.scalar(
-        select(FineTune.model)
+        select(FineTune.model_name)
         .where(FineTune.owner_id == user.id)
         .order_by(FineTune.created_at.desc(), FineTune.id.desc())
         .limit(1)
