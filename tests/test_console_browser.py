@@ -93,7 +93,7 @@ def test_provider_registers_reveals_copies_and_rotates_access_key(page: Page, cl
 
     expect(page).to_have_url(re.compile(r"/account\?notice=registered$"))
     expect(page.get_by_role("status").filter(has_text="注册成功")).to_have_text("注册成功，欢迎使用算想云。")
-    details = page.locator("dl.details")
+    details = page.locator("#account-details")
     expect(details).to_contain_text(email)
     expect(details).to_contain_text("闲置算力科技有限公司")
     expect(details).to_contain_text("算力源")
@@ -273,7 +273,7 @@ def test_compute_user_has_no_compute_page(page: Page, cloud: Cloud) -> None:
     expect(nav.get_by_role("link", name="账户")).to_be_visible()
     expect(nav.get_by_role("link", name="算力详情")).to_have_count(0)
     expect(nav.get_by_role("link", name="可用算力")).to_be_visible()
-    expect(page.locator("dl.details")).to_contain_text("算力用户")
+    expect(page.locator("#account-details")).to_contain_text("算力用户")
     expect(page.locator("#access-key-card")).to_have_count(0)
 
     response = page.goto("/compute")
