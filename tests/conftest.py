@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -65,6 +66,8 @@ def real_nodes(k8s_cluster: K8sCluster, tmp_path_factory: pytest.TempPathFactory
         pytest.fail(failure, pytrace=False)
     yield nodes
     nodes.stop()
+    # The nodes' image stores are ~17 GB a session; pytest keeps three sessions' temp dirs.
+    shutil.rmtree(nodes.root, ignore_errors=True)
     if nodes.host_differences:
         pytest.fail(
             "the real nodes left the host changed:\n" + "\n".join(nodes.host_differences), pytrace=False
