@@ -74,6 +74,20 @@ def yuan_text(micro: int, places: int = 2) -> str:
     return str(abs(rounded) if rounded == 0 else rounded)
 
 
+def money_text(micro: int) -> str:
+    """The one way people read an amount, on every surface (console, CLI, statements): two places
+    from 0.01 yuan up; below that, enough places for two significant digits (at most six, the
+    micro-yuan), so a cheap job's ¥0.000331 never reads 0.00 beside a total that does not. CSV
+    and the API carry the exact value instead."""
+    magnitude = abs(micro)
+    if magnitude == 0 or magnitude >= MICRO // 100:
+        return yuan_text(micro)
+    places = 2
+    while places < 6 and magnitude * 10**places < 10 * MICRO:
+        places += 1
+    return yuan_text(micro, places)
+
+
 def percent_text(basis_points: int) -> str:
     """ "12.5" for 1250 basis points; "10", not normalize()'s "1E+1", for 1000."""
     return f"{(Decimal(basis_points) / 100).normalize():f}"
