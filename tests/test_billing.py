@@ -84,32 +84,33 @@ def test_90_5_seconds_on_2_gpus_cost_exactly_0_362_and_queue_time_is_free(money:
     assert statement["month"] == "2026-03" and statement["total"] == gross
     assert statement["total_yuan"] == "0.362"
     (line,) = statement["lines"]
-    assert (line["job_id"], line["attempt"], line["cpod_id"]) == (job["id"], attempt, money.cpod_id)
-    assert (line["gpu_product"], line["units"], line["unit_seconds"]) == (PRODUCT, 2, 181.0)
-    assert (line["unit_price"], line["gross"], line["fee"], line["net"]) == (
-        7_200_000,
-        gross,
-        gross - net,
-        net,
-    )
+    # What the user paid, and nothing of the provider's: no CPod id, no fee and net split.
+    assert line == {
+        "job_id": job["id"],
+        "job_name": "t",
+        "attempt": attempt,
+        "resource": "gpu",
+        "gpu_product": PRODUCT,
+        "units": 2,
+        "usage_us": 90_500_000,
+        "unit_seconds": 181.0,
+        "unit_price": 7_200_000,
+        "gross": gross,
+    }
     (top_up,) = statement["top_ups"]
     assert top_up["amount"] == 20_000_000 and top_up["actor"] == "root@example.com"
 
     rows = _csv(money.client.get("/api/v1/billing/statement?month=2026-03&format=csv", headers=money.user))
-    assert rows == [
-        {
-            "job": job["id"],
-            "job_name": "t",
-            "attempt": str(attempt),
-            "cpod": money.cpod_id,
-            "gpu_product": PRODUCT,
-            "gpu_seconds": "181.000",
-            "unit_price_per_hour": "7.200000",
-            "gross": "0.362000",
-            "fee": "0.036200",
-            "net": "0.325800",
-        }
-    ]
+    paid = {
+        "job": job["id"],
+        "job_name": "t",
+        "attempt": str(attempt),
+        "gpu_product": PRODUCT,
+        "gpu_seconds": "181.000000",
+        "unit_price_per_hour": "7.200000",
+        "gross": "0.362000",
+    }
+    assert rows == [paid]
     other_month = money.client.get("/api/v1/billing/statement?month=2026-02", headers=money.user).json()
     assert other_month["lines"] == [] and other_month["total"] == 0
 
@@ -120,7 +121,12 @@ def test_90_5_seconds_on_2_gpus_cost_exactly_0_362_and_queue_time_is_free(money:
     assert earned["sold_gpu_hours"] == pytest.approx(181 / 3600)
     assert [(b["key"], b["net"]) for b in earned["by_cpod"]] == [(money.cpod_id, net)]
     assert [(b["key"], b["unit_seconds"]) for b in earned["by_product"]] == [(PRODUCT, 181.0)]
-    assert _csv(money.client.get("/api/v1/earnings?format=csv", headers=money.provider)) == rows
+    (earned_line,) = earned["lines"]
+    split_out = (earned_line["cpod_id"], earned_line["fee"], earned_line["net"])
+    assert split_out == (money.cpod_id, gross - net, net)
+    assert {k: v for k, v in earned_line.items() if k in line} == line
+    split = {"cpod": money.cpod_id, "fee": "0.036200", "net": "0.325800"}
+    assert _csv(money.client.get("/api/v1/earnings?format=csv", headers=money.provider)) == [paid | split]
 
 
 def test_a_price_change_mid_run_keeps_the_running_attempts_price(money: Money) -> None:
@@ -268,3 +274,34 @@ def _csv(response: httpx.Response) -> list[dict[str, str]]:
     assert response.status_code == 200, response.text
     assert response.headers["content-type"].startswith("text/csv")
     return list(csv.DictReader(io.StringIO(response.text)))
+
+
+def test_a_start_whose_command_never_ran_costs_nothing(money: Money) -> None:
+    """The agent said ``running`` (the sandbox was up), then that the command was not found: nothing
+    is charged, no statement line, though a metering pass fell in between; a command that did run
+    for as short a time is charged."""
+    money.top_up("20")
+    job = money.submit()
+    attempt = money.take(job["id"])
+    money.status(job["id"], attempt, "running")
+    money.tick(2)
+    assert money.meter().charged == 0  # the first slice waits until the command surely runs
+    money.finish(
+        job["id"], attempt, "failed", exit_code=127, reason="command not found: python", never_ran=True
+    )
+    money.tick(60)
+    money.meter()
+    assert money.job(job["id"])["cost"] == 0
+    assert money.client.get("/api/v1/billing/statement", headers=money.user).json()["lines"] == []
+    assert money.balance() == 20_000_000
+
+    ran = money.submit()
+    attempt = money.take(ran["id"])
+    money.status(ran["id"], attempt, "running")
+    money.tick(2)
+    money.meter()
+    money.finish(ran["id"], attempt, "failed", exit_code=1)
+    money.meter()
+    assert money.job(ran["id"])["cost"] == 8_000  # 2 s × 2 GPUs at 7.20 per GPU-hour
+    (line,) = money.client.get("/api/v1/billing/statement", headers=money.user).json()["lines"]
+    assert (line["job_id"], line["usage_us"], line["gross"]) == (ran["id"], 2_000_000, 8_000)

@@ -175,7 +175,7 @@ def test_money_from_prices_to_payout(cli: Cli) -> None:
     assert code == 0 and PRODUCT in output and "top-up" in output and "total charged" in output
     target = Path(cli.env["SXWL_CONFIG_DIR"]).parent / "statement.csv"
     assert cli.user("billing", "statement", "--csv", str(target))[0] == 0
-    assert target.read_text().splitlines()[0].startswith("job,job_name,attempt,cpod,gpu_product")
+    assert target.read_text().splitlines()[0].startswith("job,job_name,attempt,gpu_product,gpu_seconds")
 
     # The hold is 0 here: the provider's earnings become available, and an admin pays some out.
     cli.login(PROVIDER)

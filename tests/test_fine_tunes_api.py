@@ -466,3 +466,15 @@ def test_bad_cursors_name_the_parameter(ft: FineTunes) -> None:
     checkpoints = ft.client.get(f"{URL}/{made}/checkpoints", headers=ft.user, params={"after": "ftckpt-no"})
     assert checkpoints.status_code == 422 and checkpoints.json()["error"]["details"][0]["field"] == "after"
     assert ft.client.get(URL, headers=ft.user, params={"after": "ftjob-none"}).status_code == 404
+
+
+def test_the_percent_done_is_the_steps_share_rounded_to_two_places(ft: FineTunes) -> None:
+    """7 of 100 steps read 7.0 in the API, not 100 × 0.07 = 7.000000000000001; 1 of 3, 33.33."""
+    fine_tune, _ = ft.running()
+    job_id = fine_tune["job_id"]
+    assert ft.log(job_id, 1, 0, _line("metrics", step=7, total_steps=100, loss=1.0)).status_code == 200
+    assert ft.get(fine_tune["id"])["progress"]["percent"] == 7.0
+    line = _line("metrics", step=1, total_steps=3, loss=1.0)
+    size = len(_line("metrics", step=7, total_steps=100, loss=1.0))
+    assert ft.log(job_id, 1, size, line).status_code == 200
+    assert ft.get(fine_tune["id"])["progress"] == {"step": 1, "total_steps": 3, "percent": 33.33}

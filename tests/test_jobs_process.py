@@ -77,7 +77,7 @@ class World:
 
         eventually(ready, what=f"{count} CPod(s) online")
 
-    def submit(self, command: str, gpus: int = 1, **extra: Any) -> str:
+    def submit(self, command: str | list[str], gpus: int = 1, **extra: Any) -> str:
         body = {"name": "t", "command": command, "gpu_product": PRODUCT, "gpus_per_node": gpus, **extra}
         response = httpx.post(f"{self.url}/api/v1/jobs", headers=self.user, json=body)
         assert response.status_code == 201, response.text

@@ -81,6 +81,8 @@ class JobSync(Generic[J]):
         state: AgentJobState,
         exit_code: int | None = None,
         reason: str | None = None,
+        *,
+        never_ran: bool = False,
     ) -> bool:
         """True when the cloud took the report; a stale attempt is stopped and forgotten."""
         if reason is not None and len(reason) > REASON_MAX_CHARS:  # several ranks' upload errors, say
@@ -89,7 +91,9 @@ class JobSync(Generic[J]):
             reply = await self.client.report(
                 self.token,
                 job.job_id,
-                JobStatus(attempt=job.attempt, state=state, exit_code=exit_code, reason=reason),
+                JobStatus(
+                    attempt=job.attempt, state=state, exit_code=exit_code, reason=reason, never_ran=never_ran
+                ),
             )
         except Stale as exc:
             log.warning(
@@ -419,7 +423,7 @@ class JobSync(Generic[J]):
             # Its outputs did not all come back: the user's result is incomplete (as on Kubernetes).
             outcome = "failed" if outcome == "succeeded" else outcome
             reason = "; ".join(r for r in (reason, *job.artifact_problems) if r)
-        await self._report(job, outcome, job.exit_code, reason)
+        await self._report(job, outcome, job.exit_code, reason, never_ran=job.never_ran)
         self._done(job)
 
     def _done(self, job: J) -> None:

@@ -50,9 +50,10 @@ def _save_csv(path: str, month: str | None, target: Path) -> None:
 
 
 def lines_table(lines: list[dict[str, Any]], title: str) -> Table:
-    table = Table(
-        "job", "attempt", "GPU product", "unit-seconds", "CNY/hour", "gross", "fee", "net", title=title
-    )
+    """A statement's lines (what the user paid), or earnings' lines (with the fee and the net)."""
+    split = "net" in lines[0]
+    columns = ["job", "attempt", "GPU product", "unit-seconds", "CNY/hour", "gross"]
+    table = Table(*columns, *(["fee", "net"] if split else []), title=title)
     for line in lines:
         table.add_row(
             line["job_name"] or line["job_id"][:12],
@@ -61,8 +62,7 @@ def lines_table(lines: list[dict[str, Any]], title: str) -> Table:
             f"{line['unit_seconds']:.0f}",
             yuan_text(line["unit_price"]),
             yuan_text(line["gross"]),
-            yuan_text(line["fee"]),
-            yuan_text(line["net"]),
+            *([yuan_text(line["fee"]), yuan_text(line["net"])] if split else []),
         )
     return table
 

@@ -202,6 +202,9 @@ class JobStatus(WireIn):
     state: AgentJobState
     exit_code: Int32 | None = None
     reason: Text | None = Field(default=None, max_length=REASON_MAX_CHARS)
+    # The attempt ended before its command ran (command not found, a sandbox that could not start):
+    # it costs nothing, whatever it reported before (docs/billing.md). Older agents leave it out.
+    never_ran: bool = False
 
 
 class JobStatusReply(Wire):

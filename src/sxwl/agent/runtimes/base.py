@@ -33,6 +33,7 @@ class AttemptRecord:
     started_at: float
     log_offset: int = 0  # bytes of the log file the cloud has acknowledged
     stop_reason: str | None = None  # why it ended other than by its own exit status (sent as the reason)
+    never_ran: bool = False  # it ended before its command ran: the cloud bills nothing for it
     stop_cancel: bool = False
     stop_at: float | None = None
     stop_grace_s: float | None = None  # the cloud's grace for this stop; None: the agent's --stop-grace

@@ -392,8 +392,9 @@ class LocalRuntime(AttemptDirs[LocalJob]):
     def _finish(self, job: LocalJob, code: int | None) -> None:
         job.exit_code = code
         reason_file = self.workdir(job.job_id, job.attempt) / REASON_FILE
-        if job.stop_reason is None and reason_file.exists():
-            job.stop_reason = reason_file.read_text()  # the command could not run: "command not found: …"
+        if reason_file.exists():  # the command could not run: "command not found: …"
+            job.never_ran = True
+            job.stop_reason = job.stop_reason or reason_file.read_text()
         cgroup = self.cgroup_name(job.job_id, job.attempt)
         if job.stop_reason is None and code != 0 and self.cgroups.oom_kills(cgroup):
             limit = self.setup.bounds.memory_bytes or 0

@@ -256,9 +256,10 @@ def ack_command(command_id: PosInt32, cpod: CurrentCPod, ctx: Ctx) -> Response:
 
 @router.post(paths.JOB_STATUS, response_model=JobStatusReply, responses=ATTEMPT_ERRORS)
 def job_status(job_id: str, body: JobStatus, cpod: CurrentCPod, ctx: Ctx) -> JobStatusReply:
+    state = JobState(body.state)
     with ctx.db.session() as session:
         job = attempts.report_status(
-            session, cpod, job_id, body.attempt, JobState(body.state), body.exit_code, body.reason
+            session, cpod, job_id, body.attempt, state, body.exit_code, body.reason, never_ran=body.never_ran
         )
         return JobStatusReply(state=job.state.value, stop=job.cancel_requested_at is not None)
 

@@ -19,7 +19,6 @@ from sxwl.cloud.api.money_schemas import (
     PriceOut,
     PricesIn,
     RevenueOut,
-    StatementLine,
     StatementOut,
     TopUpIn,
     TransactionOut,
@@ -49,29 +48,9 @@ def _month(month: str | None) -> tuple[str, datetime, datetime]:
     return month, start, end
 
 
-def _lines(rows: list[StatementRow]) -> list[StatementLine]:
-    return [
-        StatementLine(
-            job_id=r.job_id,
-            job_name=r.job_name,
-            attempt=r.attempt,
-            cpod_id=r.cpod_id,
-            resource=r.resource,
-            gpu_product=r.gpu_product,
-            units=r.units,
-            unit_seconds=r.unit_seconds,
-            unit_price=r.unit_price,
-            gross=r.gross,
-            fee=r.fee,
-            net=r.net,
-        )
-        for r in rows
-    ]
-
-
-def _csv(rows: list[StatementRow], name: str) -> Response:
+def _csv(rows: list[StatementRow], name: str, *, provider: bool = False) -> Response:
     return Response(
-        billing.statement_csv(rows),
+        billing.statement_csv(rows, provider=provider),
         media_type=CSV_TYPE,
         headers={"Content-Disposition": f'attachment; filename="{name}.csv"', **NO_STORE},
     )
@@ -115,7 +94,7 @@ def balance(user: CurrentUser, ctx: Ctx) -> BalanceOut:
 def statement(
     user: CurrentUser, ctx: Ctx, month: Month = None, format: Format = "json"
 ) -> Response | StatementOut:
-    """Charges per job attempt in a month; ``format=csv`` downloads them."""
+    """What the user paid per job attempt in a month; ``format=csv`` downloads it."""
     name, start, end = _month(month)
     with ctx.db.session() as session:
         rows = billing.usage_rows(session, start, end, payer_id=user.id)
@@ -124,7 +103,7 @@ def statement(
         top_ups = [_transaction(session, tx) for tx in billing.top_ups(session, user.id, start, end)]
     total = sum(r.gross for r in rows)
     return StatementOut(
-        month=name, lines=_lines(rows), total=total, total_yuan=yuan_str(total), top_ups=top_ups
+        month=name, lines=billing.charges(rows), total=total, total_yuan=yuan_str(total), top_ups=top_ups
     )
 
 
@@ -144,7 +123,7 @@ def provider_earnings(
     with ctx.db.session() as session:
         mine = earnings.earnings_of(session, user.id, start, end)
     if format == "csv":
-        return _csv(mine.rows, f"sxwl-earnings-{name}")
+        return _csv(mine.rows, f"sxwl-earnings-{name}", provider=True)
 
     def parts(items: list[earnings.Breakdown]) -> list[BreakdownOut]:
         return [
@@ -173,7 +152,7 @@ def provider_earnings(
         utilisation=mine.sold_gpu_hours / mine.offered_gpu_hours if mine.offered_gpu_hours else None,
         by_cpod=parts(mine.by_cpod),
         by_product=parts(mine.by_product),
-        lines=_lines(mine.rows),
+        lines=mine.rows,
     )
 
 

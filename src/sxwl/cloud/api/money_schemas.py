@@ -8,6 +8,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
+from sxwl.cloud.services.billing import Charge, StatementRow
 from sxwl.protocol.fields import Name, Strict, Text
 from sxwl.protocol.money import FeePercent, YuanAmount, YuanPrice, yuan
 
@@ -77,24 +78,9 @@ class BalanceOut(BaseModel):
     low: bool
 
 
-class StatementLine(BaseModel):
-    job_id: str
-    job_name: str
-    attempt: int
-    cpod_id: str | None
-    resource: str
-    gpu_product: str | None
-    units: int
-    unit_seconds: float
-    unit_price: int
-    gross: int
-    fee: int
-    net: int
-
-
 class StatementOut(BaseModel):
     month: str
-    lines: list[StatementLine]
+    lines: list[Charge]
     total: int
     total_yuan: str
     top_ups: list[TransactionOut]
@@ -123,7 +109,7 @@ class EarningsOut(BaseModel):
     utilisation: float | None  # sold ÷ offered GPU-hours this month; None before anything was offered
     by_cpod: list[BreakdownOut]
     by_product: list[BreakdownOut]
-    lines: list[StatementLine]
+    lines: list[StatementRow]
 
 
 class RevenueOut(BaseModel):

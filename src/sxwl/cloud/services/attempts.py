@@ -72,10 +72,13 @@ def finish(job: Job, state: JobState, exit_code: int | None = None, reason: str 
     job.reason = reason
 
 
-def close_attempt(session: Session, job: Job, outcome: str, *, reported: bool) -> None:
+def close_attempt(
+    session: Session, job: Job, outcome: str, *, reported: bool, never_ran: bool = False
+) -> None:
     """Closes the current attempt. Its proof of life is fixed now (invariant 9,
     docs/architecture.md): the agent's own report when ``reported``, otherwise the last heartbeat
-    that listed it, so a CPod that vanished is paid only for time it proved."""
+    that listed it, so a CPod that vanished is paid only for time it proved; ``never_ran``: its
+    command never started, so nothing after its start is billed."""
     placed = session.get(JobAttempt, (job.id, job.attempt))
     if placed is None or placed.finished_at is not None:
         return
@@ -84,7 +87,7 @@ def close_attempt(session: Session, job: Job, outcome: str, *, reported: bool) -
     if placed.started_at is None:
         return
     if reported:
-        placed.proven_until = placed.finished_at
+        placed.proven_until = placed.started_at if never_ran else placed.finished_at
         return
     cpod = session.get(CPod, placed.cpod_id) if placed.cpod_id else None
     if cpod is not None and cpod.last_heartbeat_at and f"{job.id}:{job.attempt}" in cpod.reported_jobs:
@@ -158,6 +161,8 @@ def report_status(
     state: JobState,
     exit_code: int | None,
     reason: str | None,
+    *,
+    never_ran: bool = False,
 ) -> Job:
     job = job_for_agent(session, cpod, job_id, attempt)
     if job.state == state:
@@ -177,7 +182,7 @@ def report_status(
             state, reason = JobState.CANCELLED, job.cancel_reason or reason or "cancelled"
         if reason is None and state == JobState.FAILED and exit_code is not None:
             reason = f"exit code {exit_code}"
-        close_attempt(session, job, state.value, reported=True)
+        close_attempt(session, job, state.value, reported=True, never_ran=never_ran)
         finish(job, state, exit_code, reason)
         state, reason = job.state, job.reason
         on_commit(session).wake_scheduler()

@@ -8,7 +8,9 @@ import io
 import re
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from decimal import Decimal
 
+from pydantic import BaseModel, ConfigDict, Field, computed_field
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
@@ -209,26 +211,40 @@ def month_bounds(month: str) -> tuple[datetime, datetime]:
     return start, end
 
 
-@dataclass(frozen=True)
-class StatementRow:
-    """One attempt's usage within a month."""
+class Charge(BaseModel):
+    """One attempt's usage within a month as its user pays for it: a row of the user's statement, in
+    the API as here (no CPod, no split of the amount between provider and platform: not the
+    user's)."""
+
+    model_config = ConfigDict(frozen=True)
 
     job_id: str
     job_name: str
     attempt: int
-    cpod_id: str | None
     resource: str
     gpu_product: str | None
     units: int
-    usage_us: int  # of the attempt (GPU-seconds are this times units)
-    unit_price: int
-    gross: int
-    fee: int
-    net: int
+    usage_us: int = Field(description="of the attempt, exact (unit-seconds are this times units)")
+    unit_price: int = Field(description="micro-yuan per unit-hour")
+    gross: int = Field(description="micro-yuan the user paid")
 
+    @computed_field  # type: ignore[prop-decorator]  # pydantic's documented use
     @property
     def unit_seconds(self) -> float:
         return self.units * self.usage_us / 1_000_000
+
+
+class StatementRow(Charge):
+    """The same usage as its provider earns it: the CPod that ran it and the platform's fee."""
+
+    cpod_id: str | None
+    fee: int
+    net: int = Field(description="micro-yuan the provider earned")
+
+
+def charges(rows: list[StatementRow]) -> list[Charge]:
+    """What the user's statement shows of each row."""
+    return [Charge.model_validate(row.model_dump(include=set(Charge.model_fields))) for row in rows]
 
 
 def usage_rows(
@@ -280,24 +296,26 @@ def usage_rows(
         stmt = stmt.where(tx.provider_id == provider_id)
     return [
         StatementRow(
-            r[0], r[1], r[2], r[3], r[4], r[5], r[6], int(r[7]), r[8], int(r[9]), int(r[10]), int(r[11])
+            job_id=r[0],
+            job_name=r[1],
+            attempt=r[2],
+            cpod_id=r[3],
+            resource=r[4],
+            gpu_product=r[5],
+            units=r[6],
+            usage_us=int(r[7]),
+            unit_price=r[8],
+            gross=int(r[9]),
+            fee=int(r[10]),
+            net=int(r[11]),
         )
         for r in session.execute(stmt)
     ]
 
 
-CSV_COLUMNS = (
-    "job",
-    "job_name",
-    "attempt",
-    "cpod",
-    "gpu_product",
-    "gpu_seconds",
-    "unit_price_per_hour",
-    "gross",
-    "fee",
-    "net",
-)
+# A user's statement: what they paid. A provider's earnings add the CPod and the split.
+CSV_COLUMNS = ("job", "job_name", "attempt", "gpu_product", "gpu_seconds", "unit_price_per_hour", "gross")
+EARNINGS_CSV_COLUMNS = (*CSV_COLUMNS[:3], "cpod", *CSV_COLUMNS[3:], "fee", "net")
 
 
 def _cell(text: str) -> str:
@@ -306,26 +324,22 @@ def _cell(text: str) -> str:
     return "'" + text if text[:1] in ("=", "+", "-", "@", "\t", "\r") else text
 
 
-def statement_csv(rows: list[StatementRow]) -> str:
-    """The statement as CSV, in yuan: rounded here, on the statement, and nowhere before."""
+def statement_csv(rows: list[StatementRow], *, provider: bool = False) -> str:
+    """The user's statement (``provider``: the provider's earnings) as CSV, in exact yuan."""
     out = io.StringIO()
     writer = csv.writer(out)
-    writer.writerow(CSV_COLUMNS)
+    writer.writerow(EARNINGS_CSV_COLUMNS if provider else CSV_COLUMNS)
     for row in rows:
-        writer.writerow(
-            [
-                row.job_id,
-                _cell(row.job_name),
-                row.attempt,
-                row.cpod_id or "",
-                _cell(row.gpu_product or "CPU"),
-                f"{row.unit_seconds:.3f}",
-                yuan_text(row.unit_price, 6),
-                yuan_text(row.gross, 6),
-                yuan_text(row.fee, 6),
-                yuan_text(row.net, 6),
-            ]
-        )
+        cells: list[str | int] = [row.job_id, _cell(row.job_name), row.attempt]
+        if provider:
+            cells.append(row.cpod_id or "")
+        # Unit-seconds exactly: usage is whole microseconds.
+        seconds = Decimal(row.units * row.usage_us).scaleb(-6)
+        cells += [_cell(row.gpu_product or "CPU"), f"{seconds:.6f}", yuan_text(row.unit_price, 6)]
+        cells.append(yuan_text(row.gross, 6))
+        if provider:
+            cells += [yuan_text(row.fee, 6), yuan_text(row.net, 6)]
+        writer.writerow(cells)
     return out.getvalue()
 
 

@@ -90,8 +90,10 @@ def estimates(
     found = []
     for fine_tune, job in pairs:
         so_far = costs[job.id]
-        done = fine_tune.step / fine_tune.total_steps if fine_tune.total_steps else None
-        percent = min(100.0, 100.0 * done) if done is not None else None
+        # The step times 100 first, then one division rounded to two places: 7 of 100 steps is 7.0,
+        # not 100 × 0.07 = 7.000000000000001.
+        total = fine_tune.total_steps
+        percent = min(100.0, round(100 * fine_tune.step / total, 2)) if total else None
         if job.state in TERMINAL_STATES:
             found.append(Estimate(percent, None, so_far.cost, so_far.cost))
             continue

@@ -28,6 +28,9 @@ from sxwl.cloud.services.metering_writes import Slices
 from sxwl.protocol.money import cost, provider_share
 
 _US = timedelta(microseconds=1)
+# How long a running attempt runs before its first slice is rated: longer than an agent takes to
+# report that the command never started after all (docs/billing.md).
+FIRST_SLICE_US = 10_000_000
 _ATTEMPTS = cast(Table, JobAttempt.__table__)
 _CPODS = cast(Table, CPod.__table__)
 _COLUMNS = tuple(
@@ -143,7 +146,12 @@ def _pass(
         charged = cost(row.units, row.price_per_hour, target)
         # A running attempt's mark waits until its usage costs something: otherwise its seconds
         # would be in no usage line, and statements would count fewer GPU-seconds than were rated.
-        if not closed and (target == row.rated_us or charged == row.charged):
+        # Its first slice also waits out FIRST_SLICE_US, so that a start whose command never ran
+        # (reported as such within a second or two) was never rated and costs nothing.
+        first = row.rated_us == 0
+        if not closed and (
+            target == row.rated_us or charged == row.charged or (first and target < FIRST_SLICE_US)
+        ):
             continue
         earned = provider_share(charged, row.fee_bp)
         gross = charged - row.charged

@@ -1,0 +1,90 @@
+"""A job whose command is not found costs nothing: a served cloud metering every 0.2 s at 1 CNY per
+GPU-second, a real agent of the local runtime, and a command that does not exist; and what the
+local runtime tells apart, a command that never ran from one that ran and exited 127
+(docs/billing.md)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import httpx
+import pytest
+from sqlalchemy import create_engine, select
+from sqlalchemy.orm import Session
+
+from sxwl.agent.runtimes.local import LocalRuntime
+from sxwl.cloud.db.models import JobAttempt
+from sxwl.cloud.db.money_models import UsageLine
+from sxwl.cloud.services import ledger
+from sxwl.protocol.models import Assignment
+from tests.support.agent import eventually
+from tests.support.browser import api_token, create_admin
+from tests.test_jobs_process import PRODUCT, World
+
+
+def test_a_command_that_is_not_found_costs_nothing(
+    tmp_path: Path, db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    world = World(tmp_path, db_url, SXWL_BILLING_ENABLED="true", SXWL_METERING_INTERVAL_S="0.2")
+    try:
+        monkeypatch.setenv("SXWL_DATABASE_URL", db_url)  # for the CLI that makes the admin
+        create_admin(world.root / "cloud", "admin@example.com")
+        admin = {"Authorization": f"Bearer {api_token(world.url, 'admin@example.com')}"}
+        price = {"product": PRODUCT, "price_per_hour_yuan": "3600", "fee_percent": "10"}
+        httpx.put(
+            f"{world.url}/api/v1/admin/prices", headers=admin, json={"prices": [price]}
+        ).raise_for_status()
+        me = httpx.get(f"{world.url}/api/v1/me", headers=world.user).json()
+        top_up = {"user_id": me["id"], "amount_yuan": "100", "note": "test"}
+        httpx.post(f"{world.url}/api/v1/admin/top-ups", headers=admin, json=top_up).raise_for_status()
+        world.agent()
+        world.online()
+        job_id = world.submit(["no-such-command-sxwl", "--now"], max_runtime_s=60)
+        job = world.wait_state(job_id, "failed", "succeeded", "cancelled", timeout=60)
+        assert job["state"] == "failed" and "no-such-command-sxwl" in job["reason"], job
+        assert job["exit_code"] == 127
+
+        engine = create_engine(db_url)
+        try:
+
+            def settled() -> bool:
+                """Never started (the agent saw the failure before it reported ``running``), or
+                rated to its end by the metering passes (every 0.2 s) that ran meanwhile."""
+                with Session(engine) as session:
+                    placed = session.scalars(select(JobAttempt).where(JobAttempt.job_id == job_id)).one()
+                    return placed.started_at is None or placed.rated_done
+
+            eventually(settled, timeout=30, what="the attempt rated to its end")
+            statement = httpx.get(f"{world.url}/api/v1/billing/statement", headers=world.user).json()
+            assert statement["lines"] == [] and statement["total"] == 0
+            assert world.job(job_id)["cost"] == 0
+            balance = httpx.get(f"{world.url}/api/v1/billing/balance", headers=world.user).json()
+            assert balance["balance"] == 100_000_000
+            with Session(engine) as session:
+                assert session.scalars(select(UsageLine)).all() == []
+                report = ledger.check(session)
+                assert report.ok, report
+        finally:
+            engine.dispose()
+    finally:
+        world.close()
+
+
+@pytest.mark.parametrize(
+    ("command", "never_ran"),
+    [(["no-such-command-sxwl", "--now"], True), (["/bin/sh", "-c", "exit 127"], False)],
+)
+def test_the_local_runtime_tells_a_command_that_never_ran(
+    tmp_path: Path, command: list[str], never_ran: bool
+) -> None:
+    """What the agent reports as ``never_ran``: its sandbox could not run the command at all, not a
+    command that ran and exited 127 (as a shell does for a program it cannot find)."""
+    runtime = LocalRuntime(tmp_path / "state", [])
+    runtime.accepted_owners = None  # this test's own job: run it where it cannot be isolated too
+    job = runtime.start(
+        Assignment(job_id="j1", attempt=1, name="t", owner_id="u", command=command, gpus_per_node=0, nodes=1)
+    )
+    eventually(lambda: bool(runtime.poll()), timeout=30, what="the job to end")
+    assert (job.outcome, job.exit_code, job.never_ran) == ("failed", 127, never_ran)
+    if never_ran:
+        assert job.stop_reason == "command not found: no-such-command-sxwl"
