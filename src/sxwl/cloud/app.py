@@ -113,7 +113,6 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         openai_api.include_router(router)
     app.include_router(openai_api)
 
-    heartbeat_path = paths.url(paths.HEARTBEAT)
     registry = CollectorRegistry()
     metrics = HttpMetrics(registry)
 
@@ -138,7 +137,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     mounted = [(API_PREFIX, router) for router in API_ROUTERS] + [(OPENAI_PREFIX, r) for r in OPENAI_ROUTERS]
     rules = BodyRules(mounted + list(web.BODY_RULED), settings)  # the console's dataset upload
     app.add_middleware(BodyLimit, rule_for=rules.rule_for)
-    app.add_middleware(RequestContext, metrics=metrics, quiet_paths=frozenset({heartbeat_path}))
+    app.add_middleware(RequestContext, metrics=metrics)
     document_bodies(app, agent.DOCUMENTED_BODIES)
     return app
 

@@ -15,8 +15,24 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from sxwl.cloud.errors import error_body
 from sxwl.cloud.logs import request_id_var
+from sxwl.protocol import paths
 
 log = logging.getLogger("sxwl.http")
+
+# Agents' and their pods' routes: heartbeats, long-polls, status, logs, artifacts, inputs. A CPod
+# makes about one a second; a fleet, a thousand.
+AGENT_PREFIX = paths.API + paths.AGENT + "/"
+# A long-poll lasts as long as it waits: its duration says nothing about the cloud's speed.
+LONG_POLLS = frozenset({paths.url(paths.ASSIGNMENTS)})
+SLOW_S = 2.0
+
+
+def request_level(path: str, status: int, elapsed_s: float) -> int:
+    """Agent traffic that went well and fast is DEBUG: a log file gets one line per agent request
+    otherwise. Its errors and slow requests, and every request of people, stay at INFO."""
+    routine = status < 400 and path.startswith(AGENT_PREFIX)
+    fast = elapsed_s < SLOW_S or path in LONG_POLLS
+    return logging.DEBUG if routine and fast else logging.INFO
 
 
 class HttpMetrics:
@@ -53,14 +69,12 @@ def route_template(scope: Scope) -> str:
 
 
 class RequestContext:
-    """Gives each request an id (echoed as X-Request-ID), logs it, and records metrics by route.
-    Successful requests to ``quiet_paths`` (routine agent traffic, a thousand a second in a large
-    fleet) are logged at DEBUG; their failures still at INFO."""
+    """Gives each request an id (echoed as X-Request-ID), logs it (at ``request_level``), and
+    records metrics by route."""
 
-    def __init__(self, app: ASGIApp, metrics: HttpMetrics, quiet_paths: frozenset[str] = frozenset()) -> None:
+    def __init__(self, app: ASGIApp, metrics: HttpMetrics) -> None:
         self.app = app
         self.metrics = metrics
-        self.quiet_paths = quiet_paths
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -101,20 +115,21 @@ class RequestContext:
             route_name = route_template(scope)
             self.metrics.requests.labels(scope["method"], route_name, str(status)).inc()
             self.metrics.latency.labels(scope["method"], route_name).observe(elapsed)
-            client = scope.get("client")
-            quiet = status < 400 and scope["path"] in self.quiet_paths
-            log.log(
-                logging.DEBUG if quiet else logging.INFO,
-                "request",
-                extra={
-                    "method": scope["method"],
-                    # Path only: query strings are not logged.
-                    "path": scope["path"],
-                    "status": status,
-                    "duration_ms": round(elapsed * 1000, 1),
-                    "client": client[0] if client else None,
-                },
-            )
+            level = request_level(scope["path"], status, elapsed)
+            if log.isEnabledFor(level):
+                client = scope.get("client")
+                log.log(
+                    level,
+                    "request",
+                    extra={
+                        "method": scope["method"],
+                        # Path only: query strings are not logged.
+                        "path": scope["path"],
+                        "status": status,
+                        "duration_ms": round(elapsed * 1000, 1),
+                        "client": client[0] if client else None,
+                    },
+                )
             request_id_var.reset(token)
 
 
