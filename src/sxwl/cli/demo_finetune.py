@@ -1,11 +1,17 @@
 """What `sxwl up` prepares for fine-tuning (docs/finetune.md): a tiny base model of a real
 architecture, built offline and registered as public, and a sample chat dataset in the demo user's
-files, so a new user can start a fine-tune from the console at once and watch it finish on CPUs."""
+files, so a new user can start a fine-tune from the console at once and watch it finish on CPUs.
+
+Both are built by ``python -m sxwl.trainer.tiny`` in a process of its own: the training stack
+(torch, transformers, triton) never loads into the cloud's process, which would otherwise carry it
+for its whole life and print its leaks when stopped."""
 
 from __future__ import annotations
 
 import asyncio
 import importlib.util
+import subprocess
+import sys
 import tempfile
 from collections.abc import Coroutine
 from concurrent.futures import ThreadPoolExecutor
@@ -42,8 +48,6 @@ def ensure_demo_finetune(ctx: CloudContext, user: User) -> str | None:
     is missing for the demo, or None when it is ready."""
     if not training_installed():
         return "fine-tuning needs the training extra: pip install -e '.[train]'"
-    from sxwl.trainer import tiny  # the training libraries load only when they are installed
-
     with ctx.db.session() as session:
         public = CatalogModel.owner_id.is_(None)
         demo_model = session.scalar(select(CatalogModel.id).where(CatalogModel.name == DEMO_MODEL, public))
@@ -55,13 +59,28 @@ def ensure_demo_finetune(ctx: CloudContext, user: User) -> str | None:
         )
     with tempfile.TemporaryDirectory(prefix="sxwl-demo-") as scratch:
         root = Path(scratch)
+        model, dataset = root / DEMO_MODEL, root / DEMO_DATASET
+        build = [
+            *([str(model)] if demo_model is None else []),
+            *([] if has_file else ["--dataset", str(dataset)]),
+        ]
+        if build:
+            # Its output is kept unless it fails: the training stack prints its own leaks on exit.
+            done = subprocess.run(
+                [sys.executable, "-m", "sxwl.trainer.tiny", *build],
+                capture_output=True,
+                text=True,
+                check=False,
+            )
+            if done.returncode != 0:
+                said = done.stderr.strip().splitlines()[-3:]
+                return f"the demo model and dataset could not be built: {' '.join(said) or done.returncode}"
         if demo_model is None:
             archive = root / "model.tar"
-            pack_directory(tiny.build(root / DEMO_MODEL), archive)
+            pack_directory(model, archive)
             with archive.open("rb") as handle:
                 _run(model_catalog.register_public(ctx, name=DEMO_MODEL, archive=handle))
         if not has_file:
-            dataset = tiny.sample_dataset(root / DEMO_DATASET, n=40)
             with dataset.open("rb") as handle:
                 chunks = model_catalog.file_chunks(handle)
                 _run(

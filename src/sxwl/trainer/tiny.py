@@ -1,7 +1,8 @@
-"""``python -m sxwl.trainer.tiny OUT_DIR [--seed N]``: a tiny Llama (a few hundred thousand
-parameters) with a byte-level BPE tokenizer trained on a built-in English and Chinese corpus, saved
-as a hub model directory, built offline in seconds and the same for the same seed; and
-``sample_dataset``, a toy chat dataset for it. The demo, the tests and the GPU check train these."""
+"""``python -m sxwl.trainer.tiny [OUT_DIR] [--dataset FILE] [--seed N]``: a tiny Llama (a few hundred
+thousand parameters) with a byte-level BPE tokenizer trained on a built-in English and Chinese
+corpus, saved as a hub model directory, built offline in seconds and the same for the same seed;
+and ``sample_dataset``, a toy chat dataset for it. The demo, the tests and the GPU check train
+these; the demo runs this in a process of its own, so the cloud never loads the training stack."""
 
 from __future__ import annotations
 
@@ -128,11 +129,18 @@ def sample_dataset(path: Path, n: int = 40, *, seed: int = 0) -> Path:
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m sxwl.trainer.tiny", description=__doc__)
-    parser.add_argument("out_dir", type=Path)
+    parser.add_argument("out_dir", type=Path, nargs="?", help="build the model here")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--dataset", type=Path, help="write the sample dataset to this file")
+    parser.add_argument("--examples", type=int, default=40, help="of the sample dataset")
     args = parser.parse_args(argv)
-    build(args.out_dir, seed=args.seed)
-    print(args.out_dir)
+    if args.out_dir is None and args.dataset is None:
+        parser.error("give OUT_DIR, --dataset FILE, or both")
+    if args.out_dir is not None:
+        build(args.out_dir, seed=args.seed)
+        print(args.out_dir)
+    if args.dataset is not None:
+        print(sample_dataset(args.dataset, n=args.examples, seed=args.seed))
     return 0
 
 
