@@ -3,13 +3,18 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+# The extras installed: EXTRAS=dev,examples leaves out the training stack (torch and its CUDA
+# libraries, about 5 GB; without it `sxwl up` has no fine-tuning demo).
+EXTRAS ?= dev,examples,train
 
 .PHONY: run test lint test-deps bench clean 3kctl-zipapp k8s-bins seaweedfs-bin test-k8s
 
+# What it installs and how big, and enough room for it, are checked before pip starts.
 $(STAMP): pyproject.toml
+	$(PYTHON) scripts/install-preflight.py --venv $(VENV) --extras '$(EXTRAS)'
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[dev,examples,train]'
+	$(BIN)/pip install --progress-bar on -e '.[$(EXTRAS)]'
 	touch $(STAMP)
 
 run: $(STAMP)
