@@ -305,3 +305,19 @@ def test_a_start_whose_command_never_ran_costs_nothing(money: Money) -> None:
     assert money.job(ran["id"])["cost"] == 8_000  # 2 s × 2 GPUs at 7.20 per GPU-hour
     (line,) = money.client.get("/api/v1/billing/statement", headers=money.user).json()["lines"]
     assert (line["job_id"], line["usage_us"], line["gross"]) == (ran["id"], 2_000_000, 8_000)
+
+
+def test_earnings_add_up_usage_exactly(money: Money) -> None:
+    """0.1 s and 0.2 s of 2 GPUs are 0.6 GPU-seconds, not the floats' 0.6000000000000001."""
+    money.top_up("20")
+    for seconds in (0.1, 0.2):
+        job = money.submit()
+        attempt = money.take(job["id"])
+        money.status(job["id"], attempt, "running")
+        money.clock.advance(seconds)
+        money.finish(job["id"], attempt)
+    money.meter()
+    earned = money.client.get("/api/v1/earnings", headers=money.provider).json()
+    assert [(b["key"], b["unit_seconds"]) for b in earned["by_product"]] == [(PRODUCT, 0.6)]
+    assert [b["unit_seconds"] for b in earned["by_cpod"]] == [0.6]
+    assert earned["sold_gpu_hours"] == 0.6 / 3600

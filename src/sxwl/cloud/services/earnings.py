@@ -18,7 +18,7 @@ from sxwl.cloud.services import ledger
 from sxwl.cloud.services.billing import StatementRow, usage_rows
 from sxwl.cloud.services.ledger import Posting
 from sxwl.cloud.services.offers import offered_hours
-from sxwl.protocol.money import yuan_text
+from sxwl.protocol.money import US_PER_HOUR, yuan_text
 
 
 def release_once(ctx: CloudContext, now: datetime | None = None) -> int:
@@ -115,12 +115,21 @@ class Breakdown:
     """Usage of one CPod or one GPU product within a period."""
 
     key: str
-    unit_seconds: float = 0.0
-    core_seconds: float = 0.0  # the part of unit_seconds that was CPU work, counted in cores
+    # Unit-microseconds, added up as integers and divided once: a sum of floats reads 181.00000000000003.
+    unit_us: int = 0
+    core_us: int = 0  # the part of unit_us that was CPU work, counted in cores
     gross: int = 0
     fee: int = 0
     net: int = 0
     offered_hours: float = 0.0  # GPU-hours offered (per product only)
+
+    @property
+    def unit_seconds(self) -> float:
+        return self.unit_us / 1_000_000
+
+    @property
+    def core_seconds(self) -> float:
+        return self.core_us / 1_000_000
 
 
 @dataclass
@@ -174,9 +183,9 @@ def earnings_of(
     for row in rows:
         for table, key in ((by_cpod, row.cpod_id or "—"), (by_product, row.gpu_product or "CPU")):
             part = table.setdefault(key, Breakdown(key))
-            part.unit_seconds += row.unit_seconds
+            part.unit_us += row.units * row.usage_us
             if row.resource == "cpu":
-                part.core_seconds += row.unit_seconds
+                part.core_us += row.units * row.usage_us
             part.gross += row.gross
             part.fee += row.fee
             part.net += row.net
@@ -188,8 +197,8 @@ def earnings_of(
         month=sum(r.net for r in rows),
         month_gross=sum(r.gross for r in rows),
         month_fee=sum(r.fee for r in rows),
-        sold_gpu_hours=sum(r.unit_seconds for r in rows if r.resource == "gpu") / 3600,
-        offered_gpu_hours=sum(offered.values()),
+        sold_gpu_hours=sum(r.units * r.usage_us for r in rows if r.resource == "gpu") / US_PER_HOUR,
+        offered_gpu_hours=round(sum(offered.values()), 6),
         by_cpod=sorted(by_cpod.values(), key=lambda b: -b.net),
         by_product=sorted(by_product.values(), key=lambda b: -b.net),
         rows=rows,
