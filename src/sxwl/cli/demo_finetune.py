@@ -65,6 +65,7 @@ def ensure_demo_finetune(ctx: CloudContext, user: User) -> str | None:
             *([] if has_file else ["--dataset", str(dataset)]),
         ]
         if build:
+            print("Building the fine-tuning demo's model and dataset (once per data dir)…", file=sys.stderr)
             # Its output is kept unless it fails: the training stack prints its own leaks on exit.
             done = subprocess.run(
                 [sys.executable, "-m", "sxwl.trainer.tiny", *build],
