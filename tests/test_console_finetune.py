@@ -24,12 +24,14 @@ from sqlalchemy import func, select
 
 from sxwl.cloud.context import CloudContext
 from sxwl.cloud.db.finetune_models import DataFile, FineTune
+from sxwl.cloud.db.models import Job
 from sxwl.cloud.services import model_catalog
 from sxwl.cloud.services.dataset_checks import JsonlChecker
 from sxwl.cloud.web import finetune_chart, finetune_view, jobs_view
 from sxwl.cloud.web.i18n import MESSAGES
 from sxwl.cloud.web.i18n_finetune import FINETUNE_MESSAGES
 from sxwl.protocol.finetune import ADAPTER_ARTIFACT, Progress, checkpoint_artifact, progress_line
+from sxwl.protocol.reasons import Reason, english
 from tests.conftest import login, register
 from tests.support.agent import eventually
 from tests.support.billing_api import BILLING, PRODUCT, Money
@@ -474,7 +476,10 @@ def test_a_queued_fine_tune_says_what_it_waits_for_on_its_page_and_in_the_list(c
     reason = eventually(waiting, what="the scheduler's reason")  # no CPod at all
     for lang, label in (("zh", "排队原因："), ("en", "Waiting:")):
         browser.cookies.set("sxwl_lang", lang)
-        shown = html.escape(jobs_view.reason(lang, reason), quote=False)
+        with ctx_of(client).db.session() as session:
+            kept = session.scalar(select(Job.reason).where(Job.id == job_of(client, fine_tune_id)))
+        assert english(kept) == reason  # the API says in English what the row keeps as a code
+        shown = html.escape(jobs_view.reason(lang, kept), quote=False)
         page = browser.get(f"/finetune/{fine_tune_id}").text
         said = re.search(r'<p class="job-reason" id="ft-reason" data-status="queued">(.*?)</p>', page, re.S)
         assert said and label in said.group(1) and shown in said.group(1), page
@@ -592,25 +597,51 @@ def test_the_loss_chart_keeps_the_latest_report_of_a_step() -> None:
 
 
 @pytest.mark.parametrize(
-    ("message", "zh"),
+    ("said", "en", "zh"),
     [
-        ("Fine-tuning job queued", "微调已进入队列"),
-        ("Checkpoint at step 40 saved", "已保存第 40 步的检查点"),
-        ("Resumed from checkpoint at step 40 (attempt 2)", "从第 40 步的检查点继续（第 2 次尝试）"),
+        (Reason.of("ft.queued"), "Fine-tuning job queued", "微调已进入队列"),
+        (Reason.of("ft.checkpoint", step=40), "Checkpoint at step 40 saved", "已保存第 40 步的检查点"),
         (
+            Reason.of("ft.resumed", step=40, attempt=2),
+            "Resumed from checkpoint at step 40 (attempt 2)",
+            "从第 40 步的检查点继续（第 2 次尝试）",
+        ),
+        (
+            Reason.of(
+                "ft.tokens_training", file="file-1", examples=24, tokens=900, trained=300, model="tiny-llama"
+            ),
             "Training file file-1: 24 examples, 900 tokens (300 trained) with tiny-llama's tokenizer",
             "训练文件 file-1：24 个样本，tiny-llama 的分词器切出 900 个 token（其中 300 个参与训练）",
         ),
         (
+            Reason.of("ft.dropped", n=2, file="file-2"),
             "2 examples of file file-2 dropped: no assistant token within max_seq_len",
             "文件 file-2 有 2 个样本被丢弃：max_seq_len 之内没有 assistant token",
         ),
-        ("something new", "something new"),
+        (
+            Reason.of("ft.step_eval", step=600, total=2000, loss=None, eval=1.23456),
+            "Step 600/2000: training, validation loss=1.2346",
+            "第 600/2000 步：训练中，验证损失 1.2346",
+        ),
+        (
+            Reason.of(
+                "ft.failed", why=Reason.of("agent.command_not_found_but", program="python", found="python3")
+            ),
+            "The job failed: command not found: python (on PATH: python3)",
+            "微调失败：找不到命令：python（PATH 中有：python3）",
+        ),
+        # A row written before the codes: its words, as stored, in every language.
+        (
+            Reason.read("Step 600/2000: training loss=1.0000"),
+            "Step 600/2000: training loss=1.0000",
+            "Step 600/2000: training loss=1.0000",
+        ),
     ],
 )
-def test_event_messages_in_chinese(message: str, zh: str) -> None:
-    assert finetune_view.event_text("zh", message) == zh
-    assert finetune_view.event_text("en", message) == message
+def test_event_messages_in_both_languages(said: Reason, en: str, zh: str) -> None:
+    assert english(said) == en
+    assert finetune_view.event_text("zh", said) == zh
+    assert finetune_view.event_text("en", said) == en
 
 
 def test_every_problem_the_checker_finds_reads_in_chinese_on_the_console() -> None:

@@ -11,6 +11,7 @@ from fastapi.testclient import TestClient
 
 from sxwl.cloud.web import jobs_view
 from sxwl.cloud.web.i18n import MESSAGES
+from sxwl.protocol.reasons import Reason, english
 from tests.conftest import login, register
 from tests.support.agent import eventually
 from tests.support.cpods import A100, access_key, beat, gpu_node, register_cpod
@@ -498,23 +499,55 @@ def test_durations(seconds: int | None, zh: str, en: str) -> None:
     assert jobs_view.duration("en", seconds) == en
 
 
+GPUS = Reason.of("need.gpus", gpus=2, product=PRODUCT)
+
+
 @pytest.mark.parametrize(
-    ("text", "zh"),
+    ("said", "en", "zh"),
     [
-        ("waiting for the scheduler", "等待调度"),
-        (f"no online CPod offers 2 × {PRODUCT}", f"没有在线的 CPod 能提供 2 × {PRODUCT}"),
-        ("no online CPod offers 3 nodes with 8 × GPU each", "没有在线的 CPod 能提供 3 个节点、每个 8 × GPU"),
-        ("waiting for a CPU-only node to become free", "等待 仅 CPU 的节点 空闲"),
-        ("your limit of 8 concurrent GPUs is reached (8 in use)", "已达到您的并发 GPU 上限 8（已使用 8）"),
-        ("exit code 3; exit code 3", "退出码 3"),
-        ("queued again: CPod abc went offline", "重新排队：CPod abc went offline"),
-        ("max runtime of 60 s exceeded", "超过最长运行时间（60 秒）"),
-        ("something new", "something new"),
+        (Reason.of("queue.scheduler"), "waiting for the scheduler", "等待调度"),
+        (
+            Reason.of("queue.never_fits", need=GPUS),
+            f"no online CPod offers 2 × {PRODUCT}",
+            f"没有在线的 CPod 能提供 2 × {PRODUCT}",
+        ),
+        (
+            Reason.of(
+                "queue.never_fits",
+                need=Reason.of("need.nodes", nodes=3, each=Reason.of("need.gpus_any", gpus=8)),
+            ),
+            "no online CPod offers 3 nodes with 8 × GPU each",
+            "没有在线的 CPod 能提供 3 个节点、每个 8 × GPU",
+        ),
+        (
+            Reason.of("queue.busy", need=Reason.of("need.cpu")),
+            "waiting for a CPU-only node to become free",
+            "等待 仅 CPU 的节点 空闲",
+        ),
+        (
+            Reason.of("queue.limit", limit=8, used=8),
+            "your limit of 8 concurrent GPUs is reached (8 in use)",
+            "已达到您的并发 GPU 上限 8（已使用 8）",
+        ),
+        (Reason.of("job.exit_code", code=3), "exit code 3", "退出码 3"),
+        (
+            Reason.of("queue.requeued", why=Reason.of("job.cpod_offline", cpod="abc")),
+            "queued again: CPod abc went offline",
+            "重新排队：CPod abc 已离线",
+        ),
+        (
+            Reason.of("agent.max_runtime", seconds=60),
+            "max runtime of 60 s exceeded",
+            "超过最长运行时间（60 秒）",
+        ),
+        # A row written before the codes: its words, as stored, in every language.
+        (Reason.read("something new"), "something new", "something new"),
     ],
 )
-def test_reasons_in_chinese(text: str, zh: str) -> None:
-    assert jobs_view.reason("zh", text) == zh
-    assert jobs_view.reason("en", text) == text.split("; ")[0]
+def test_reasons_in_both_languages(said: Reason, en: str, zh: str) -> None:
+    assert english(said) == en
+    assert jobs_view.reason("zh", said) == zh
+    assert jobs_view.reason("en", said) == en
 
 
 def test_sizes() -> None:

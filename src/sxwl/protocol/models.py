@@ -9,7 +9,7 @@ from typing import Literal
 
 from pydantic import AliasChoices, Field, field_validator, model_validator
 
-from sxwl.protocol.fields import Int32, Name, NonNegInt32, NonNegInt64, PosInt32, Text, Wire, WireIn
+from sxwl.protocol.fields import Int32, Int64, Name, NonNegInt32, NonNegInt64, PosInt32, Text, Wire, WireIn
 from sxwl.protocol.finetune import CachedInput, JobInput, TrainerSpec
 
 # Bumped on incompatible changes; the cloud accepts MIN_SUPPORTED..PROTOCOL_VERSION.
@@ -202,6 +202,10 @@ class JobStatus(WireIn):
     state: AgentJobState
     exit_code: Int32 | None = None
     reason: Text | None = Field(default=None, max_length=REASON_MAX_CHARS)
+    # The reason as a code and its parameters (protocol/reasons.py), so that the cloud words it in each
+    # reader's language; ``reason`` stays the English, for a cloud that does not know the code.
+    reason_code: Text | None = Field(default=None, max_length=64)
+    reason_params: dict[Text, Text | Int64 | None] = Field(default_factory=dict, max_length=16)
 
 
 class JobStatusReply(Wire):

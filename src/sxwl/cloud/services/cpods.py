@@ -30,6 +30,7 @@ from sxwl.cloud.services import accounts, attempts, sessions
 from sxwl.cloud.services.gpu_summary import GpuSummary, add_up, summarize
 from sxwl.cloud.services.prices import price_book
 from sxwl.protocol import IsolationReport, RegisterRequest
+from sxwl.protocol.reasons import Reason
 
 CPOD_TOKEN_PREFIX = "sxcp_"  # noqa: S105 - a prefix, not a secret
 
@@ -265,7 +266,7 @@ def sweep_liveness(
                 add_event(session, cpod_id, target.value, f"{missed} heartbeats missed")
                 moved.append((cpod_id, target))
                 if target == CPodStatus.OFFLINE:
-                    attempts.requeue_cpod_jobs(session, cpod_id, f"CPod {cpod_id} went offline")
+                    attempts.requeue_cpod_jobs(session, cpod_id, Reason.of("job.cpod_offline", cpod=cpod_id))
     return moved
 
 
@@ -327,7 +328,7 @@ def revoke(session: Session, user: User, cpod_id: str) -> CPod:
         cpod.token_hash = None
         cpod.status = CPodStatus.OFFLINE
         add_event(session, cpod.id, "revoked", None, actor=user)
-        attempts.requeue_cpod_jobs(session, cpod.id, f"CPod {cpod.id} was revoked")
+        attempts.requeue_cpod_jobs(session, cpod.id, Reason.of("job.cpod_revoked", cpod=cpod.id))
     return cpod
 
 

@@ -26,7 +26,9 @@ from sxwl.cloud.db.models import TERMINAL_STATES, Job, Role, User
 from sxwl.cloud.services import datasets, fine_tune_estimate, fine_tunes, model_catalog
 from sxwl.cloud.web.finetune_chart import Chart, loss_chart
 from sxwl.cloud.web.i18n import translate
+from sxwl.cloud.web.i18n_reasons import reason_text
 from sxwl.cloud.web.jobs_view import size
+from sxwl.protocol.reasons import Reason
 
 LIST_LIMIT = 50
 FILES_LIMIT = 100
@@ -44,48 +46,6 @@ def status_name(lang: str, status: str) -> str:
     key = f"ft.status.{status}"
     text = translate(lang, key)
     return status if text == key else text
-
-
-_COUNTS = (
-    r"(?P<file>\S+): (?P<examples>\d+) examples, (?P<tokens>\d+) tokens \((?P<trained>\d+) trained\) "
-    r"with (?P<model>.+)'s tokenizer"
-)
-_EVENTS: list[tuple[re.Pattern[str], str]] = [
-    (re.compile(r"^Validating training file: (?P<file>\S+)$"), "ft.msg.validating_training"),
-    (re.compile(r"^Validating validation file: (?P<file>\S+)$"), "ft.msg.validating_validation"),
-    (re.compile(r"^Files validated$"), "ft.msg.files_validated"),
-    (re.compile(r"^Created fine-tuning job: (?P<id>\S+)$"), "ft.msg.created"),
-    (re.compile(r"^Fine-tuning job queued$"), "ft.msg.queued"),
-    (re.compile(r"^Fine-tuning job started$"), "ft.msg.started"),
-    (
-        re.compile(r"^Step (?P<step>\d+)/(?P<total>\d+): training loss=(?P<loss>[0-9.eE+-]+)$"),
-        "ft.msg.step",
-    ),
-    (
-        re.compile(
-            r"^Step (?P<step>\d+)/(?P<total>\d+): training loss=(?P<loss>[0-9.eE+-]+), "
-            r"validation loss=(?P<eval>[0-9.eE+-]+)$"
-        ),
-        "ft.msg.step_eval",
-    ),
-    (re.compile(rf"^Training file {_COUNTS}$"), "ft.msg.tokens_training"),
-    (re.compile(rf"^Validation file {_COUNTS}$"), "ft.msg.tokens_validation"),
-    (
-        re.compile(
-            r"^(?P<n>\d+) examples of file (?P<file>\S+) dropped: no assistant token within max_seq_len$"
-        ),
-        "ft.msg.dropped",
-    ),
-    (re.compile(r"^Checkpoint at step (?P<step>\d+) saved$"), "ft.msg.checkpoint"),
-    (
-        re.compile(r"^Resumed from checkpoint at step (?P<step>\d+) \(attempt (?P<attempt>\d+)\)$"),
-        "ft.msg.resumed",
-    ),
-    (re.compile(r"^Training finished; saving the adapter$"), "ft.msg.done"),
-    (re.compile(r"^The job has successfully completed$"), "ft.msg.succeeded"),
-    (re.compile(r"^The job was cancelled: (?P<why>.*)$"), "ft.msg.cancelled"),
-    (re.compile(r"^The job failed: (?P<why>.*)$"), "ft.msg.failed"),
-]
 
 
 # A dataset's problems, as services/dataset_checks.py words them (English, as the API gives them).
@@ -122,24 +82,19 @@ _PROBLEMS: list[tuple[re.Pattern[str], str]] = [
 ]
 
 
-def _translated(lang: str, message: str, table: list[tuple[re.Pattern[str], str]]) -> str:
+def problem_text(lang: str, message: str) -> str:
+    """A dataset line's problem in the console's language; one it does not know, as it is."""
     if lang == "en":
         return message
-    for pattern, key in table:
+    for pattern, key in _PROBLEMS:
         if match := pattern.match(message):
             return translate(lang, key, **match.groupdict())
     return message
 
 
-def problem_text(lang: str, message: str) -> str:
-    """A dataset line's problem in the console's language; one it does not know, as it is."""
-    return _translated(lang, message, _PROBLEMS)
-
-
-def event_text(lang: str, message: str) -> str:
-    """An event's message (English, as the API gives it) in the console's language; a message this
-    console does not know is shown as it is."""
-    return _translated(lang, message, _EVENTS)
+def event_text(lang: str, message: Reason) -> str:
+    """An event's message in the console's language, from its code (web/i18n_reasons.py)."""
+    return reason_text(lang, message)
 
 
 def params_text(parameters: int | None) -> str:
@@ -174,7 +129,7 @@ class FineTuneRow:
     created_at: datetime
     fine_tuned_model: str | None
     cancel_requested: bool
-    reason: str | None = None  # what a queued one waits for, or why it failed or was cancelled
+    reason: Reason | None = None  # what a queued one waits for, or why it failed or was cancelled
     owner_email: str | None = None  # shown when an administrator lists every user's
 
     @property
@@ -186,7 +141,7 @@ class FineTuneRow:
         """Changes whenever the row's text does, so the live list swaps the row."""
         return (
             f"{self.status}:{self.step}:{self.total_steps}:{self.cost_so_far}:{self.fine_tuned_model}"
-            f":{self.reason}"
+            f":{self.reason.stored if self.reason else ''}"
         )
 
 

@@ -21,6 +21,7 @@ from sxwl.cloud.db.models import TERMINAL_STATES, Artifact, Job, JobEvent, JobSt
 from sxwl.cloud.errors import AppError
 from sxwl.cloud.services import job_events, jobs, storage_quota
 from sxwl.cloud.web.i18n import translate
+from sxwl.cloud.web.i18n_reasons import reason_text
 from sxwl.protocol.fields import CONTROL_CHARS
 from sxwl.protocol.jobs import (
     MAX_ENV,
@@ -31,6 +32,7 @@ from sxwl.protocol.jobs import (
     JobIn,
     env_problem,
 )
+from sxwl.protocol.reasons import Reason
 
 PER_PAGE = 20
 STATES = [s.value for s in JobState]
@@ -74,60 +76,9 @@ def duration(lang: str, seconds: int | None) -> str:
 size = storage_quota.size_text
 
 
-_NEED_NODES = re.compile(r"^(?P<nodes>\d+) nodes with (?P<gpus>.+) each$")
-_REASONS: list[tuple[re.Pattern[str], str]] = [
-    (re.compile(r"^waiting for the scheduler$"), "job.reason.scheduler"),
-    (re.compile(r"^no online CPod offers (?P<need>.+)$"), "job.reason.no_cpod"),
-    (re.compile(r"^waiting for (?P<need>.+) to become free$"), "job.reason.busy"),
-    (re.compile(r"^CPod (?P<cpod>\S+) is not online$"), "job.reason.pinned_offline"),
-    (
-        re.compile(r"^your limit of (?P<limit>\d+) concurrent GPUs is reached \((?P<used>\d+) in use\)$"),
-        "job.reason.limit",
-    ),
-    (re.compile(r"^cancelled by (?P<who>.+)$"), "job.reason.cancelled_by"),
-    (re.compile(r"^by (?P<who>.+)$"), "job.reason.by"),
-    (re.compile(r"^queued again: (?P<why>.+)$"), "job.reason.requeued"),
-    (re.compile(r"^exit code (?P<code>-?\d+)$"), "job.reason.exit_code"),
-    (re.compile(r"^(?P<nodes>\d+) node\(s\) × (?P<gpus>\d+) GPU\(s\)$"), "job.reason.shape"),
-    (re.compile(r"^CPod (?P<cpod>\S+), nodes (?P<names>.+)$"), "job.reason.placed"),
-    (re.compile(r"^max runtime of (?P<s>\d+) ?s exceeded$"), "job.reason.max_runtime"),
-]
-
-
-def _need(lang: str, need: str) -> str:
-    if need == "a CPU-only node":
-        return translate(lang, "job.need.cpu")
-    if nodes := _NEED_NODES.match(need):
-        return translate(lang, "job.need.nodes", nodes=nodes["nodes"], gpus=nodes["gpus"])
-    return need
-
-
-def reason(lang: str, text: str | None) -> str:
-    """A reason or event detail the services write (English, for logs and the API) in the console's
-    language; a shape this console does not know is shown as it is. Repeated parts are shown once."""
-    if not text:
-        return ""
-    parts: list[str] = []
-    for part in text.split("; "):
-        if part in parts:
-            continue
-        parts.append(part)
-    if lang == "en":
-        return "; ".join(parts)
-    shown = []
-    for part in parts:
-        for pattern, key in _REASONS:
-            if match := pattern.match(part):
-                values = match.groupdict()
-                if "need" in values:
-                    values["need"] = _need(lang, values["need"])
-                if "why" in values:
-                    values["why"] = reason(lang, values["why"])
-                shown.append(translate(lang, key, **values))
-                break
-        else:
-            shown.append(part)
-    return "；".join(shown)
+def reason(lang: str, said: Reason | None) -> str:
+    """A reason or an event's detail in the console's language, from its code (web/i18n_reasons.py)."""
+    return reason_text(lang, said)
 
 
 def event_name(lang: str, kind: str) -> str:
