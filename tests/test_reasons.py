@@ -149,7 +149,7 @@ def test_command_not_found_names_the_interpreters_on_path(tmp_path: Path) -> Non
     report = status(1, "failed", 127, said)
     assert report.reason == "command not found: python (on PATH: python3, python3.11)"
     assert report.reason_code == "agent.command_not_found_but"
-    reason = Reason.from_wire(report.reason_code, report.reason_params, report.reason)
+    reason = report.said()
     assert english(reason) == report.reason
     assert jobs_view.reason("zh", reason) == "找不到命令：python（PATH 中有：python3, python3.11）"
     # A code this cloud does not know (a newer agent's) is kept as the agent's words.

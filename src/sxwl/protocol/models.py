@@ -11,6 +11,7 @@ from pydantic import AliasChoices, Field, field_validator, model_validator
 
 from sxwl.protocol.fields import Int32, Int64, Name, NonNegInt32, NonNegInt64, PosInt32, Text, Wire, WireIn
 from sxwl.protocol.finetune import CachedInput, JobInput, TrainerSpec
+from sxwl.protocol.reasons import Reason
 
 # Bumped on incompatible changes; the cloud accepts MIN_SUPPORTED..PROTOCOL_VERSION.
 PROTOCOL_VERSION = 1
@@ -206,6 +207,10 @@ class JobStatus(WireIn):
     # reader's language; ``reason`` stays the English, for a cloud that does not know the code.
     reason_code: Text | None = Field(default=None, max_length=64)
     reason_params: dict[Text, Text | Int64 | None] = Field(default_factory=dict, max_length=16)
+
+    def said(self) -> Reason | None:
+        """The reason as the cloud keeps it: its code if the cloud knows it, else its words."""
+        return Reason.from_wire(self.reason_code, self.reason_params, self.reason)
 
 
 class JobStatusReply(Wire):

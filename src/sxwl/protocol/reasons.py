@@ -81,10 +81,12 @@ class Reason:
 
     @classmethod
     def from_wire(
-        cls, code: str | None, params: Mapping[str, str | int | float | None], words: str
-    ) -> Reason:
+        cls, code: str | None, params: Mapping[str, str | int | float | None], words: str | None
+    ) -> Reason | None:
         """What an agent reported: its code when this cloud knows it and has every parameter its
-        English names, else its words."""
+        English names, else its words (None: it gave no reason)."""
+        if words is None:
+            return None
         template = ENGLISH.get(code or "")
         if code is None or template is None or not set(fields(template)) <= set(params):
             return cls.text(words)

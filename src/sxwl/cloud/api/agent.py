@@ -60,7 +60,6 @@ from sxwl.protocol import (
 )
 from sxwl.protocol.fields import INT32_MAX, Int32, NonNegInt64, PosInt32
 from sxwl.protocol.models import MIN_SUPPORTED_PROTOCOL
-from sxwl.protocol.reasons import Reason
 
 router = APIRouter(prefix=paths.AGENT, tags=["agent"], responses=errors(400, 401, 403, 422))
 ATTEMPT_ERRORS = errors(404, 409, 413)
@@ -258,11 +257,8 @@ def ack_command(command_id: PosInt32, cpod: CurrentCPod, ctx: Ctx) -> Response:
 @router.post(paths.JOB_STATUS, response_model=JobStatusReply, responses=ATTEMPT_ERRORS)
 def job_status(job_id: str, body: JobStatus, cpod: CurrentCPod, ctx: Ctx) -> JobStatusReply:
     with ctx.db.session() as session:
-        reason = None
-        if body.reason is not None:
-            reason = Reason.from_wire(body.reason_code, body.reason_params, body.reason)
         job = attempts.report_status(
-            session, cpod, job_id, body.attempt, JobState(body.state), body.exit_code, reason
+            session, cpod, job_id, body.attempt, JobState(body.state), body.exit_code, body.said()
         )
         return JobStatusReply(state=job.state.value, stop=job.cancel_requested_at is not None)
 
