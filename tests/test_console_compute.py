@@ -13,8 +13,9 @@ from sxwl.cloud.context import CloudContext
 from sxwl.cloud.db.models import Role
 from sxwl.cloud.db.types import utcnow
 from sxwl.cloud.services import accounts
-from sxwl.cloud.services.cpods import sweep_liveness
+from sxwl.cloud.services.cpods import counted, sweep_liveness
 from sxwl.cloud.web.compute_view import ago, event_detail, gib
+from sxwl.protocol.reasons import Reason
 from tests.test_console_forms import csrf, register_form
 
 A100 = {"vendor": "nvidia", "product": "NVIDIA-A100-SXM4-80GB", "memory_mib": 81920}
@@ -444,15 +445,18 @@ def test_relative_times_sizes_and_event_details_in_both_languages() -> None:
     ]
     assert [ago("en", s) for s in (None, 12, 3599, 3600)] == ["never", "12 s ago", "59 min ago", "1 h ago"]
     assert [gib(m) for m in (81920, 1536, None)] == ["80", "1.5", "—"]
-    both = "registered again after revocation; kubernetes agent 1.2"
-    assert event_detail("zh", "registered", both) == "吊销后重新注册；运行环境 kubernetes，agent 版本 1.2"
-    assert event_detail("en", "registered", both) == both
-    assert event_detail("en", "unknown", "1 heartbeats missed") == "1 heartbeat missed"
-    assert event_detail("zh", "online", "2 nodes reported") == "上报了 2 个节点"
-    # Names people chose are never taken for the service's wording; new shapes are shown as they are.
-    assert event_detail("zh", "renamed", "local agent x → 北京") == "local agent x → 北京"
-    assert event_detail("zh", "offline", "something new") == "something new"
-    assert event_detail("zh", "revoked", None) == "—"
+    both = Reason.of("cpod.again_revoked", runtime="kubernetes", version="1.2")
+    assert event_detail("zh", both) == "吊销后重新注册；运行环境 kubernetes，agent 版本 1.2"
+    assert event_detail("en", both) == "registered again after revocation; kubernetes agent 1.2"
+    assert event_detail("en", counted("cpod.missed", 1)) == "1 heartbeat missed"
+    assert event_detail("zh", counted("cpod.nodes", 2)) == "上报了 2 个节点"
+    # Names people chose stay as they are; a row from before the codes is shown as it was stored.
+    assert (
+        event_detail("zh", Reason.of("cpod.renamed", old="local agent x", new="北京"))
+        == "local agent x → 北京"
+    )
+    assert event_detail("zh", Reason.read("something new")) == "something new"
+    assert event_detail("zh", None) == "—"
 
 
 def test_the_card_says_whether_the_cpod_takes_fine_tunes_and_when_that_changed(client: TestClient) -> None:

@@ -645,11 +645,11 @@ def test_event_messages_in_both_languages(said: Reason, en: str, zh: str) -> Non
 
 
 def test_every_problem_the_checker_finds_reads_in_chinese_on_the_console() -> None:
-    def problem(line: bytes) -> str:
+    def problem(line: bytes) -> Reason:
         checker = JsonlChecker(max_line_bytes=200)
         checker.feed(line + b"\n")
         (found,) = checker.finish().problems
-        return found.message
+        return found.said
 
     chat = b'{"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]}'
     lines = [
@@ -670,11 +670,12 @@ def test_every_problem_the_checker_finds_reads_in_chinese_on_the_console() -> No
     messages = [problem(line) for line in lines]
     checker = JsonlChecker()
     checker.feed(chat + b'\n{"prompt": "p", "completion": "c"}\n')
-    messages.append(checker.finish().problems[0].message)
-    messages.append(JsonlChecker().finish().problems[0].message)  # an empty file
-    for message in messages:
-        zh = finetune_view.problem_text("zh", message)
+    messages.append(checker.finish().problems[0].said)
+    messages.append(JsonlChecker().finish().problems[0].said)  # an empty file
+    for said in messages:
+        message = str(english(said))
+        zh = finetune_view.problem_text("zh", said)
         # What Python's JSON parser says stays as it said it, after the console's own words.
         words = zh.split("：", 1)[0] if message.startswith("not JSON: ") else zh
         assert zh != message and not re.search(r"[a-z]{3,} [a-z]{3,} [a-z]{3,}", words), (message, zh)
-        assert finetune_view.problem_text("en", message) == message
+        assert finetune_view.problem_text("en", said) == message

@@ -38,10 +38,11 @@ class Reason:
     @cached_property
     def stored(self) -> str:
         """How a column keeps it (JSON); ``read`` turns it back."""
-        return json.dumps(self._plain(), ensure_ascii=False, separators=(",", ":"))
+        return json.dumps(self.plain(), ensure_ascii=False, separators=(",", ":"))
 
-    def _plain(self) -> dict[str, object]:
-        params = {k: v._plain() if isinstance(v, Reason) else v for k, v in self.params.items()}
+    def plain(self) -> dict[str, object]:
+        """As JSON's types: ``{"code": ..., "params": {...}}``; ``from_plain`` turns it back."""
+        params = {k: v.plain() if isinstance(v, Reason) else v for k, v in self.params.items()}
         return {"code": self.code, "params": params}
 
     def stored_within(self, limit: int) -> str:
@@ -74,7 +75,7 @@ class Reason:
             return None
         if stored.startswith(_STORED_PREFIX):
             try:
-                return _from_plain(json.loads(stored))
+                return from_plain(json.loads(stored))
             except (ValueError, TypeError, KeyError):
                 pass
         return cls.text(stored)
@@ -93,7 +94,7 @@ class Reason:
         return cls(code, dict(params))
 
 
-def _from_plain(plain: Mapping[str, object]) -> Reason:
+def from_plain(plain: Mapping[str, object]) -> Reason:
     code = plain["code"]
     raw = plain.get("params") or {}
     if not isinstance(code, str) or not isinstance(raw, dict):
@@ -101,7 +102,7 @@ def _from_plain(plain: Mapping[str, object]) -> Reason:
     params: dict[str, Param] = {}
     for key, value in raw.items():
         if isinstance(value, dict):
-            params[key] = _from_plain(value)
+            params[key] = from_plain(value)
         elif value is None or isinstance(value, str | int | float):
             params[key] = value
         else:
@@ -184,6 +185,36 @@ ENGLISH: dict[str, str] = {
     "agent.command_not_found": "command not found: {program}",
     "agent.command_not_found_but": "command not found: {program} (on PATH: {found})",
     "agent.max_runtime": "max runtime of {seconds} s exceeded",
+    # a CPod's events (services/cpods.py, heartbeats.py)
+    "cpod.agent": "{runtime} agent {version}",
+    "cpod.again": "registered again (new agent token); {runtime} agent {version}",
+    "cpod.again_revoked": "registered again after revocation; {runtime} agent {version}",
+    "cpod.fine_tunes": "now takes fine-tunes",
+    "cpod.no_fine_tunes": "no longer takes fine-tunes",
+    "cpod.isolated": "jobs isolated",
+    "cpod.not_isolated": "no isolation; trusts {emails}",
+    "cpod.not_isolated_alone": "no isolation; trusts nobody else",
+    "cpod.nodes": "{n} nodes reported",
+    "cpod.nodes_one": "1 node reported",
+    "cpod.missed": "{n} heartbeats missed",
+    "cpod.missed_one": "1 heartbeat missed",
+    "cpod.renamed": "{old} → {new}",
+    # a dataset line's problems (services/dataset_checks.py)
+    "data.messages": "`messages` must be a non-empty list of {{role, content}} objects",
+    "data.message": "{where}: must be an object with `role` and `content`",
+    "data.no_role": "{where}: missing `role`",
+    "data.role": "{where}.role: unknown role {role} (allowed: {allowed})",
+    "data.content": "{where}.content: must be a non-empty string",
+    "data.no_assistant": "no assistant message: an example needs at least one answer to learn",
+    "data.missing_key": "missing `{field}`",
+    "data.empty_key": "`{field}` must be a non-empty string",
+    "data.empty_file": "the file is empty: it holds no examples (one JSON object per line)",
+    "data.too_long": "line is longer than {limit} bytes",
+    "data.utf8": "not UTF-8 text",
+    "data.json": "not JSON: {why}",
+    "data.object": "not a JSON object (found {found}); each line must be one example",
+    "data.format": "missing `messages` (chat format) or `prompt` and `completion`",
+    "data.mixed": "a {kind} example in a {first} file: every line must have the format of the first",
     # a fine-tune's events
     "ft.validating_training": "Validating training file: {file}",
     "ft.validating_validation": "Validating validation file: {file}",

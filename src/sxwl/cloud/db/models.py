@@ -177,7 +177,7 @@ class CPodEvent(Base):
     cpod_id: Mapped[str] = mapped_column(ForeignKey("cpods.id", ondelete="CASCADE"), index=True)
     at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
     kind: Mapped[str] = mapped_column(String(32))
-    detail: Mapped[str | None] = mapped_column(String(500))
+    detail: Mapped[Reason | None] = mapped_column(ReasonText(500))
     actor_id: Mapped[str | None] = mapped_column(ForeignKey("users.id", ondelete="SET NULL"))
 
 

@@ -51,7 +51,7 @@ def _compute_values(request: Request, principal: Principal) -> dict[str, Any]:
         "is_admin": principal.user.role == Role.ADMIN,
         "ago": lambda seconds: compute_view.ago(lang, seconds),
         "event_name": lambda kind: compute_view.event_name(lang, kind),
-        "event_detail": lambda kind, detail: compute_view.event_detail(lang, kind, detail),
+        "event_detail": lambda kind, detail: compute_view.event_detail(lang, detail),
         "rename_error": NO_RENAME_ERROR,
     }
 

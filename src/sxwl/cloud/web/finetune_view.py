@@ -4,7 +4,6 @@ cancelling go through ``sxwl.cloud.services.fine_tunes``; the form is finetune_f
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
@@ -24,6 +23,7 @@ from sxwl.cloud.db.finetune_models import (
 )
 from sxwl.cloud.db.models import TERMINAL_STATES, Job, Role, User
 from sxwl.cloud.services import datasets, fine_tune_estimate, fine_tunes, model_catalog
+from sxwl.cloud.services.dataset_checks import Problem
 from sxwl.cloud.web.finetune_chart import Chart, loss_chart
 from sxwl.cloud.web.i18n import translate
 from sxwl.cloud.web.i18n_reasons import reason_text
@@ -48,48 +48,9 @@ def status_name(lang: str, status: str) -> str:
     return status if text == key else text
 
 
-# A dataset's problems, as services/dataset_checks.py words them (English, as the API gives them).
-_PROBLEMS: list[tuple[re.Pattern[str], str]] = [
-    (
-        re.compile(r"^`messages` must be a non-empty list of \{role, content\} objects$"),
-        "ft.problem.messages",
-    ),
-    (
-        re.compile(r"^(?P<where>messages\[\d+\]): must be an object with `role` and `content`$"),
-        "ft.problem.message",
-    ),
-    (re.compile(r"^(?P<where>messages\[\d+\]): missing `role`$"), "ft.problem.no_role"),
-    (
-        re.compile(
-            r"^(?P<where>messages\[\d+\])\.role: unknown role (?P<role>.+) \(allowed: (?P<allowed>.+)\)$"
-        ),
-        "ft.problem.role",
-    ),
-    (re.compile(r"^(?P<where>messages\[\d+\])\.content: must be a non-empty string$"), "ft.problem.content"),
-    (re.compile(r"^no assistant message: .*$"), "ft.problem.no_assistant"),
-    (re.compile(r"^missing `(?P<field>prompt|completion)`$"), "ft.problem.missing_key"),
-    (re.compile(r"^`(?P<field>prompt|completion)` must be a non-empty string$"), "ft.problem.empty_key"),
-    (re.compile(r"^the file is empty: .*$"), "ft.problem.empty_file"),
-    (re.compile(r"^line is longer than (?P<limit>\d+) bytes$"), "ft.problem.too_long"),
-    (re.compile(r"^not UTF-8 text$"), "ft.problem.utf8"),
-    (re.compile(r"^not JSON: (?P<why>.*)$"), "ft.problem.json"),
-    (re.compile(r"^not a JSON object \(found (?P<found>\w+)\); .*$"), "ft.problem.object"),
-    (re.compile(r"^missing `messages` \(chat format\) or `prompt` and `completion`$"), "ft.problem.format"),
-    (
-        re.compile(r"^a (?P<kind>\w+) example in a (?P<first>\w+) file: .*$"),
-        "ft.problem.mixed",
-    ),
-]
-
-
-def problem_text(lang: str, message: str) -> str:
-    """A dataset line's problem in the console's language; one it does not know, as it is."""
-    if lang == "en":
-        return message
-    for pattern, key in _PROBLEMS:
-        if match := pattern.match(message):
-            return translate(lang, key, **match.groupdict())
-    return message
+def problem_text(lang: str, said: Reason) -> str:
+    """A dataset line's problem in the console's language, from its code (web/i18n_reasons.py)."""
+    return reason_text(lang, said)
 
 
 def event_text(lang: str, message: Reason) -> str:
@@ -209,7 +170,7 @@ class FileRow:
     size: str
     bytes: int
     created_at: datetime
-    problems: list[tuple[int, str]]
+    problems: list[tuple[int, Reason]]
     problem_count: int
     tokens: list[tuple[str, int]]  # (base model, tokens), once a fine-tune of that base counted them
 
@@ -219,7 +180,7 @@ class FileRow:
 
 
 def file_row(file: DataFile) -> FileRow:
-    problems = [(int(p.get("line", 0)), str(p.get("message", ""))) for p in file.problems or []]
+    problems = [(p.line, p.said) for p in map(Problem.of, file.problems or [])]
     return FileRow(
         id=file.id,
         filename=file.filename,
