@@ -414,6 +414,21 @@ def running_fine_tune(money: Money, browser: TestClient) -> tuple[str, str, int]
     return fine_tune_id, job_id, attempt
 
 
+def test_a_cap_below_the_estimate_or_unpriced_gpus_are_said_in_the_consoles_words(money: Money) -> None:
+    browser = signed_in(money.client, "dev@example.com")
+    file_id = uploaded_id(upload(browser, jsonl(*GOOD_LINES)))
+    fields = {"training_file": file_id, "gpus": "1", "n_epochs": "2", "max_cost_yuan": "0.000001"}
+    over = create_form(browser, gpu_product=PRODUCT, **fields)
+    assert over.status_code == 422
+    said = field_error(over.text, "max_cost_yuan")
+    assert said.startswith("预计费用 ¥") and "高于上限 ¥0.000001" in said and "micro-yuan" not in said
+    unpriced = create_form(browser, gpu_product="NVIDIA-H100-unpriced", **fields)
+    assert (
+        field_error(unpriced.text, "max_cost_yuan")
+        == "这种 GPU 还没有定价，无法估算费用；请去掉上限或换一种 GPU。"
+    )
+
+
 def test_a_fine_tunes_page_follows_its_progress_eta_cost_and_loss(money: Money) -> None:
     browser = signed_in(money.client, "dev@example.com")
     fine_tune_id, job_id, attempt = running_fine_tune(money, browser)

@@ -127,14 +127,27 @@ def create(ctx: CloudContext, session: Session, *, owner: User, request: FineTun
     if request.max_cost is not None:
         steps = fine_tune_estimate.planned_steps(training.examples, hyper.batch_size, hyper.n_epochs)
         guess = fine_tune_estimate.guessed_cost(session, spec, steps)
+        # The refusal's numbers go with its words, so that the console says it in its own.
         if guess is None:
-            raise invalid("max_cost", "no price is set for these GPUs yet, so the cost cannot be estimated")
-        if guess > request.max_cost:
-            raise invalid(
-                "max_cost",
-                f"the estimated cost ({guess} micro-yuan for about {steps} steps) is above the cap "
-                f"({request.max_cost}); raise it or train less",
+            no_price = "no price is set for these GPUs yet, so the cost cannot be estimated"
+            raise AppError(
+                422,
+                f"max_cost: {no_price}",
+                details=[{"field": "max_cost", "message": no_price, "code": "no_price"}],
             )
+        if guess > request.max_cost:
+            over = (
+                f"the estimated cost ({guess} micro-yuan for about {steps} steps) is above the cap "
+                f"({request.max_cost}); raise it or train less"
+            )
+            detail = {
+                "field": "max_cost",
+                "message": over,
+                "cost": guess,
+                "steps": steps,
+                "cap": request.max_cost,
+            }
+            raise AppError(422, f"max_cost: {over}", details=[detail])
     job = jobs.submit(ctx, session, owner, spec)  # refuses (402) a balance that cannot pay for it
     trainer = TrainerSpec(hyperparameters=hyper, lora=request.lora, seed=seed)
     job.trainer = trainer.model_dump(mode="json")
