@@ -444,5 +444,5 @@ def status(attempt: int, state: AgentJobState, exit_code: int | None, reason: st
         exit_code=exit_code,
         reason=words,
         reason_code=said.code if said and coded else None,
-        reason_params=params if coded else {},
+        reason_params=params if coded else None,
     )

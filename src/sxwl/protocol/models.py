@@ -206,11 +206,11 @@ class JobStatus(WireIn):
     # The reason as a code and its parameters (protocol/reasons.py), so that the cloud words it in each
     # reader's language; ``reason`` stays the English, for a cloud that does not know the code.
     reason_code: Text | None = Field(default=None, max_length=64)
-    reason_params: dict[Text, Text | Int64 | None] = Field(default_factory=dict, max_length=16)
+    reason_params: dict[Text, Text | Int64 | None] | None = Field(default=None, max_length=16)
 
     def said(self) -> Reason | None:
         """The reason as the cloud keeps it: its code if the cloud knows it, else its words."""
-        return Reason.from_wire(self.reason_code, self.reason_params, self.reason)
+        return Reason.from_wire(self.reason_code, self.reason_params or {}, self.reason)
 
 
 class JobStatusReply(Wire):
