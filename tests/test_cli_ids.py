@@ -108,6 +108,10 @@ def test_ids_are_whole_and_prefixes_are_taken(session: Session, tmp_path: Path) 
     assert code == 1 and "matches several fine-tunes" in err and first in err and second in err, err
     code, out, err = session.run("finetune", "checkpoints", "ftjob-zzz")
     assert code == 1 and "no fine-tune 'ftjob-zzz'" in err and "sxwl finetune list" in err, err
+    code, out, err = session.run("finetune", "show", f"{first}/events")  # one path segment, no route
+    assert code == 1 and "no fine-tune" in err, err
+    code, out, err = session.run("finetune", "show", "")
+    assert code == 2 and "empty fine-tune id" in err, err
     code, out, err = session.run("files", "delete", "file-zzz")
     assert code == 1 and "no file 'file-zzz'" in err and "sxwl files list" in err, err
     code, out, err = session.run("finetune", "create", "--model", MODEL, "--training-file", "file-zzz")

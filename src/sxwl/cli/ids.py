@@ -4,6 +4,7 @@ or several, is refused naming the command that lists them."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterable, Iterator
 from functools import partial
 from typing import Any
@@ -12,6 +13,8 @@ from sxwl.cli import client
 from sxwl.cli.client import CliError
 
 SHOWN_CANDIDATES = 5
+# Every id the cloud makes; anything else is no id, and is not sent (a "/" would name another route).
+ID_TEXT = re.compile(r"[A-Za-z0-9_-]+")
 
 
 def unique(prefix: str, ids: Iterable[str], noun: str, listing: str) -> str:
@@ -48,6 +51,10 @@ def openai_pages(path: str, limit: int) -> Iterator[str]:
 def fetch(given: str, get: Callable[[str], dict[str, Any]], ids: Callable[[], Iterable[str]], *,
           noun: str, listing: str) -> dict[str, Any]:  # fmt: skip
     """The object ``get`` returns for ``given``, or for the one id that ``given`` begins."""
+    if not given.strip():
+        raise CliError(f"an empty {noun} id: give one, or a unique prefix (`{listing}`)", exit_code=2)
+    if not ID_TEXT.fullmatch(given):
+        raise CliError(f"no {noun} {given!r}: `{listing}` shows yours")
     try:
         return get(given)
     except client.ApiError as exc:
