@@ -315,7 +315,11 @@ def visible_to(user: User) -> Any:
 
 def list_for(session: Session, user: User) -> list[tuple[CPod, str]]:
     if user.role == Role.USER:
-        raise AppError(403, "CPods are shown to their providers; see GET /api/v1/gpu-types for availability")
+        raise AppError(
+            403,
+            "CPods are shown to their providers; the GPUs free to you are on the console's Available GPUs "
+            "page (/gpus) and in `sxwl gpu-types`",
+        )
     rows = session.execute(
         select(CPod, User.email)
         .join(User, CPod.owner_id == User.id)
