@@ -1,0 +1,298 @@
+"""The agent's tunnel end to end (docs/tunnel.md): a real cloud (served on loopback, its tunnel
+service called in its own loop), a real agent process, a real target server, real TCP between."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+import websockets
+from websockets.exceptions import InvalidStatus
+from websockets.frames import Frame, Opcode
+
+from sxwl.agent.tunnel_client import tunnel_url
+from sxwl.cloud.tunnel import service
+from sxwl.cloud.tunnel.hub import NoTunnel
+from sxwl.tunnel.session import STREAM_WINDOW
+from tests.support.agent import AgentProcess, eventually, simulated_agent
+from tests.support.cloud import test_settings as cloud_settings
+from tests.support.tunnel import InProcessCloud, Target, provider_key, request
+
+PRODUCT = "SIM-GPU"
+
+
+class Rig:
+    def __init__(self, root: Path, connections: int = 2) -> None:
+        self.root = root
+        self.target = Target()
+        self.cloud = InProcessCloud(cloud_settings(root / "cloud", f"sqlite:///{root / 'sxwl.db'}"))
+        self.key = provider_key(self.cloud.url)
+        self.agent = self.start_agent(connections)
+        self.cpod = json.loads((root / "agent" / "cpod.json").read_text())["cpod_id"]
+        self.wait_connections(connections)
+
+    def start_agent(self, connections: int = 2) -> AgentProcess:
+        agent = simulated_agent(
+            self.cloud.url,
+            self.root / "agent",
+            self.key,
+            "--tunnel-allow",
+            self.target.address,
+            "--tunnel-connections",
+            str(connections),
+            name="tunnelled",
+            gpus=1,
+            product=PRODUCT,
+        )
+        eventually(lambda: (self.root / "agent" / "cpod.json").exists(), what="the agent to register")
+        return agent
+
+    def wait_connections(self, count: int) -> None:
+        eventually(lambda: self.cloud.connections(self.cpod) == count, what=f"{count} tunnel connections")
+
+    async def fetch(self, path: str, body: bytes | None = None, method: str = "GET") -> tuple[int, bytes]:
+        reply = await service.open_stream(
+            self.cloud.tunnels, self.cpod, self.target.address, request(method, path, body)
+        )
+        async with reply:
+            return reply.status, bytes(await reply.read())
+
+    def close(self) -> None:
+        self.agent.stop()
+        self.cloud.stop()
+        self.target.stop()
+
+
+@pytest.fixture(scope="module")
+def rig(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rig]:
+    rig = Rig(tmp_path_factory.mktemp("tunnel"))
+    yield rig
+    rig.close()
+
+
+def test_many_concurrent_streams_carry_method_headers_and_bodies(rig: Rig) -> None:
+    async def one(index: int) -> tuple[int, bytes, str, str]:
+        body = f"stream {index} ".encode() * 1000
+        headers = [("X-Probe", f"p{index}"), ("Connection", "keep-alive, x-probe2"), ("X-Probe2", "dropped")]
+        reply = await service.open_stream(
+            rig.cloud.tunnels, rig.cpod, rig.target.address, request("PUT", "/echo?q=1", body, headers)
+        )
+        async with reply:
+            data = await reply.read()
+        seen = dict(reply.headers)
+        assert data == body
+        return reply.status, data, seen["x-method"], seen["x-seen"]
+
+    async def many() -> list[tuple[int, bytes, str, str]]:
+        return await asyncio.gather(*(one(i) for i in range(100)))
+
+    results = rig.cloud.call(many)
+    assert [r[0] for r in results] == [200] * 100
+    assert {r[2] for r in results} == {"PUT"}
+    assert [r[3] for r in results] == [f"p{i}" for i in range(100)]
+
+
+def test_a_slow_reader_stalls_only_its_own_stream(rig: Rig) -> None:
+    async def run() -> tuple[float, list[int]]:
+        # Unread answers of 64 MiB on both connections: each stream buffers at most its window.
+        stalled = [
+            await service.open_stream(
+                rig.cloud.tunnels, rig.cpod, rig.target.address, request("GET", "/bytes?n=67108864")
+            )
+            for _ in range(4)
+        ]
+        await asyncio.sleep(1.0)
+        started = time.monotonic()
+        status, data = await rig.fetch("/bytes?n=8388608")
+        took = time.monotonic() - started
+        assert status == 200 and len(data) == 8 * 1024 * 1024
+        buffered = [sum(len(c) for c, _ in s._stream._chunks) for s in stalled]
+        for reply in stalled:
+            reply.close()
+        return took, buffered
+
+    took, buffered = rig.cloud.call(run)
+    assert took < 10
+    assert all(0 < size <= STREAM_WINDOW for size in buffered), buffered
+
+
+def test_a_reset_from_the_cloud_aborts_the_targets_request(rig: Rig) -> None:
+    async def run() -> bytes:
+        reply = await service.open_stream(
+            rig.cloud.tunnels, rig.cpod, rig.target.address, request("GET", "/hold?id=reset")
+        )
+        first = await reply._stream.read()
+        reply.close()  # as a route does when its client disconnects
+        return first
+
+    assert rig.cloud.call(run) == b"started\n"
+    eventually(lambda: "reset" in rig.target.gone, what="the target to see its client gone")
+
+
+def test_a_client_that_goes_mid_body_aborts_the_upstream_request(rig: Rig) -> None:
+    async def body() -> AsyncIterator[bytes]:
+        yield b"part of a body"
+        await asyncio.sleep(0.5)
+        raise ConnectionError("the client disconnected")
+
+    async def run() -> None:
+        req = service.TunnelRequest("POST", "/hold?id=client", [("content-type", "text/plain")], body())
+        reply = await service.open_stream(rig.cloud.tunnels, rig.cpod, rig.target.address, req)
+        with pytest.raises(service.TunnelError):
+            await reply.read()
+
+    rig.cloud.call(run)
+    eventually(lambda: "client" in rig.target.gone, what="the target to see its client gone")
+
+
+def test_a_target_that_fails_mid_answer_resets_the_stream(rig: Rig) -> None:
+    async def run() -> bytes:
+        reply = await service.open_stream(
+            rig.cloud.tunnels, rig.cpod, rig.target.address, request("GET", "/cut")
+        )
+        got = b""
+        with pytest.raises(service.TunnelError):
+            async for chunk in reply.chunks():
+                got += chunk
+        return got
+
+    assert rig.cloud.call(run) == b"partial"
+    assert rig.cloud.call(lambda: rig.fetch("/echo", b"after", "POST")) == (200, b"after")
+
+
+def test_the_agent_forwards_only_to_targets_it_allows(rig: Rig) -> None:
+    async def run(target: str) -> tuple[int, bool, bytes]:
+        reply = await service.open_stream(rig.cloud.tunnels, rig.cpod, target, request("GET", "/echo"))
+        async with reply:
+            return reply.status, reply.from_agent, await reply.read()
+
+    before = rig.target.requests
+    for target in ("127.0.0.1:22", "169.254.169.254:80", "localhost:" + str(rig.target.port), "no port"):
+        status, from_agent, text = rig.cloud.call(lambda target=target: run(target))  # type: ignore[misc]
+        assert (status, from_agent) == (403, True) and b"does not forward" in text
+    assert rig.target.requests == before
+    with pytest.raises(NoTunnel):
+        rig.cloud.call(
+            lambda: service.open_stream(
+                rig.cloud.tunnels, "nosuchcpod", rig.target.address, request("GET", "/")
+            )
+        )
+
+
+def test_keepalive_pings_are_answered_on_every_connection(rig: Rig) -> None:
+    async def run() -> list[float]:
+        times = []
+        for session in rig.cloud.tunnels.held[rig.cpod]:
+            started = time.monotonic()
+            await session.ping()
+            times.append(time.monotonic() - started)
+        return times
+
+    times = rig.cloud.call(run)
+    assert len(times) == 2 and max(times) < 2
+
+
+def test_an_upgrade_passes_raw_bytes_both_ways(rig: Rig) -> None:
+    key = "dGhlIHNhbXBsZSBub25jZQ=="
+    headers = [
+        ("Connection", "Upgrade"),
+        ("Upgrade", "websocket"),
+        ("Sec-WebSocket-Key", key),
+        ("Sec-WebSocket-Version", "13"),
+    ]
+
+    async def run() -> tuple[int, dict[str, str], bytes]:
+        switched = asyncio.Event()
+
+        async def client_bytes() -> AsyncIterator[bytes]:
+            await switched.wait()
+            yield Frame(Opcode.BINARY, b"hello through the tunnel").serialize(mask=True)
+            await asyncio.sleep(3600)  # the client stays until the test closes the stream
+
+        req = service.TunnelRequest("GET", "/ws", headers, client_bytes())
+        reply = await service.open_stream(rig.cloud.tunnels, rig.cpod, rig.target.address, req)
+        switched.set()
+        got = b""
+        async for chunk in reply.chunks():
+            got += chunk
+            if len(got) >= 2 and len(got) >= 2 + got[1]:
+                break
+        reply.close()
+        return reply.status, dict(reply.headers), got
+
+    status, answer, frame = rig.cloud.call(run)
+    assert status == 101
+    assert answer["upgrade"].lower() == "websocket"
+    assert answer["sec-websocket-accept"] == "s3pPLMBiTxaQ9kYGzzhZRbK+xOo="
+    assert frame[0] == 0x82 and frame[2:] == b"echo:hello through the tunnel"
+
+
+def test_a_wrong_cpod_token_is_refused(rig: Rig) -> None:
+    url = tunnel_url(rig.cloud.url)
+
+    async def refused(headers: dict[str, str], at: str = url) -> tuple[int, bytes]:
+        with pytest.raises(InvalidStatus) as caught:
+            async with websockets.connect(at, additional_headers=headers, open_timeout=5):
+                pass
+        return caught.value.response.status_code, bytes(caught.value.response.body or b"")
+
+    status, body = asyncio.run(refused({"Authorization": "Bearer not-a-token"}))
+    assert status == 401 and b"cpod_revoked" in body
+    assert asyncio.run(refused({}))[0] == 401
+    # The CPod's real token counts only in the header: in the URL it is no credential.
+    token = json.loads((rig.root / "agent" / "cpod.json").read_text())["cpod_token"]
+    assert asyncio.run(refused({}, f"{url}?token={token}&access_token={token}"))[0] == 401
+    assert rig.cloud.connections(rig.cpod) == 2
+
+
+def test_two_connections_and_one_cut_leaves_the_other_working(tmp_path: Path) -> None:
+    rig = Rig(tmp_path)
+    try:
+        first, second = rig.cloud.tunnels.held[rig.cpod]
+
+        async def cut_and_fetch() -> tuple[int, bytes]:
+            held = await service.open_stream(
+                rig.cloud.tunnels, rig.cpod, rig.target.address, request("GET", "/hold?id=cut")
+            )
+            on = held._stream.session
+            await on.close()
+            with pytest.raises(service.TunnelError):
+                await held.read()  # its stream fails with its connection
+            return await rig.fetch("/echo", b"still here", "POST")
+
+        assert rig.cloud.call(cut_and_fetch) == (200, b"still here")
+        eventually(lambda: "cut" in rig.target.gone, what="the cut stream's request aborted")
+        rig.wait_connections(2)  # the agent dialled the lost one again
+        assert {id(s) for s in rig.cloud.tunnels.held[rig.cpod]} - {id(first), id(second)}
+    finally:
+        rig.close()
+
+
+def test_the_agent_dials_again_after_the_cloud_restarts(tmp_path: Path) -> None:
+    rig = Rig(tmp_path)
+    try:
+        assert rig.cloud.call(lambda: rig.fetch("/echo", b"before", "POST")) == (200, b"before")
+        port = rig.cloud.served.port
+        rig.cloud.stop()
+        rig.cloud = InProcessCloud(rig.cloud.settings, port=port)
+        rig.wait_connections(2)
+        assert rig.cloud.call(lambda: rig.fetch("/echo", b"after", "POST")) == (200, b"after")
+        assert rig.agent.proc.poll() is None
+    finally:
+        rig.close()
+
+
+def test_idle_agent_without_a_tunnel_flag_dials_nothing(tmp_path: Path) -> None:
+    rig = Rig(tmp_path, connections=0)
+    try:
+        time.sleep(1.0)
+        assert rig.cloud.connections(rig.cpod) == 0
+        assert httpx.get(f"{rig.cloud.url}/healthz").status_code == 200
+        assert "tunnel" not in rig.agent.log
+    finally:
+        rig.close()
