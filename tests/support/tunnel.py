@@ -88,8 +88,8 @@ class Target:
     the answer open until its client goes (recorded in ``gone``), ``/cut`` fails mid-answer, ``/ws``
     echoes WebSocket messages."""
 
-    def __init__(self) -> None:
-        self.port = free_port()
+    def __init__(self, port: int | None = None) -> None:
+        self.port = port or free_port()
         self.address = f"127.0.0.1:{self.port}"
         self.gone: set[str] = set()
         self.requests = 0

@@ -18,7 +18,7 @@ from sxwl.tunnel.headers import ERROR, TARGET, UPGRADE, UPGRADED, Headers, end_t
 from sxwl.tunnel.session import StreamReset, TunnelStream
 
 CONNECT_S = 10.0
-READ_SIZE = 64 * 1024
+READ_SIZE = 256 * 1024
 
 
 async def forward(stream: TunnelStream, allowed: Callable[[str], bool]) -> None:

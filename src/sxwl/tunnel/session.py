@@ -29,6 +29,7 @@ log = logging.getLogger("sxwl.tunnel")
 STREAM_WINDOW = 256 * 1024  # what one stream may have in flight toward its reader, in bytes
 MAX_STREAMS = 256  # concurrent streams a side accepts on one connection
 MAX_WINDOW = 2**31 - 1
+MAX_FRAME = 2**24 - 1
 MESSAGE_MAX = 1024 * 1024  # the largest WebSocket message a side sends (HTTP/2 bytes cut anywhere)
 PING_S = 20.0  # keep-alive: below the 60 s idle timeout of common load balancers
 PING_TIMEOUT_S = 20.0
@@ -183,8 +184,12 @@ class Session:
                 h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: window,
                 h2.settings.SettingCodes.MAX_CONCURRENT_STREAMS: max_streams,
                 h2.settings.SettingCodes.ENABLE_PUSH: 0,
+                # Frames as large as a stream's window (the default 16 KiB costs a message each).
+                h2.settings.SettingCodes.MAX_FRAME_SIZE: min(window, MAX_FRAME),
             },
         )
+        # h2 reads this limit from the settings it was made with, and takes no change it never sent.
+        self.conn.max_inbound_frame_size = self.conn.local_settings.max_frame_size
         self.streams: dict[int, TunnelStream] = {}
         self.ping_s, self.ping_timeout_s = ping_s, ping_timeout_s
         self.closed = asyncio.Event()
