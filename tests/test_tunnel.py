@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import signal
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -27,10 +28,12 @@ PRODUCT = "SIM-GPU"
 
 
 class Rig:
-    def __init__(self, root: Path, connections: int = 2) -> None:
+    def __init__(self, root: Path, connections: int = 2, **settings: object) -> None:
         self.root = root
         self.target = Target()
-        self.cloud = InProcessCloud(cloud_settings(root / "cloud", f"sqlite:///{root / 'sxwl.db'}"))
+        self.cloud = InProcessCloud(
+            cloud_settings(root / "cloud", f"sqlite:///{root / 'sxwl.db'}", **settings)
+        )
         self.key = provider_key(self.cloud.url)
         self.agent = self.start_agent(connections)
         self.cpod = json.loads((root / "agent" / "cpod.json").read_text())["cpod_id"]
@@ -270,6 +273,21 @@ def test_two_connections_and_one_cut_leaves_the_other_working(tmp_path: Path) ->
         rig.wait_connections(2)  # the agent dialled the lost one again
         assert {id(s) for s in rig.cloud.tunnels.held[rig.cpod]} - {id(first), id(second)}
     finally:
+        rig.close()
+
+
+def test_a_silent_agent_is_found_by_its_pings_and_dials_again(tmp_path: Path) -> None:
+    rig = Rig(tmp_path, tunnel_ping_s=0.5)
+    try:
+        rig.agent.signal(signal.SIGSTOP)  # its connections stay open, and nothing answers on them
+        eventually(
+            lambda: rig.cloud.connections(rig.cpod) == 0, timeout=10, what="unanswered PINGs to close them"
+        )
+        rig.agent.signal(signal.SIGCONT)
+        rig.wait_connections(2)
+        assert rig.cloud.call(lambda: rig.fetch("/echo", b"awake", "POST")) == (200, b"awake")
+    finally:
+        rig.agent.signal(signal.SIGCONT)
         rig.close()
 
 

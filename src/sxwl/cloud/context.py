@@ -50,7 +50,7 @@ class CloudContext:
         s = self.settings
         self.artifacts = artifact_store(s)
         self.keepalives = Keepalives(s.longpoll_keepalive_s)
-        self.tunnels = Tunnels(self.db, self.box, s.replica_url)
+        self.tunnels = Tunnels(self.db, self.box, s.replica_url, s.tunnel_ping_s)
         postgres = self.db.engine.dialect.name == "postgresql"
         self.notifier.watch(self.db.sessions, self.db.immediate_sessions, broadcast=postgres)
         self.limiters = Limiters(

@@ -23,7 +23,7 @@ from sxwl.cloud.db.types import utcnow
 from sxwl.cloud.security import SecretBox
 from sxwl.cloud.tunnel import relay
 from sxwl.tunnel.headers import CPOD, Headers
-from sxwl.tunnel.session import Session, StreamReset, Transport, TunnelStream
+from sxwl.tunnel.session import PING_S, Session, StreamReset, Transport, TunnelStream
 
 log = logging.getLogger("sxwl.cloud.tunnel")
 
@@ -38,8 +38,8 @@ class NoTunnel(Exception):
 
 
 class Tunnels:
-    def __init__(self, db: Database, box: SecretBox, replica_url: str) -> None:
-        self.db, self.box = db, box
+    def __init__(self, db: Database, box: SecretBox, replica_url: str, ping_s: float = PING_S) -> None:
+        self.db, self.box, self.ping_s = db, box, ping_s
         self.replica_url = replica_url.rstrip("/")
         self.replica = secrets.token_hex(8)
         self.held: dict[str, list[Session]] = {}
@@ -50,7 +50,7 @@ class Tunnels:
 
     # An agent's connection, for as long as it lasts.
     async def hold(self, cpod_id: str, transport: Transport) -> None:
-        session = Session(transport, client_side=True)
+        session = Session(transport, client_side=True, ping_s=self.ping_s, ping_timeout_s=self.ping_s)
         self.held.setdefault(cpod_id, []).append(session)
         try:
             await self._record(cpod_id)
