@@ -1,9 +1,10 @@
 """The tunnels this process holds, and the way to a CPod's tunnel held by another replica
 (docs/tunnel.md). Nothing here knows HTTP frameworks: the WebSocket routes hand in transports.
 
-Each held connection is a row of ``tunnel_holders`` (per CPod and process, with how many it holds
-and where other replicas reach this one), renewed every ``RENEW_S``; a process that stops deletes its
-rows, and rows not renewed for ``STALE_S`` are ignored, so a replica killed outright is skipped."""
+Each process has a row in ``tunnel_replicas`` (where other replicas reach it), renewed every
+``RENEW_S``, and one in ``tunnel_holders`` per CPod whose connections it holds. A process that stops
+deletes its rows; one whose row was not renewed for ``STALE_S`` is skipped (killed outright), and its
+rows are removed after ``FORGET_S``."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from datetime import timedelta
 from sqlalchemy import delete, select, update
 
 from sxwl.cloud.db.engine import Database
-from sxwl.cloud.db.tunnel_models import TunnelHolder
+from sxwl.cloud.db.tunnel_models import TunnelHolder, TunnelReplica
 from sxwl.cloud.db.types import utcnow
 from sxwl.cloud.security import SecretBox
 from sxwl.cloud.tunnel import relay
@@ -29,6 +30,7 @@ log = logging.getLogger("sxwl.cloud.tunnel")
 
 RENEW_S = 30.0
 STALE_S = 3 * RENEW_S
+FORGET_S = 3600.0  # a process's rows outlive it this long at most (one killed outright deletes nothing)
 RELAY_PURPOSE = b"tunnel-relay"
 RELAY_SKEW_S = 60
 
@@ -133,11 +135,12 @@ class Tunnels:
         fresh = utcnow() - timedelta(seconds=STALE_S)
         with self.db.session() as session:
             rows = session.execute(
-                select(TunnelHolder.replica_url)
+                select(TunnelReplica.url)
+                .join(TunnelHolder, TunnelHolder.replica == TunnelReplica.replica)
                 .where(
                     TunnelHolder.cpod_id == cpod_id,
-                    TunnelHolder.replica != self.replica,
-                    TunnelHolder.seen_at > fresh,
+                    TunnelReplica.replica != self.replica,
+                    TunnelReplica.seen_at > fresh,
                     TunnelHolder.connections > 0,
                 )
                 .order_by(TunnelHolder.connections.desc())
@@ -151,37 +154,37 @@ class Tunnels:
 
     def _write(self, cpod_id: str, count: int) -> None:
         with self.db.session() as session:
-            key = (cpod_id, self.replica)
-            row = session.get(TunnelHolder, key)
+            if session.get(TunnelReplica, self.replica) is None:
+                session.add(TunnelReplica(replica=self.replica, url=self.replica_url, seen_at=utcnow()))
+                session.flush()
+            row = session.get(TunnelHolder, (cpod_id, self.replica))
             if count == 0:
                 if row is not None:
                     session.delete(row)
-                return
-            if row is None:
-                session.add(
-                    TunnelHolder(
-                        cpod_id=cpod_id,
-                        replica=self.replica,
-                        replica_url=self.replica_url,
-                        connections=count,
-                        seen_at=utcnow(),
-                    )
-                )
+            elif row is None:
+                session.add(TunnelHolder(cpod_id=cpod_id, replica=self.replica, connections=count))
             else:
-                row.connections, row.seen_at = count, utcnow()
+                row.connections = count
 
     async def renew(self) -> None:
-        """Every ``RENEW_S``: this process's rows are fresh while it holds them."""
+        """Every ``RENEW_S``: this process's row is fresh while it runs (one row, however many
+        tunnels it holds), and those of processes gone for ``FORGET_S`` are removed."""
         while True:
             await asyncio.sleep(RENEW_S)
             with contextlib.suppress(Exception):
-                await asyncio.to_thread(self._renew)
+                async with self._record_lock:
+                    await asyncio.to_thread(self._renew)
 
     def _renew(self) -> None:
         with self.db.session() as session:
             session.execute(
-                update(TunnelHolder).where(TunnelHolder.replica == self.replica).values(seen_at=utcnow())
+                update(TunnelReplica).where(TunnelReplica.replica == self.replica).values(seen_at=utcnow())
             )
+            gone = select(TunnelReplica.replica).where(
+                TunnelReplica.seen_at < utcnow() - timedelta(seconds=FORGET_S)
+            )
+            session.execute(delete(TunnelHolder).where(TunnelHolder.replica.in_(gone)))
+            session.execute(delete(TunnelReplica).where(TunnelReplica.replica.in_(gone)))
 
     async def close(self) -> None:
         """A stopping replica: every tunnel and relay closes (agents re-dial another replica)."""
@@ -196,3 +199,4 @@ class Tunnels:
     def _forget_all(self) -> None:
         with self.db.session() as session:
             session.execute(delete(TunnelHolder).where(TunnelHolder.replica == self.replica))
+            session.execute(delete(TunnelReplica).where(TunnelReplica.replica == self.replica))
