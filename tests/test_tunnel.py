@@ -100,6 +100,27 @@ def test_many_concurrent_streams_carry_method_headers_and_bodies(rig: Rig) -> No
     assert [r[3] for r in results] == [f"p{i}" for i in range(100)]
 
 
+def test_a_hundred_streams_open_at_once_on_each_connection_and_all_abort_their_requests(rig: Rig) -> None:
+    ids = [f"many{i}" for i in range(200)]
+
+    async def run() -> list[int]:
+        async def one(name: str) -> service.TunnelResponse:
+            reply = await service.open_stream(
+                rig.cloud.tunnels, rig.cpod, rig.target.address, request("GET", f"/hold?id={name}")
+            )
+            assert await reply._stream.read() == b"started\n"
+            return reply
+
+        replies = await asyncio.gather(*(one(name) for name in ids))
+        open_now = [len(session.streams) for session in rig.cloud.tunnels.held[rig.cpod]]
+        for reply in replies:
+            reply.close()
+        return open_now
+
+    assert rig.cloud.call(run) == [100, 100]  # each new stream goes where there is most room
+    eventually(lambda: rig.target.gone >= set(ids), what="every request aborted at the target")
+
+
 def test_a_slow_reader_stalls_only_its_own_stream(rig: Rig) -> None:
     async def run() -> tuple[float, list[int]]:
         # Unread answers of 64 MiB on both connections: each stream buffers at most its window.

@@ -16,6 +16,7 @@ import secrets
 import time
 from datetime import timedelta
 
+from h2.errors import ErrorCodes
 from sqlalchemy import delete, select, update
 
 from sxwl.cloud.db.engine import Database
@@ -71,6 +72,8 @@ class Tunnels:
         local = self._local(cpod_id)
         if local is not None:
             return await local.open(head, end)
+        if self.held.get(cpod_id):
+            raise StreamReset("every tunnel connection of this CPod is full", ErrorCodes.REFUSED_STREAM)
         for url in await asyncio.to_thread(self._holders, cpod_id):
             try:
                 session = await self._relay(url)
