@@ -19,21 +19,22 @@ from websockets.frames import Frame, Opcode
 from sxwl.agent.tunnel_client import tunnel_url
 from sxwl.cloud.tunnel import service
 from sxwl.cloud.tunnel.hub import NoTunnel
-from sxwl.tunnel.session import STREAM_WINDOW
+from sxwl.tunnel.session import STREAM_WINDOW, StreamReset
 from tests.support.agent import AgentProcess, eventually, simulated_agent
 from tests.support.cloud import test_settings as cloud_settings
-from tests.support.tunnel import InProcessCloud, Target, provider_key, request
+from tests.support.tunnel import InProcessCloud, StallingProxy, Target, provider_key, request
 
 PRODUCT = "SIM-GPU"
 
 
 class Rig:
-    def __init__(self, root: Path, connections: int = 2, **settings: object) -> None:
+    def __init__(self, root: Path, connections: int = 2, proxied: bool = False, **settings: object) -> None:
         self.root = root
         self.target = Target()
         self.cloud = InProcessCloud(
             cloud_settings(root / "cloud", f"sqlite:///{root / 'sxwl.db'}", **settings)
         )
+        self.proxy = StallingProxy(self.cloud.served.port) if proxied else None
         self.key = provider_key(self.cloud.url)
         self.agent = self.start_agent(connections)
         self.cpod = json.loads((root / "agent" / "cpod.json").read_text())["cpod_id"]
@@ -41,7 +42,7 @@ class Rig:
 
     def start_agent(self, connections: int = 2) -> AgentProcess:
         agent = simulated_agent(
-            self.cloud.url,
+            self.proxy.url if self.proxy is not None else self.cloud.url,
             self.root / "agent",
             self.key,
             "--tunnel-allow",
@@ -66,6 +67,8 @@ class Rig:
             return reply.status, bytes(await reply.read())
 
     def close(self) -> None:
+        if self.proxy is not None:
+            self.proxy.close()
         self.agent.stop()
         self.cloud.stop()
         self.target.stop()
@@ -221,14 +224,16 @@ def test_keepalive_pings_are_answered_on_every_connection(rig: Rig) -> None:
     assert len(times) == 2 and max(times) < 2
 
 
+WS_HEADERS = [
+    ("Connection", "Upgrade"),
+    ("Upgrade", "websocket"),
+    ("Sec-WebSocket-Key", "dGhlIHNhbXBsZSBub25jZQ=="),
+    ("Sec-WebSocket-Version", "13"),
+]
+
+
 def test_an_upgrade_passes_raw_bytes_both_ways(rig: Rig) -> None:
-    key = "dGhlIHNhbXBsZSBub25jZQ=="
-    headers = [
-        ("Connection", "Upgrade"),
-        ("Upgrade", "websocket"),
-        ("Sec-WebSocket-Key", key),
-        ("Sec-WebSocket-Version", "13"),
-    ]
+    headers = WS_HEADERS
 
     async def run() -> tuple[int, dict[str, str], bytes]:
         switched = asyncio.Event()
@@ -333,5 +338,56 @@ def test_idle_agent_without_a_tunnel_flag_dials_nothing(tmp_path: Path) -> None:
         assert rig.cloud.connections(rig.cpod) == 0
         assert httpx.get(f"{rig.cloud.url}/healthz").status_code == 200
         assert "tunnel" not in rig.agent.log
+    finally:
+        rig.close()
+
+
+async def _ws(rig: Rig) -> tuple[service.TunnelResponse, asyncio.Queue[bytes]]:
+    """A WebSocket to the target's echo through the tunnel, and where its client's frames go."""
+    outgoing: asyncio.Queue[bytes] = asyncio.Queue()
+
+    async def client_bytes() -> AsyncIterator[bytes]:
+        while True:
+            yield await outgoing.get()
+
+    req = service.TunnelRequest("GET", "/ws", WS_HEADERS, client_bytes())
+    reply = await service.open_stream(rig.cloud.tunnels, rig.cpod, rig.target.address, req)
+    assert reply.status == 101
+    return reply, outgoing
+
+
+async def _echo(reply: service.TunnelResponse, outgoing: asyncio.Queue[bytes], text: bytes) -> bytes:
+    outgoing.put_nowait(Frame(Opcode.BINARY, text).serialize(mask=True))
+    got = b""
+    while len(got) < 2 or len(got) < 2 + got[1]:
+        got += await reply._stream.read()
+    return got[2:]
+
+
+def test_a_stalled_connection_holds_only_its_own_streams(tmp_path: Path) -> None:
+    rig = Rig(tmp_path, proxied=True, tunnel_ping_s=1.0)
+    try:
+
+        async def run() -> tuple[bytes | BaseException, bytes | BaseException]:
+            a, b = await _ws(rig), await _ws(rig)
+            assert a[0]._stream.session is not b[0]._stream.session  # one on each connection
+            assert (await _echo(*a, b"a"), await _echo(*b, b"b")) == (b"echo:a", b"echo:b")
+            assert rig.proxy is not None
+            rig.proxy.stalled.add(rig.proxy.tunnels[0])  # one connection goes quiet, nothing closes
+            during = await asyncio.gather(
+                asyncio.wait_for(_echo(*a, b"a2"), 5),
+                asyncio.wait_for(_echo(*b, b"b2"), 5),
+                return_exceptions=True,
+            )
+            healthy = a if during[0] == b"echo:a2" else b
+            assert await _echo(*healthy, b"after") == b"echo:after"
+            return during
+
+        during = rig.cloud.call(run)
+        # The stream on the quiet connection got nothing, and failed when PINGs closed its connection.
+        assert len([r for r in during if isinstance(r, StreamReset)]) == 1, during
+        assert len(set(during) & {b"echo:a2", b"echo:b2"}) == 1, during
+        rig.wait_connections(2)  # the agent dialled the closed one again
+        assert rig.cloud.call(lambda: rig.fetch("/echo", b"fine", "POST")) == (200, b"fine")
     finally:
         rig.close()

@@ -5,6 +5,8 @@ server on the CPod's side that records what reached it."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import socket
 import threading
 import time
 from collections.abc import Awaitable, Callable, Coroutine
@@ -163,3 +165,52 @@ class Target:
 
 def _header(scope: Scope, name: bytes) -> bytes:
     return next((v for k, v in scope["headers"] if k == name), b"")
+
+
+class StallingProxy:
+    """A TCP proxy on loopback in front of one port that can silence one connection: while a
+    connection is in ``stalled``, whatever passes on it is dropped, both ways, and nothing is closed
+    (a path that went quiet). ``tunnels`` lists the connections whose first bytes asked for a tunnel."""
+
+    def __init__(self, target: int) -> None:
+        self.target = target
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.tunnels: list[int] = []
+        self.stalled: set[int] = set()
+        self._count = 0
+        self._server = socket.create_server(("127.0.0.1", self.port))
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def close(self) -> None:
+        self._server.close()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self._server.accept()
+            except OSError:
+                return
+            try:
+                upstream = socket.create_connection(("127.0.0.1", self.target), timeout=5)
+            except OSError:
+                client.close()
+                continue
+            upstream.settimeout(None)
+            self._count += 1
+            number = self._count
+            threading.Thread(target=self._pipe, args=(number, client, upstream, True), daemon=True).start()
+            threading.Thread(target=self._pipe, args=(number, upstream, client, False), daemon=True).start()
+
+    def _pipe(self, number: int, source: socket.socket, sink: socket.socket, outbound: bool) -> None:
+        first = outbound
+        with contextlib.suppress(OSError):
+            while data := source.recv(65536):
+                if first and data.startswith(b"GET /api/v1/agent/tunnel "):
+                    self.tunnels.append(number)
+                first = False
+                if number not in self.stalled:
+                    sink.sendall(data)
+        for end in (source, sink):
+            with contextlib.suppress(OSError):
+                end.shutdown(socket.SHUT_RDWR)
