@@ -33,6 +33,7 @@ MAX_FRAME = 2**24 - 1
 MESSAGE_MAX = 1024 * 1024  # the largest WebSocket message a side sends (HTTP/2 bytes cut anywhere)
 PING_S = 20.0  # keep-alive: below the 60 s idle timeout of common load balancers
 PING_TIMEOUT_S = 20.0
+CLOSE_S = 1.0
 
 
 class Transport(Protocol):
@@ -256,17 +257,19 @@ class Session:
         return stream
 
     async def close(self, code: int = ErrorCodes.NO_ERROR) -> None:
-        """GOAWAY, then the transport: streams still open are reset."""
+        """Streams still open fail at once; then GOAWAY, if the transport takes it within
+        ``CLOSE_S`` (a stalled one may not), and the transport closes."""
+        data = b""
         if not self.closed.is_set():
-            self.going_away = True
             with contextlib.suppress(h2.exceptions.H2Error):
                 self.conn.close_connection(error_code=code)
                 data = self.conn.data_to_send()
-                with contextlib.suppress(Exception):
-                    await asyncio.wait_for(self.transport.send(data), 5)
         self._finish()
         with contextlib.suppress(Exception):
-            await self.transport.close()
+            if data:
+                await asyncio.wait_for(self.transport.send(data), CLOSE_S)
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(self.transport.close(), CLOSE_S)
 
     async def ping(self) -> None:
         """Round trip of a PING; raises TimeoutError past ``ping_timeout_s``."""
