@@ -350,10 +350,10 @@ def test_admin_sees_every_cpod_with_its_owner_and_may_rename_and_revoke(client: 
     html = page.text
     assert 'href="/compute"' in html and 'href="/admin/users"' in html  # both in the admin's nav
     for cpod_id, owner in ((a_id, "farm"), (b_id, "farm"), (c_id, "lab")):
-        assert (
-            f'<dd class="cpod-owner" title="{owner}@example.com"><span class="email">{owner}</span><wbr>'
-            in card(html, cpod_id)
-        )
+        # On a line of its own and whole: never broken at its "@" (issue 26, point 12).
+        email = f"{owner}@example.com"
+        owner_dd = f'<dd class="cpod-owner" title="{email}">{email}</dd>'
+        assert f'<div class="meta-owner"><dt>所属算力源</dt>{owner_dd}' in card(html, cpod_id)
     assert "--access-key=" not in html and "部署新的 CPod" not in html  # admins have no accessKey
     # Every provider's online GPUs: "a" 16 (12 free) + "c" 8 (8 free).
     assert totals(html) == {"NVIDIA-A100-SXM4-80GB": {"total": 24, "allocatable": 24, "available": 20}}
