@@ -20,7 +20,7 @@ from tests.test_console_forms import csrf, register_form
 PRODUCT = str(A100["product"])
 VALID = {
     "name": "tiny-lm",
-    "command": "python train.py --epochs 3",
+    "command": "python3 train.py --epochs 3",
     "image": "",
     "env": "LR=0.1\n\n# a comment\nEPOCHS = 3\n",
     "gpu_product": "",

@@ -216,8 +216,10 @@ def _cancel(session: Session, user: User, job_id: str) -> str:
     return f"notice={'job_cancelled' if done else 'job_cancel_requested'}"
 
 
-def _banner(lang: str, request: Request, _values: dict[str, Any]) -> str | None:
+def _banner(lang: str, request: Request, values: dict[str, Any]) -> str | None:
     notice = request.query_params.get("notice")
+    if notice == "job_cancel_requested" and values["d"].terminal:  # stopped before the page was read
+        notice = "job_cancelled"
     return translate(lang, f"notice.{notice}") if notice in JOB_NOTICES else None
 
 

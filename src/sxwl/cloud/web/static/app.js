@@ -234,15 +234,15 @@
   document.querySelectorAll("[data-live-src]").forEach(startLive);
 
   // ---- what a form just did -------------------------------------------------------------------
-  // A form's redirect says what it did in the query (?notice=…, ?created=1): shown once, so the
-  // address loses it (a reload or a bookmark does not repeat it), and a banner about a state
-  // (data-while-state) goes when the page's live state (data-live-state) moves on.
-  const ONCE = ["notice", "created", "cancelled", "uploaded"];
-  const here = new URL(window.location.href);
-  if (ONCE.some((name) => here.searchParams.has(name))) {
-    ONCE.forEach((name) => here.searchParams.delete(name));
+  // A form's redirect says what it did in the query (?notice=…, ?created=1). A banner that said it
+  // names those parameters (data-drop-query): the address loses them, so a reload or a bookmark
+  // does not repeat it; and a banner about a state (data-while-state) goes when the page's live
+  // state (data-live-state) moves on.
+  document.querySelectorAll("[data-drop-query]").forEach((banner) => {
+    const here = new URL(window.location.href);
+    banner.dataset.dropQuery.split(" ").forEach((name) => here.searchParams.delete(name));
     window.history.replaceState(window.history.state, "", here.pathname + here.search + here.hash);
-  }
+  });
   document.querySelectorAll("[data-live-src]").forEach((box) => {
     box.addEventListener("live:updated", () => {
       const state = box.querySelector("[data-live-state]");
