@@ -189,6 +189,10 @@ def test_unknown_and_never_heartbeat(client: TestClient) -> None:
     assert status_of(html, quiet_id) == "offline"
     assert "从未" in quiet and "尚未上报节点信息" in quiet
     assert "当前没有在线的 CPod 提供 GPU" in html  # the unknown one's GPUs are not counted
+    # Said inside the CPod count's card: a half-width card of its own left a hole beside it.
+    counts = re.search(r'<div class="card stat-card" id="cpod-counts">(.*?)\n  </div>', html, re.S)
+    assert counts and 'id="no-online-gpus"' in counts.group(1)
+    assert "stat-empty" not in html
 
 
 def test_fragment_is_the_live_part_alone(client: TestClient) -> None:
