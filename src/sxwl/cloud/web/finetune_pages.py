@@ -333,17 +333,4 @@ FINE_TUNE_PAGE = live_detail.DetailKind(
     finished_refresh_ms=FINISHED_REFRESH_MS,
 )
 
-
-@router.get("/finetune/{fine_tune_id}")
-def finetune_page(fine_tune_id: str, request: Request, principal: JobsViewer) -> Response:
-    return live_detail.page(FINE_TUNE_PAGE, request, principal, fine_tune_id)
-
-
-@router.get("/finetune/{fine_tune_id}/fragment")
-def finetune_fragment(fine_tune_id: str, request: Request, principal: JobsFragmentViewer) -> Response:
-    return live_detail.fragment(FINE_TUNE_PAGE, request, principal, fine_tune_id)
-
-
-@router.post("/finetune/{fine_tune_id}/cancel")
-async def cancel_finetune(fine_tune_id: str, request: Request, principal: JobsViewer) -> Response:
-    return await live_detail.cancel(FINE_TUNE_PAGE, request, principal, fine_tune_id)
+live_detail.add_routes(router, FINE_TUNE_PAGE)

@@ -240,17 +240,4 @@ JOB_PAGE = live_detail.DetailKind(
     finished_refresh_ms=FINISHED_JOB_REFRESH_MS,
 )
 
-
-@router.get("/jobs/{job_id}")
-def job_page(job_id: str, request: Request, principal: JobsViewer) -> Response:
-    return live_detail.page(JOB_PAGE, request, principal, job_id)
-
-
-@router.get("/jobs/{job_id}/fragment")
-def job_fragment(job_id: str, request: Request, principal: JobsFragmentViewer) -> Response:
-    return live_detail.fragment(JOB_PAGE, request, principal, job_id)
-
-
-@router.post("/jobs/{job_id}/cancel")
-async def cancel_job(job_id: str, request: Request, principal: JobsViewer) -> Response:
-    return await live_detail.cancel(JOB_PAGE, request, principal, job_id)
+live_detail.add_routes(router, JOB_PAGE)

@@ -1,7 +1,8 @@
 """What a job's page and a fine-tune's page share: the whole page and its live fragment made from
 the same values, the banner of what a form just did (shown while the state it spoke of lasts:
 app.js removes it when the state changes and drops its query from the address), and the cancel form
-(CSRF, then any refusal said in place, above the page)."""
+(CSRF, then any refusal said in place, above the page). ``add_routes`` serves the three at a
+kind's path, for compute users and admins (providers run neither)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from fastapi import Request
+from fastapi import APIRouter, Request
 from fastapi.responses import Response
 from sqlalchemy.orm import Session
 
@@ -17,7 +18,15 @@ from sxwl.cloud.api.deps import Principal, csrf_ok
 from sxwl.cloud.db.models import User
 from sxwl.cloud.errors import AppError
 from sxwl.cloud.web.i18n import translate
-from sxwl.cloud.web.kit import ctx_of, error_page, language, redirect, render
+from sxwl.cloud.web.kit import (
+    JobsFragmentViewer,
+    JobsViewer,
+    ctx_of,
+    error_page,
+    language,
+    redirect,
+    render,
+)
 
 Values = dict[str, Any]
 
@@ -103,3 +112,21 @@ async def cancel(kind: DetailKind, request: Request, principal: Principal, item_
                 return page(kind, request, principal, item_id, 409, kind.finished(lang, values), True)
         return page(kind, request, principal, item_id, exc.status, exc.message)
     return redirect(f"{kind.path}/{item_id}?{query}")
+
+
+def add_routes(router: APIRouter, kind: DetailKind) -> None:
+    """``GET path/{id}``, ``GET path/{id}/fragment`` and ``POST path/{id}/cancel``. Added after the
+    router's fixed paths (``path/new`` ...), which would otherwise be read as ids."""
+
+    def detail_page(item_id: str, request: Request, principal: JobsViewer) -> Response:
+        return page(kind, request, principal, item_id)
+
+    def detail_fragment(item_id: str, request: Request, principal: JobsFragmentViewer) -> Response:
+        return fragment(kind, request, principal, item_id)
+
+    async def detail_cancel(item_id: str, request: Request, principal: JobsViewer) -> Response:
+        return await cancel(kind, request, principal, item_id)
+
+    router.add_api_route(f"{kind.path}/{{item_id}}", detail_page, methods=["GET"])
+    router.add_api_route(f"{kind.path}/{{item_id}}/fragment", detail_fragment, methods=["GET"])
+    router.add_api_route(f"{kind.path}/{{item_id}}/cancel", detail_cancel, methods=["POST"])
