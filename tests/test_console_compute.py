@@ -190,6 +190,10 @@ def test_unknown_and_never_heartbeat(client: TestClient) -> None:
     assert status_of(html, quiet_id) == "offline"
     assert "从未" in quiet and "尚未上报节点信息" in quiet
     assert "当前没有在线的 CPod 提供 GPU" in html  # the unknown one's GPUs are not counted
+    # Said inside the CPod count's card: a half-width card of its own left a hole beside it.
+    counts = re.search(r'<div class="card stat-card" id="cpod-counts">(.*?)\n  </div>', html, re.S)
+    assert counts and 'id="no-online-gpus"' in counts.group(1)
+    assert "stat-empty" not in html
 
 
 def test_fragment_is_the_live_part_alone(client: TestClient) -> None:
@@ -351,10 +355,10 @@ def test_admin_sees_every_cpod_with_its_owner_and_may_rename_and_revoke(client: 
     html = page.text
     assert 'href="/compute"' in html and 'href="/admin/users"' in html  # both in the admin's nav
     for cpod_id, owner in ((a_id, "farm"), (b_id, "farm"), (c_id, "lab")):
-        assert (
-            f'<dd class="cpod-owner" title="{owner}@example.com"><span class="email">{owner}</span><wbr>'
-            in card(html, cpod_id)
-        )
+        # On a line of its own and whole: never broken at its "@" (issue 26, point 12).
+        email = f"{owner}@example.com"
+        owner_dd = f'<dd class="cpod-owner" title="{email}">{email}</dd>'
+        assert f'<div class="meta-owner"><dt>所属算力源</dt>{owner_dd}' in card(html, cpod_id)
     assert "--access-key=" not in html and "部署新的 CPod" not in html  # admins have no accessKey
     # Every provider's online GPUs: "a" 16 (12 free) + "c" 8 (8 free).
     assert totals(html) == {"NVIDIA-A100-SXM4-80GB": {"total": 24, "allocatable": 24, "available": 20}}

@@ -110,9 +110,9 @@ def upload(browser: TestClient, data: bytes, name: str = "train.jsonl") -> Any:
 
 def uploaded_id(response: Any) -> str:
     assert response.status_code == 303, response.text
-    match = re.fullmatch(
-        r"/finetune/files\?uploaded=(file-[0-9a-f]+)#upload-result", response.headers["location"]
-    )
+    # No "#upload-result": the result is the page's first card, and an anchor scrolled it under the
+    # sticky top bar.
+    match = re.fullmatch(r"/finetune/files\?uploaded=(file-[0-9a-f]+)", response.headers["location"])
     assert match, response.headers["location"]
     return match.group(1)
 
@@ -257,7 +257,7 @@ def test_uploads_past_the_default_body_limit_reach_the_files_limit(
     file_id = uploaded_id(upload(browser, big, "big.jsonl"))
     assert "共 2000 个样本" in browser.get(f"/finetune/files?uploaded={file_id}").text
     too_big = upload(browser, big + big, "bigger.jsonl")
-    assert too_big.status_code == 413 and "文件太大：最大 3.0 MiB。" in too_big.text
+    assert too_big.status_code == 413 and "文件太大：最大 3 MiB。" in too_big.text
     assert "bigger.jsonl" not in browser.get("/finetune/files").text  # nothing recorded
 
 
@@ -433,7 +433,12 @@ def test_a_fine_tunes_page_follows_its_progress_eta_cost_and_loss(money: Money) 
     browser = signed_in(money.client, "dev@example.com")
     fine_tune_id, job_id, attempt = running_fine_tune(money, browser)
     page = browser.get(f"/finetune/{fine_tune_id}?created=1").text
-    assert "微调已创建，正在排队等待 GPU。" in page
+    # Already running: the banner does not say it waits for GPUs, and app.js removes it when the
+    # status it was shown for changes.
+    banner = re.search(r'<div class="alert alert-success" role="status" id="ft-notice" ([^>]*)>([^<]*)', page)
+    assert banner and banner.group(2) == "微调已创建。"
+    assert 'data-while-state="running"' in banner.group(1)
+    assert "正在排队等待 GPU" not in page
     assert 'data-status="running"' in page and "等待训练开始…" in page
     assert 'id="loss-chart-empty"' in page and 'id="cancel-ft"' in page
 

@@ -21,7 +21,7 @@ from tests.test_console_forms import csrf, register_form
 PRODUCT = str(A100["product"])
 VALID = {
     "name": "tiny-lm",
-    "command": "python train.py --epochs 3",
+    "command": "python3 train.py --epochs 3",
     "image": "",
     "env": "LR=0.1\n\n# a comment\nEPOCHS = 3\n",
     "gpu_product": "",
@@ -89,9 +89,29 @@ def test_form_offers_the_online_gpu_products(client: TestClient) -> None:
     assert f'<option value="{PRODUCT}"' in page.text
     assert f"{PRODUCT} · 80 GiB（可用 8 / 共 8）" in page.text
     assert '<option value="">任意型号</option>' in page.text
-    assert "sxwl jobs submit --gpus 1 -- python train.py" in page.text
+    # The sandbox has python3, not always python: the copyable line and the placeholder say so.
+    assert "sxwl jobs submit --gpus 1 -- python3 train.py" in page.text
+    assert 'placeholder="python3 train.py --epochs 3"' in page.text
+    assert "python train.py" not in page.text
     assert "仅 Kubernetes CPod 使用" in page.text  # the image field says who uses it
+    # How code reaches a CPod: no upload; an image on Kubernetes; what is on the machine locally.
+    note = page.text[page.text.index('id="code-note"') :]
+    assert "没有代码上传" in note and "本机（local）CPod 不使用镜像" in note
     assert "最长运行时间（分钟）" in page.text
+    # An online CPod has GPUs: the form starts at one.
+    assert re.search(r'id="f-gpus_per_node" name="gpus_per_node" value="1"', page.text)
+
+
+def test_form_starts_at_0_gpus_where_no_online_cpod_has_any(client: TestClient) -> None:
+    """Submitted untouched, the form asks for what can run: a GPU asked for on a fleet without one
+    would keep the job queued for ever (issue 26, point 4)."""
+    online_cpod(client, gpus=0)
+    browser = browser_user(client)
+    page = browser.get("/jobs/new").text
+    assert re.search(r'id="f-gpus_per_node" name="gpus_per_node" value="0"', page)
+    browser.cookies.set("sxwl_lang", "en")
+    english = browser.get("/jobs/new").text
+    assert "There is no code upload" in english and "A local CPod uses no image" in english
 
 
 def test_form_errors_are_shown_in_place_and_values_kept(client: TestClient) -> None:
@@ -248,7 +268,7 @@ def test_empty_list_says_how_to_submit(client: TestClient) -> None:
     assert page.status_code == 200
     assert "还没有任务" in page.text
     assert 'href="/jobs/new"' in page.text
-    assert "sxwl jobs submit --gpus 1 -- python train.py" in page.text
+    assert "sxwl jobs submit --gpus 1 -- python3 train.py" in page.text
     assert 'data-shape="empty"' in page.text
     assert 'data-live-src="/jobs/fragment"' in page.text
 
@@ -402,7 +422,7 @@ def test_cancel_of_a_finished_job_shows_the_conflict(client: TestClient) -> None
     page = browser.get(f"/jobs/{job_id}").text
     assert 'data-state="succeeded"' in page and ">成功<" in page
     assert f'href="/api/v1/jobs/{job_id}/artifacts/ckpt/model%20final.bin" download' in page
-    assert "2.0 KiB" in page
+    assert "2 KiB" in page
     assert (
         'data-kind="assigned"' in page and 'data-kind="running"' in page and 'data-kind="succeeded"' in page
     )
@@ -554,6 +574,6 @@ def test_sizes() -> None:
     assert [jobs_view.size(n) for n in (0, 1023, 2048, 5 * 1024 * 1024)] == [
         "0 B",
         "1023 B",
-        "2.0 KiB",
-        "5.0 MiB",
+        "2 KiB",
+        "5 MiB",
     ]

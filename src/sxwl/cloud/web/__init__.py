@@ -15,6 +15,7 @@ from sxwl.cloud.web import (
     compute_pages,
     finetune_pages,
     jobs_pages,
+    models_pages,
     money_admin_pages,
 )
 from sxwl.cloud.web.kit import HERE, PageRefused, error_page, page_refused
@@ -33,6 +34,7 @@ def install(app: FastAPI) -> None:
         compute_pages,
         jobs_pages,
         finetune_pages,
+        models_pages,
         billing_pages,
         admin_pages,
         money_admin_pages,

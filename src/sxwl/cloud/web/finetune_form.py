@@ -14,10 +14,9 @@ from sxwl.cloud.db.finetune_models import CatalogModel
 from sxwl.cloud.errors import AppError
 from sxwl.cloud.web.finetune_view import FileRow
 from sxwl.cloud.web.i18n import translate
-from sxwl.cloud.web.money_view import money_text
 from sxwl.protocol.finetune import MAX_BATCH_SIZE, MAX_EPOCHS, MAX_LR_MULTIPLIER, FineTuneRequest
 from sxwl.protocol.jobs import MAX_GPUS_PER_NODE
-from sxwl.protocol.money import parse_yuan
+from sxwl.protocol.money import money_text, parse_yuan
 
 FORM_FIELDS = (
     "model",

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from sxwl.cloud.web.i18n_console import CONSOLE_MESSAGES, SINGULAR
 from sxwl.cloud.web.i18n_finetune import FINETUNE_MESSAGES
+from sxwl.cloud.web.i18n_models import MODELS_MESSAGES
 from sxwl.cloud.web.i18n_money import MONEY_MESSAGES
 from sxwl.cloud.web.i18n_storage import STORAGE_MESSAGES
 
@@ -659,11 +661,13 @@ MESSAGES: dict[str, dict[str, str]] = {
 }
 
 # Kept apart to keep each table readable; a key in both tables would be a mistake (tested).
-for _table in (MONEY_MESSAGES, FINETUNE_MESSAGES, STORAGE_MESSAGES):
+for _table in (MONEY_MESSAGES, FINETUNE_MESSAGES, STORAGE_MESSAGES, CONSOLE_MESSAGES, MODELS_MESSAGES):
     for _lang, _texts in _table.items():
         MESSAGES[_lang].update(_texts)
 
 
 def translate(lang: str, key: str, **values: object) -> str:
     text = MESSAGES.get(lang, MESSAGES[DEFAULT_LANGUAGE]).get(key) or MESSAGES[DEFAULT_LANGUAGE].get(key, key)
+    if values.get("n") == 1:  # "1 example", not "1 examples"
+        text = SINGULAR.get(lang, {}).get(key, text)
     return text.format(**values) if values else text

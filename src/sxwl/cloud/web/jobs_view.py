@@ -7,7 +7,7 @@ module only turns its errors into the console's words."""
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -20,6 +20,7 @@ from sqlalchemy.orm import Session
 from sxwl.cloud.db.models import TERMINAL_STATES, Artifact, Job, JobEvent, JobState, Role, User
 from sxwl.cloud.errors import AppError
 from sxwl.cloud.services import job_events, jobs, storage_quota
+from sxwl.cloud.services.gpu_summary import GpuSummary
 from sxwl.cloud.web.i18n import translate
 from sxwl.cloud.web.i18n_reasons import reason_text
 from sxwl.protocol.fields import CONTROL_CHARS
@@ -275,7 +276,15 @@ FORM_FIELDS = (
     "max_runtime_min",
     "cpod_id",
 )
-FORM_DEFAULTS = {"gpus_per_node": "1", "nodes": "1"}
+FORM_DEFAULTS = {"nodes": "1"}
+
+
+def form_defaults(gpu_types: Sequence[GpuSummary]) -> dict[str, str]:
+    """What the submit form starts with, so that submitting it untouched asks for what can run: 1 GPU
+    where an online CPod has GPUs, else 0 (a GPU asked for would keep the job queued for ever)."""
+    return FORM_DEFAULTS | {"gpus_per_node": "1" if any(g.total for g in gpu_types) else "0"}
+
+
 # JobIn's field -> the form's field, where they differ.
 _FORM_FIELD = {"max_runtime_s": "max_runtime_min"}
 
