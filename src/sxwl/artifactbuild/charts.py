@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 from dataclasses import dataclass
@@ -16,6 +17,7 @@ from sxwl.artifactbuild.pack import normalise_tgz
 from sxwl.artifactbuild.parts import Missing
 
 AGENT_CHART = Path("deploy/helm/sxwl-agent")
+GENERATED = "1980-01-01T00:00:00Z"
 
 
 @dataclass(frozen=True)
@@ -43,6 +45,10 @@ def package(helm: Path, chart: Path, version: str, root: Path, name: str) -> Pat
             result = _helm(helm, "dependency", "build", str(chart))
             if result.returncode != 0:
                 return Missing(name, f"helm dependency build {chart.name}: {result.stderr.strip()[-300:]}")
+            # helm dates the lock file it writes; the artifact must not carry the build's time.
+            lock = chart / "Chart.lock"
+            if lock.is_file():
+                lock.write_text(re.sub(r"(?m)^generated: .*$", f'generated: "{GENERATED}"', lock.read_text()))
         app_version = version
         result = _helm(
             helm, "package", str(chart), "--version", version, "--app-version", app_version, "-d", str(work)
