@@ -315,6 +315,7 @@ def test_access_key_check_for_deployment_tools(client: TestClient) -> None:
     assert ok.json() == {
         "provider": "owner@example.com",
         "cpods": [{"id": reg["cpod_id"], "name": "rack-1", "status": "online", "revoked": False}],
+        "min_artifact_version": "0.1.0",
     }
     for bearer in ("sxak_wrong", reg["cpod_token"], headers["Authorization"].split()[1]):
         bad = client.get("/api/v1/agent/access-key/check", headers={"Authorization": f"Bearer {bearer}"})

@@ -161,6 +161,7 @@ def check_access_key(request: Request, ctx: Ctx) -> AccessKeyCheckOut:
                 CPodBriefOut(id=c.id, name=c.name, status=c.status.value, revoked=c.revoked_at is not None)
                 for c, _ in cpods.list_for(session, owner)
             ],
+            min_artifact_version=ctx.settings.artifact_min_version,
         )
 
 

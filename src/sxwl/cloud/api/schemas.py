@@ -149,6 +149,9 @@ class CPodBriefOut(BaseModel):
 class AccessKeyCheckOut(BaseModel):
     provider: str
     cpods: list[CPodBriefOut]
+    # The oldest offline artifact (its manifest's version) whose 3kctl and agent this cloud accepts:
+    # 3kctl stops before any host changes when its artifact is older (docs/artifact.md).
+    min_artifact_version: str
 
 
 class JobOut(JobFields):

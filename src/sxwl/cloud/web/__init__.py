@@ -13,6 +13,7 @@ from sxwl.cloud.web import (
     auth_pages,
     billing_pages,
     compute_pages,
+    downloads,
     finetune_pages,
     jobs_pages,
     models_pages,
@@ -38,6 +39,7 @@ def install(app: FastAPI) -> None:
         billing_pages,
         admin_pages,
         money_admin_pages,
+        downloads,
     )
     for pages in pages_of:
         app.include_router(pages.router, dependencies=checked)

@@ -61,6 +61,8 @@ def _account(
         principal,
         status=status,
         key_history=history,
+        artifact_served=ctx.settings.artifact_file is not None,
+        cloud_url=ctx.settings.public_url.rstrip("/") or str(request.base_url).rstrip("/"),
         storage=storage,
         size=jobs_view.size,
         errors=errors or {},
