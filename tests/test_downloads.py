@@ -86,8 +86,9 @@ def test_a_download_resumes_and_head_answers_the_size(
     assert part.status_code == 206
     assert part.headers["content-range"] == f"bytes 100-{len(whole) - 1}/{len(whole)}"
     assert whole[:100] + part.content == whole
-    # No public URL: the request's own.
-    assert manifest_of(whole)["cloud"] == "http://testserver"
+    # No public URL: the operator's file as it is, never a URL from the request's Host header.
+    assert whole == built.read_bytes()
+    assert client.get(URL, headers={"Host": "elsewhere.example"}).content == whole
 
 
 def test_no_artifact_configured_or_a_broken_one_is_said(
@@ -113,11 +114,18 @@ def test_compute_and_account_pages_show_the_download_and_deploy_commands(
     key = client.get("/api/v1/me/access-key").json()["access_key"]
     compute = client.get("/compute").text
     assert "wget http://testserver/downloads/3k-artifact.tgz" in compute
-    # The served artifact names this cloud: no --cloud needed.
-    assert f"sudo ./3kctl deploy all --access-key={key}</pre>" in compute
+    # No public URL: the served artifact names no cloud, so the command gives it.
+    assert f"sudo ./3kctl deploy all --access-key={key} --cloud http://testserver</pre>" in compute
     account = client.get("/account").text
     assert "wget http://testserver/downloads/3k-artifact.tgz\ntar xf 3k-artifact.tgz" in account
-    assert "sudo ./3kctl deploy all --access-key=&lt;accessKey&gt;" in account
+    assert "sudo ./3kctl deploy all --access-key=&lt;accessKey&gt; --cloud http://testserver</pre>" in account
+    named = make_client(
+        artifact_file=built, public_url="http://cloud.example"
+    )  # http: its cookies reach testserver
+    register_form(named, email="named@example.com")
+    key = named.get("/api/v1/me/access-key").json()["access_key"]
+    # The served artifact names this cloud: no --cloud needed.
+    assert f"sudo ./3kctl deploy all --access-key={key}</pre>" in named.get("/compute").text
     assert "下载离线安装包并部署" in account
     client.cookies.set(LANG_COOKIE, "en")
     assert "download the offline package and deploy" in client.get("/account").text

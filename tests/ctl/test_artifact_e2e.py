@@ -84,9 +84,10 @@ def test_download_verify_and_deploy_from_the_cloud_with_no_route_out(
     write_checksums(root)
     built = tmp_path / "3k-artifact.tgz"
     tar_gz(root, built, "artifact")
-    cloud = CloudProcess(
-        tmp_path / "cloud", free_port(), env={"SXWL_ARTIFACT_FILE": str(built)}, host=host_ip
-    )
+    port = free_port()
+    # The operator names the cloud's URL: the artifact it serves carries it, so no --cloud is needed.
+    settings = {"SXWL_ARTIFACT_FILE": str(built), "SXWL_PUBLIC_URL": f"http://{host_ip}:{port}"}
+    cloud = CloudProcess(tmp_path / "cloud", port, env=settings, host=host_ip)
     try:
         key = provider_key(cloud)
         opt, home = tmp_path / "opt", tmp_path / "home"

@@ -12,6 +12,7 @@ import hashlib
 import io
 import json
 import re
+import shutil
 import tarfile
 import threading
 from dataclasses import dataclass
@@ -21,7 +22,7 @@ from sxwl.cloud.config import Settings
 
 NAME = "3k-artifact.tgz"
 MANIFEST_MEMBER = "artifact/manifest.yaml"
-# Copies for other URLs (the request's own when no public URL is set) are removed past this many.
+# Copies made for earlier files or URLs are removed past this many.
 KEEP = 4
 _making = threading.Lock()
 
@@ -83,8 +84,26 @@ def _rewrite(source: Path, target: Path, cloud: str) -> str:
     return version
 
 
-def served(settings: Settings, cloud: str) -> Served:
-    """The artifact as served to ``cloud``'s users (made on first use)."""
+def _version_of(source: Path) -> str:
+    """The version its manifest names (the build puts the manifest first: a short read)."""
+    try:
+        with tarfile.open(source, mode="r|gz") as tar:
+            for member in tar:
+                if member.name == MANIFEST_MEMBER and member.isreg():
+                    content = tar.extractfile(member)
+                    text = content.read().decode() if content is not None else ""
+                    found = re.search(r"^version:\s*['\"]?([^'\"\s]+)", text, re.MULTILINE)
+                    return found.group(1) if found else "?"
+    except (tarfile.TarError, EOFError, OSError, UnicodeDecodeError) as exc:
+        raise BadArtifact(f"{source} is not a readable .tar.gz: {exc}") from None
+    raise BadArtifact(f"{source} holds no {MANIFEST_MEMBER}: it is not a 3k artifact")
+
+
+def served(settings: Settings) -> Served:
+    """The artifact as served (made on first use): with ``SXWL_PUBLIC_URL`` written into its
+    manifest, so that `deploy all` needs no ``--cloud``; without one, the operator's file as it is.
+    Never a URL taken from a request: each new Host header would cost a rewrite of the archive."""
+    cloud = settings.public_url.rstrip("/")
     source = settings.artifact_file
     if source is None:
         raise NoArtifact("this cloud serves no offline artifact: its operator sets SXWL_ARTIFACT_FILE")
@@ -103,7 +122,11 @@ def served(settings: Settings, cloud: str) -> Served:
             folder.mkdir(parents=True, exist_ok=True)
             partial = folder / f".{target.name}.{threading.get_ident()}.partial"
             try:
-                version = _rewrite(source, partial, cloud)
+                if cloud:
+                    version = _rewrite(source, partial, cloud)
+                else:
+                    version = _version_of(source)
+                    shutil.copyfile(source, partial)
                 with partial.open("rb") as handle:
                     digest = hashlib.file_digest(handle, "sha256").hexdigest()
                 size = partial.stat().st_size

@@ -62,6 +62,7 @@ def _account(
         status=status,
         key_history=history,
         artifact_served=ctx.settings.artifact_file is not None,
+        artifact_names_cloud=bool(ctx.settings.public_url),
         cloud_url=ctx.settings.public_url.rstrip("/") or str(request.base_url).rstrip("/"),
         storage=storage,
         size=jobs_view.size,

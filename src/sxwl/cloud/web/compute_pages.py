@@ -85,6 +85,7 @@ def _compute(
         hold_days=money_view.hold_days(ctx.settings.earnings_hold_s),
         cloud_url=cloud_url,
         artifact_served=ctx.settings.artifact_file is not None,
+        artifact_names_cloud=bool(ctx.settings.public_url),
         ago_formats=compute_view.ago_formats(language(request)),
         errors=errors or {},
         **(values | {"rename_error": rename_error}),

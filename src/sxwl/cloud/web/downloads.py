@@ -22,7 +22,7 @@ def cloud_url(request: Request) -> str:
 
 async def _served(request: Request) -> downloads.Served | Response:
     try:
-        return await run_in_threadpool(downloads.served, ctx_of(request).settings, cloud_url(request))
+        return await run_in_threadpool(downloads.served, ctx_of(request).settings)
     except downloads.NoArtifact as exc:
         return JSONResponse(error_body(404, str(exc), "no_artifact"), status_code=404)
     except downloads.BadArtifact as exc:
