@@ -57,3 +57,10 @@ clean:
 # ZIPAPP_ARGS="--pip-platform manylinux2014_aarch64 --pip-python 3.11" (needs the package index).
 3kctl-zipapp: $(STAMP)
 	$(BIN)/python -m sxwl.ctl.zipapp -o dist/3kctl $(ZIPAPP_ARGS)
+
+# The offline artifact dist/3k-artifact.tgz (docs/artifact.md, "Building"), reproducibly from pinned
+# versions; exits 3 after writing a PARTIAL artifact when parts cannot be made here. ARTIFACT_ARGS:
+# e.g. "--arch arm64", "--cloud https://cloud.example", "--kk PATH --kubekey-artifact PATH".
+.PHONY: artifact
+artifact: $(STAMP)
+	$(BIN)/python -m sxwl.artifactbuild $(ARTIFACT_ARGS)

@@ -44,7 +44,7 @@ def test_the_cli_uploads_checks_fine_tunes_and_downloads(tmp_path: Path, db_url:
         no_answer = {"messages": [{"role": "user", "content": "hi"}]}
         broken.write_text(json.dumps(good) + "\nnot json\n" + json.dumps(no_answer) + "\n")
         code, text = run("files", "upload", str(broken))
-        assert code == 0 and "error" in text
+        assert code == 3 and "error" in text  # the upload of a file with errors fails
         assert re.search(r"line 2: .*JSON", text) and re.search(r"line 3: .*assistant", text), text
 
         from_sample = world.dataset(12)  # through the openai client, like a script would

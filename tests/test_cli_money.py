@@ -5,14 +5,17 @@ the API; bad input refused naming its flag, with nothing changed."""
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
 from sqlalchemy import create_engine, text
 
 from sxwl.cloud.services import ledger
+from sxwl.protocol.money import money_text
 from tests.support.agent import eventually
 from tests.test_cli import sxwl
 from tests.test_jobs_process import PRODUCT, World
@@ -168,7 +171,8 @@ def test_money_from_prices_to_payout(cli: Cli) -> None:
     world.wait_state(job_id, "succeeded")
     eventually(lambda: world.job(job_id)["cost"] > 0, what="the job metered")
     code, output = cli.user("jobs", "show", job_id)
-    assert code == 0 and "cost so far" in output and "CNY" in output
+    charged = money_text(world.job(job_id)["cost"])
+    assert code == 0 and re.search(rf"cost +{re.escape(charged)} CNY", output), output
     code, output = cli.user("billing", "balance")
     assert code == 0 and "balance: " in output and "CNY" in output
     code, output = cli.user("billing", "statement")
@@ -194,3 +198,42 @@ def test_money_from_prices_to_payout(cli: Cli) -> None:
     assert code == 0 and "0.00 CNY still available" in output, output
     code, output = cli.read("ledger", "check")
     assert code == 0 and "ok" in output
+
+
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+def test_followed_logs_end_with_the_state_and_a_statement_reads_what_was_paid(cli: Cli) -> None:
+    world = cli.world
+    # A price low enough that a few seconds cost less than a fen.
+    assert cli.admin("prices", "set", "--product", PRODUCT, "--price", "0.01", "--fee", "10")[0] == 0
+    assert cli.admin("top-up", "--email", USER, "--amount", "1")[0] == 0
+    world.agent()
+    world.online()
+    cli.login(USER)
+
+    # `jobs logs -f` prints the log, then the job's final state; a failed job fails the command.
+    failed = world.submit("echo started; sleep 2; exit 7")
+    done = sxwl("jobs", "logs", failed[:12], "-f", env=cli.env)
+    assert done.returncode == 3 and "started" in done.stdout, done
+    assert f"job {failed} failed (exit 7)" in done.stderr and "started" not in done.stderr, done.stderr
+    fine = world.submit("echo fine; sleep 1")
+    done = sxwl("jobs", "logs", fine[:12], "-f", env=cli.env)
+    assert done.returncode == 0 and "fine" in done.stdout and f"job {fine} succeeded" in done.stderr, done
+
+    def metered() -> dict[str, Any] | None:
+        body: dict[str, Any] = httpx.get(f"{world.url}/api/v1/billing/statement", headers=world.user).json()
+        costs = {job: world.job(job)["cost"] for job in (failed, fine)}
+        lines = {line["job_id"]: line["gross"] for line in body["lines"]}
+        return body if lines == costs and all(costs.values()) else None
+
+    statement = eventually(metered, what="both jobs charged in the statement")
+    code, output = cli.user("billing", "statement")
+    assert code == 0, output
+    for line in statement["lines"]:
+        assert 0 < line["gross"] < 10_000, line  # the premise: below a fen
+        row = next(r for r in output.splitlines() if line["job_id"][:12] in r)
+        assert money_text(line["gross"]) in row and "0.00 " not in row, row
+        if line.get("cpod_id"):
+            assert line["cpod_id"] not in output
+    assert f"total charged: {money_text(statement['total'])} CNY" in output, output
+    # A user's statement reads what the user paid: not the provider's fee and net.
+    assert not re.search(r"\b(fee|net)\b", output), output

@@ -24,7 +24,7 @@ from sxwl.cloud.db.models import CPod, Job, JobAttempt
 from sxwl.cloud.db.money_models import LedgerTransaction
 from sxwl.cloud.db.types import utcnow
 from sxwl.cloud.services import earnings, ledger, metering
-from sxwl.cloud.web import i18n, money_view
+from sxwl.cloud.web import i18n, kit
 from sxwl.cloud.web.i18n import MESSAGES
 from sxwl.cloud.web.i18n_money import MONEY_MESSAGES
 from sxwl.cloud.web.kit import LANG_COOKIE
@@ -153,13 +153,6 @@ def text_of(page: str, element_id: str) -> str:
     return match.group(1).strip()
 
 
-def title_of(page: str, element_id: str) -> str:
-    """The exact amount a card shows on hover."""
-    match = re.search(rf'id="{element_id}"[^>]*title="([^"]*)"', page)
-    assert match, f"no title on #{element_id}"
-    return match.group(1)
-
-
 # ---- prices -------------------------------------------------------------------------------------
 
 
@@ -277,22 +270,28 @@ def test_top_up_by_email_or_id_shows_on_the_users_billing(client: TestClient) ->
     )
     assert top_up(admin, user_id, "0.000001").status_code == 303
     page = user.get("/billing").text
-    # A card rounds to the fen for people; its title is exact.
-    assert text_of(page, "balance") == "¥12.50" and title_of(page, "balance") == "¥12.500001"
+    # One rule for every amount (protocol/money.py money_text): two places from a fen up, two
+    # significant digits below it, so the tiny top-up does not read ¥0.00 beside the balance.
+    assert text_of(page, "balance") == "¥12.50" and 'title="¥' not in page
     assert 'id="balance-warning"' not in page
-    assert "¥12.50</td><td>first</td>" in page
+    assert "¥12.50</td><td>first</td>" in page and "¥0.000001</td>" in page
     money = admin.get("/admin/money").text
     assert text_of(money, "revenue-top_ups") == "¥12.50"
-    assert title_of(money, "revenue-top_ups") == "¥12.500001"
     recent = re.search(r'<table class="table compact" id="recent">(.*?)</table>', money, re.S)
     assert recent and "dev@example.com" in recent.group(1) and "first" in recent.group(1)
     assert "<td>root@example.com</td>" in recent.group(1)  # who did it
 
 
-def test_cards_round_to_the_fen_half_to_even_and_never_read_minus_zero() -> None:
-    amounts = (12_500_001, 325_800, 5_000, 15_000, -1, -120_000)
-    assert [money_view.rounded_text(m) for m in amounts] == ["12.50", "0.33", "0.00", "0.02", "0.00", "-0.12"]
-    assert [money_view.money_text(m) for m in amounts[:2]] == ["12.500001", "0.3258"]  # what titles say
+def test_every_page_writes_amounts_by_the_one_rule() -> None:
+    amounts = (12_500_001, 325_800, 5_000, 15_000, 331, -120_000)
+    assert [kit.templates.env.filters["yuan"](m) for m in amounts] == [
+        "12.50",
+        "0.33",
+        "0.0050",
+        "0.02",
+        "0.00033",
+        "-0.12",
+    ]
 
 
 def test_a_month_that_is_not_one_is_shown_in_place(client: TestClient) -> None:
@@ -310,12 +309,14 @@ def test_what_the_user_provider_and_admin_see_of_a_priced_job(client: TestClient
     ran = run_priced_job(client)
     # 2 GPUs × 90.5 s × 7.20 per GPU-hour = 0.362; the provider earns 90 % (0.3258), the fee is 0.0362.
     billing = ran.user.get("/billing").text
-    assert text_of(billing, "balance") == "¥99.64" and title_of(billing, "balance") == "¥99.638"
-    assert text_of(billing, "statement-total") == "¥0.362"  # a statement is exact
+    assert text_of(billing, "balance") == "¥99.64"
+    assert text_of(billing, "statement-total") == "¥0.36"  # the CSV below is exact
     row = re.search(rf'<tr data-job="{ran.job_id}">(.*?)</tr>', billing, re.S)
-    assert row and "181.0 GPU·秒" in row.group(1) and "¥7.20" in row.group(1) and "¥0.362" in row.group(1)
+    assert row and "181.0 GPU·秒" in row.group(1) and "¥7.20" in row.group(1) and "¥0.36" in row.group(1)
     assert ran.cpod_name != ran.cpod_id
-    assert f'<td title="{ran.cpod_id}">{ran.cpod_name}</td>' in row.group(1)  # its name; the id on hover
+    # What the user paid, on the CPod named: no provider's fee or net, no raw CPod id.
+    assert f"<td>{ran.cpod_name}</td>" in row.group(1) and ran.cpod_id not in billing
+    assert "0.0362" not in billing and "0.3258" not in billing and "平台费" not in billing
     assert "¥100.00</td><td>welcome</td>" in billing
     month = re.search(r'name="month" value="(\d{4}-\d{2})"', billing)
     assert month
@@ -323,18 +324,19 @@ def test_what_the_user_provider_and_admin_see_of_a_priced_job(client: TestClient
     csv = ran.user.get(f"/api/v1/billing/statement?month={month.group(1)}&format=csv")
     assert csv.status_code == 200 and "0.362000" in csv.text  # the link works with the cookie
     job = ran.user.get(f"/jobs/{ran.job_id}").text
-    assert text_of(job, "job-cost-amount") == "¥0.362" and 'id="job-cost-rate"' not in job
+    assert text_of(job, "job-cost-amount") == "¥0.36" and 'id="job-cost-rate"' not in job
+    assert "总费用" in job and "目前费用" not in job  # it has finished: no "so far"
 
     earned = ran.provider.get("/earnings").text
     for card in ("earned-month", "earned-today", "earned-pending"):
-        assert (text_of(earned, card), title_of(earned, card)) == ("¥0.33", "¥0.3258")
+        assert text_of(earned, card) == "¥0.33"
     assert text_of(earned, "earned-available") == "¥0.00"
-    assert (text_of(earned, "month-fee"), title_of(earned, "month-fee")) == ("0.04", "¥0.0362")
-    assert title_of(earned, "month-gross") == "¥0.362" and text_of(earned, "sold-hours") == "0.050"
+    assert text_of(earned, "month-fee") == "0.04" and text_of(earned, "sold-hours") == "0.050"
+    # The provider's own page keeps the split: what users paid, the fee, what they earn.
     product = re.search(rf'<tr data-key="{PRODUCT}">(.*?)</tr>', earned, re.S)
-    assert product and "¥0.362" in product.group(1) and "¥0.0362" in product.group(1)
+    assert product and "¥0.36" in product.group(1) and "¥0.04" in product.group(1)
     by_cpod = re.search(r'<table class="table compact nowrap" id="by-cpod">(.*?)</table>', earned, re.S)
-    assert by_cpod and "¥0.3258" in by_cpod.group(1)
+    assert by_cpod and "¥0.33" in by_cpod.group(1)
     compute = ran.provider.get("/compute").text
     assert text_of(compute, "earned-month") == "¥0.33" and 'href="/earnings"' in compute
 
@@ -344,14 +346,13 @@ def test_what_the_user_provider_and_admin_see_of_a_priced_job(client: TestClient
     refused = payout(ran.admin, "farm@example.com", "1")
     assert refused.status_code == 422
     match = re.search(r'<p class="field-error" id="payout-e-amount">([^<]*)</p>', refused.text)
-    assert match and match.group(1) == "超过该算力源可提现的 ¥0.3258。"
+    assert match and match.group(1) == "超过该算力源可提现的 ¥0.33。"
     assert 'value="TX-1"' in refused.text and ledger_transactions(client) == before
     assert payout(ran.admin, "farm@example.com", "0.3").headers["location"] == "/admin/money?notice=paid_out"
     earned = ran.provider.get("/earnings").text
     assert text_of(earned, "earned-available") == "¥0.03" and text_of(earned, "paid-out") == "0.30"
-    assert title_of(earned, "earned-available") == "¥0.0258"
     money = ran.admin.get("/admin/money").text
-    assert text_of(money, "revenue-fees") == "¥0.04" and title_of(money, "revenue-fees") == "¥0.0362"
+    assert text_of(money, "revenue-fees") == "¥0.04"
     assert text_of(money, "revenue-payouts") == "¥0.30"
     assert text_of(money, "revenue-user_cash") == "¥99.64"
     with ctx_of(client).db.session() as session:

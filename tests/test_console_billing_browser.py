@@ -77,9 +77,8 @@ def test_the_provider_sees_its_earnings(context: BrowserContext, cloud: Cloud) -
     page = signed_in(context, "farm@example.com")
     expect(page).to_have_url(re.compile(r"/compute$"))
     card = page.locator("#earnings-card")
-    # Cards round to the fen for people; the exact amount is their title, shown on hover.
+    # Every amount by the one rule (protocol/money.py money_text): two places from a fen up.
     expect(card.locator("#earned-month")).to_have_text("¥0.33")
-    expect(card.locator("#earned-month")).to_have_attribute("title", "¥0.3258")
     expect(card.locator("#earned-available")).to_have_text("¥0.33")  # released after the hold
     shot(page, "billing-compute-earnings-card")
     page.get_by_role("navigation", name="main").get_by_role("link", name="收益").click()
@@ -87,10 +86,10 @@ def test_the_provider_sees_its_earnings(context: BrowserContext, cloud: Cloud) -
     expect(page.locator("#earned-today")).to_have_text("¥0.33")
     expect(page.locator("#earned-pending")).to_have_text("¥0.00")
     expect(page.locator("#month-fee")).to_have_text("0.04")
-    expect(page.locator("#month-fee")).to_have_attribute("title", "¥0.0362")
     expect(page.locator("#sold-hours")).to_have_text("0.050")
     product = page.locator(f'#by-product tr[data-key="{PRODUCT}"] td')
-    expect(product).to_have_text([PRODUCT, "0.050 GPU·小时", "¥0.362", "¥0.0362", "¥0.3258"])  # tables: exact
+    # The provider's own page keeps the split: what users paid, the platform's fee, what it earns.
+    expect(product).to_have_text([PRODUCT, "0.050 GPU·小时", "¥0.36", "¥0.04", "¥0.33"])
     expect(page.locator("#earning-lines tbody tr")).to_have_count(1)
     expect(page.locator("#earning-lines tbody tr td").nth(2)).to_have_text(cloud.ran.cpod_name)
     shot(page, "billing-earnings")
@@ -101,17 +100,18 @@ def test_the_user_sees_the_balance_statement_and_job_cost(context: BrowserContex
     page.get_by_role("navigation", name="main").get_by_role("link", name="费用").click()
     expect(page).to_have_url(re.compile(r"/billing$"))
     expect(page.locator("#balance")).to_have_text("¥99.64")
-    expect(page.locator("#balance")).to_have_attribute("title", "¥99.638")
-    expect(page.locator("#statement-total")).to_have_text("¥0.362")
+    expect(page.locator("#statement-total")).to_have_text("¥0.36")
     row = page.locator(f'#statement tr[data-job="{cloud.ran.job_id}"] td')
-    expect(row.nth(2)).to_have_text(cloud.ran.cpod_name)
-    expect(row.nth(2)).to_have_attribute("title", cloud.ran.cpod_id)
-    expect(row.nth(4)).to_have_text("181.0 GPU·秒")
+    # What the user paid, on the CPod named: no provider's fee or net, no raw CPod id anywhere.
+    expect(row).to_have_text(["tiny-lm", "1", cloud.ran.cpod_name, PRODUCT, "181.0 GPU·秒", "¥7.20", "¥0.36"])
+    expect(page.locator("#statement th")).not_to_contain_text(["平台费"])
+    assert cloud.ran.cpod_id not in page.content()
     expect(page.locator("#top-ups tbody tr")).to_have_text(re.compile(r"¥100\.00\s*welcome"))
     expect(page.locator("#balance-warning")).to_have_count(0)
     shot(page, "billing-user")
     page.locator(f'#statement tr[data-job="{cloud.ran.job_id}"] a').click()
-    expect(page.locator("#job-cost-amount")).to_have_text("¥0.362")
+    expect(page.locator("#job-cost-amount")).to_have_text("¥0.36")
+    expect(page.locator("#job-cost")).to_contain_text("总费用")  # finished: not "so far"
     shot(page, "billing-job-cost")
 
     page.goto("/jobs/new")
@@ -161,12 +161,11 @@ def test_the_admin_sees_prices_revenue_and_a_refused_payout(context: BrowserCont
     page.get_by_role("navigation", name="main").get_by_role("link", name="充值与结算").click()
     expect(page.locator("#revenue-fees")).to_have_text("¥0.04")
     expect(page.locator("#revenue-user_cash")).to_have_text("¥99.64")
-    expect(page.locator("#revenue-user_cash")).to_have_attribute("title", "¥99.638")
     page.locator("#payout-provider").fill("farm@example.com")
     page.locator("#payout-amount").fill("5")
     page.locator("#payout-reference").fill("BANK-42")
     page.locator("#payout-submit").click()
-    expect(page.locator("#payout-e-amount")).to_have_text("超过该算力源可提现的 ¥0.3258。")
+    expect(page.locator("#payout-e-amount")).to_have_text("超过该算力源可提现的 ¥0.33。")
     expect(page.locator("#payout-reference")).to_have_value("BANK-42")
     shot(page, "billing-admin-payout-refused")
 

@@ -13,8 +13,9 @@ from sxwl.cloud.context import CloudContext
 from sxwl.cloud.db.models import Role
 from sxwl.cloud.db.types import utcnow
 from sxwl.cloud.services import accounts
-from sxwl.cloud.services.cpods import sweep_liveness
+from sxwl.cloud.services.cpods import counted, sweep_liveness
 from sxwl.cloud.web.compute_view import ago, event_detail, gib
+from sxwl.protocol.reasons import Reason
 from tests.test_console_forms import csrf, register_form
 
 A100 = {"vendor": "nvidia", "product": "NVIDIA-A100-SXM4-80GB", "memory_mib": 81920}
@@ -189,6 +190,10 @@ def test_unknown_and_never_heartbeat(client: TestClient) -> None:
     assert status_of(html, quiet_id) == "offline"
     assert "从未" in quiet and "尚未上报节点信息" in quiet
     assert "当前没有在线的 CPod 提供 GPU" in html  # the unknown one's GPUs are not counted
+    # Said inside the CPod count's card: a half-width card of its own left a hole beside it.
+    counts = re.search(r'<div class="card stat-card" id="cpod-counts">(.*?)\n  </div>', html, re.S)
+    assert counts and 'id="no-online-gpus"' in counts.group(1)
+    assert "stat-empty" not in html
 
 
 def test_fragment_is_the_live_part_alone(client: TestClient) -> None:
@@ -350,10 +355,10 @@ def test_admin_sees_every_cpod_with_its_owner_and_may_rename_and_revoke(client: 
     html = page.text
     assert 'href="/compute"' in html and 'href="/admin/users"' in html  # both in the admin's nav
     for cpod_id, owner in ((a_id, "farm"), (b_id, "farm"), (c_id, "lab")):
-        assert (
-            f'<dd class="cpod-owner" title="{owner}@example.com"><span class="email">{owner}</span><wbr>'
-            in card(html, cpod_id)
-        )
+        # On a line of its own and whole: never broken at its "@" (issue 26, point 12).
+        email = f"{owner}@example.com"
+        owner_dd = f'<dd class="cpod-owner" title="{email}">{email}</dd>'
+        assert f'<div class="meta-owner"><dt>所属算力源</dt>{owner_dd}' in card(html, cpod_id)
     assert "--access-key=" not in html and "部署新的 CPod" not in html  # admins have no accessKey
     # Every provider's online GPUs: "a" 16 (12 free) + "c" 8 (8 free).
     assert totals(html) == {"NVIDIA-A100-SXM4-80GB": {"total": 24, "allocatable": 24, "available": 20}}
@@ -444,15 +449,18 @@ def test_relative_times_sizes_and_event_details_in_both_languages() -> None:
     ]
     assert [ago("en", s) for s in (None, 12, 3599, 3600)] == ["never", "12 s ago", "59 min ago", "1 h ago"]
     assert [gib(m) for m in (81920, 1536, None)] == ["80", "1.5", "—"]
-    both = "registered again after revocation; kubernetes agent 1.2"
-    assert event_detail("zh", "registered", both) == "吊销后重新注册；运行环境 kubernetes，agent 版本 1.2"
-    assert event_detail("en", "registered", both) == both
-    assert event_detail("en", "unknown", "1 heartbeats missed") == "1 heartbeat missed"
-    assert event_detail("zh", "online", "2 nodes reported") == "上报了 2 个节点"
-    # Names people chose are never taken for the service's wording; new shapes are shown as they are.
-    assert event_detail("zh", "renamed", "local agent x → 北京") == "local agent x → 北京"
-    assert event_detail("zh", "offline", "something new") == "something new"
-    assert event_detail("zh", "revoked", None) == "—"
+    both = Reason.of("cpod.again_revoked", runtime="kubernetes", version="1.2")
+    assert event_detail("zh", both) == "吊销后重新注册；运行环境 kubernetes，agent 版本 1.2"
+    assert event_detail("en", both) == "registered again after revocation; kubernetes agent 1.2"
+    assert event_detail("en", counted("cpod.missed", 1)) == "1 heartbeat missed"
+    assert event_detail("zh", counted("cpod.nodes", 2)) == "上报了 2 个节点"
+    # Names people chose stay as they are; a row from before the codes is shown as it was stored.
+    assert (
+        event_detail("zh", Reason.of("cpod.renamed", old="local agent x", new="北京"))
+        == "local agent x → 北京"
+    )
+    assert event_detail("zh", Reason.read("something new")) == "something new"
+    assert event_detail("zh", None) == "—"
 
 
 def test_the_card_says_whether_the_cpod_takes_fine_tunes_and_when_that_changed(client: TestClient) -> None:

@@ -23,6 +23,7 @@ from tests.support.browser import (
     api_register_cpod,
     api_token,
     create_admin,
+    fits_width,
     gpu_node,
     new_context,
     screenshot,
@@ -250,6 +251,21 @@ def test_english_narrow_admin_and_user_pages(browser: Browser, cloud: Cloud, bea
         expect(cpod_card(page, online_id).locator(".cpod-owner")).to_have_text(email)
         expect(page.locator("#deploy-command")).to_have_count(0)
         screenshot(page, "compute-admin")
+        # In English too (longer links): the owner's address whole on one line, and the admin's own
+        # address in the header not cut short (issue 26, point 12).
+        page.goto("/lang/en?next=/compute")
+        owner = cpod_card(page, online_id).locator(".cpod-owner")
+        expect(owner).to_have_text(email)
+        one_line = "e => e.getBoundingClientRect().height < 1.5 * parseFloat(getComputedStyle(e).lineHeight)"
+        assert owner.evaluate(one_line) and owner.evaluate("el => el.scrollWidth <= el.clientWidth")
+        whoami = page.locator(".whoami-email")
+        expect(whoami).to_have_text(admin)
+        assert whoami.evaluate("el => el.scrollWidth <= el.clientWidth"), "the header cuts the address"
+        assert fits_width(page, 1280)
+        screenshot(page, "compute-admin-en")
+        page.set_viewport_size({"width": 390, "height": 844})
+        assert fits_width(page, 390)
+        screenshot(page, "compute-admin-en-390px")
     finally:
         context.close()
 

@@ -24,12 +24,14 @@ from sqlalchemy import func, select
 
 from sxwl.cloud.context import CloudContext
 from sxwl.cloud.db.finetune_models import DataFile, FineTune
+from sxwl.cloud.db.models import Job
 from sxwl.cloud.services import model_catalog
 from sxwl.cloud.services.dataset_checks import JsonlChecker
 from sxwl.cloud.web import finetune_chart, finetune_view, jobs_view
 from sxwl.cloud.web.i18n import MESSAGES
 from sxwl.cloud.web.i18n_finetune import FINETUNE_MESSAGES
 from sxwl.protocol.finetune import ADAPTER_ARTIFACT, Progress, checkpoint_artifact, progress_line
+from sxwl.protocol.reasons import Reason, english
 from tests.conftest import login, register
 from tests.support.agent import eventually
 from tests.support.billing_api import BILLING, PRODUCT, Money
@@ -108,9 +110,9 @@ def upload(browser: TestClient, data: bytes, name: str = "train.jsonl") -> Any:
 
 def uploaded_id(response: Any) -> str:
     assert response.status_code == 303, response.text
-    match = re.fullmatch(
-        r"/finetune/files\?uploaded=(file-[0-9a-f]+)#upload-result", response.headers["location"]
-    )
+    # No "#upload-result": the result is the page's first card, and an anchor scrolled it under the
+    # sticky top bar.
+    match = re.fullmatch(r"/finetune/files\?uploaded=(file-[0-9a-f]+)", response.headers["location"])
     assert match, response.headers["location"]
     return match.group(1)
 
@@ -255,7 +257,7 @@ def test_uploads_past_the_default_body_limit_reach_the_files_limit(
     file_id = uploaded_id(upload(browser, big, "big.jsonl"))
     assert "共 2000 个样本" in browser.get(f"/finetune/files?uploaded={file_id}").text
     too_big = upload(browser, big + big, "bigger.jsonl")
-    assert too_big.status_code == 413 and "文件太大：最大 3.0 MiB。" in too_big.text
+    assert too_big.status_code == 413 and "文件太大：最大 3 MiB。" in too_big.text
     assert "bigger.jsonl" not in browser.get("/finetune/files").text  # nothing recorded
 
 
@@ -412,11 +414,31 @@ def running_fine_tune(money: Money, browser: TestClient) -> tuple[str, str, int]
     return fine_tune_id, job_id, attempt
 
 
+def test_a_cap_below_the_estimate_or_unpriced_gpus_are_said_in_the_consoles_words(money: Money) -> None:
+    browser = signed_in(money.client, "dev@example.com")
+    file_id = uploaded_id(upload(browser, jsonl(*GOOD_LINES)))
+    fields = {"training_file": file_id, "gpus": "1", "n_epochs": "2", "max_cost_yuan": "0.000001"}
+    over = create_form(browser, gpu_product=PRODUCT, **fields)
+    assert over.status_code == 422
+    said = field_error(over.text, "max_cost_yuan")
+    assert said.startswith("预计费用 ¥") and "高于上限 ¥0.000001" in said and "micro-yuan" not in said
+    unpriced = create_form(browser, gpu_product="NVIDIA-H100-unpriced", **fields)
+    assert (
+        field_error(unpriced.text, "max_cost_yuan")
+        == "这种 GPU 还没有定价，无法估算费用；请去掉上限或换一种 GPU。"
+    )
+
+
 def test_a_fine_tunes_page_follows_its_progress_eta_cost_and_loss(money: Money) -> None:
     browser = signed_in(money.client, "dev@example.com")
     fine_tune_id, job_id, attempt = running_fine_tune(money, browser)
     page = browser.get(f"/finetune/{fine_tune_id}?created=1").text
-    assert "微调已创建，正在排队等待 GPU。" in page
+    # Already running: the banner does not say it waits for GPUs, and app.js removes it when the
+    # status it was shown for changes.
+    banner = re.search(r'<div class="alert alert-success" role="status" id="ft-notice" ([^>]*)>([^<]*)', page)
+    assert banner and banner.group(2) == "微调已创建。"
+    assert 'data-while-state="running"' in banner.group(1)
+    assert "正在排队等待 GPU" not in page
     assert 'data-status="running"' in page and "等待训练开始…" in page
     assert 'id="loss-chart-empty"' in page and 'id="cancel-ft"' in page
 
@@ -474,7 +496,10 @@ def test_a_queued_fine_tune_says_what_it_waits_for_on_its_page_and_in_the_list(c
     reason = eventually(waiting, what="the scheduler's reason")  # no CPod at all
     for lang, label in (("zh", "排队原因："), ("en", "Waiting:")):
         browser.cookies.set("sxwl_lang", lang)
-        shown = html.escape(jobs_view.reason(lang, reason), quote=False)
+        with ctx_of(client).db.session() as session:
+            kept = session.scalar(select(Job.reason).where(Job.id == job_of(client, fine_tune_id)))
+        assert english(kept) == reason  # the API says in English what the row keeps as a code
+        shown = html.escape(jobs_view.reason(lang, kept), quote=False)
         page = browser.get(f"/finetune/{fine_tune_id}").text
         said = re.search(r'<p class="job-reason" id="ft-reason" data-status="queued">(.*?)</p>', page, re.S)
         assert said and label in said.group(1) and shown in said.group(1), page
@@ -592,33 +617,59 @@ def test_the_loss_chart_keeps_the_latest_report_of_a_step() -> None:
 
 
 @pytest.mark.parametrize(
-    ("message", "zh"),
+    ("said", "en", "zh"),
     [
-        ("Fine-tuning job queued", "微调已进入队列"),
-        ("Checkpoint at step 40 saved", "已保存第 40 步的检查点"),
-        ("Resumed from checkpoint at step 40 (attempt 2)", "从第 40 步的检查点继续（第 2 次尝试）"),
+        (Reason.of("ft.queued"), "Fine-tuning job queued", "微调已进入队列"),
+        (Reason.of("ft.checkpoint", step=40), "Checkpoint at step 40 saved", "已保存第 40 步的检查点"),
         (
+            Reason.of("ft.resumed", step=40, attempt=2),
+            "Resumed from checkpoint at step 40 (attempt 2)",
+            "从第 40 步的检查点继续（第 2 次尝试）",
+        ),
+        (
+            Reason.of(
+                "ft.tokens_training", file="file-1", examples=24, tokens=900, trained=300, model="tiny-llama"
+            ),
             "Training file file-1: 24 examples, 900 tokens (300 trained) with tiny-llama's tokenizer",
             "训练文件 file-1：24 个样本，tiny-llama 的分词器切出 900 个 token（其中 300 个参与训练）",
         ),
         (
+            Reason.of("ft.dropped", n=2, file="file-2"),
             "2 examples of file file-2 dropped: no assistant token within max_seq_len",
             "文件 file-2 有 2 个样本被丢弃：max_seq_len 之内没有 assistant token",
         ),
-        ("something new", "something new"),
+        (
+            Reason.of("ft.step_eval", step=600, total=2000, loss=None, eval=1.23456),
+            "Step 600/2000: training, validation loss=1.2346",
+            "第 600/2000 步：训练中，验证损失 1.2346",
+        ),
+        (
+            Reason.of(
+                "ft.failed", why=Reason.of("agent.command_not_found_but", program="python", found="python3")
+            ),
+            "The job failed: command not found: python (on PATH: python3)",
+            "微调失败：找不到命令：python（PATH 中有：python3）",
+        ),
+        # A row written before the codes: its words, as stored, in every language.
+        (
+            Reason.read("Step 600/2000: training loss=1.0000"),
+            "Step 600/2000: training loss=1.0000",
+            "Step 600/2000: training loss=1.0000",
+        ),
     ],
 )
-def test_event_messages_in_chinese(message: str, zh: str) -> None:
-    assert finetune_view.event_text("zh", message) == zh
-    assert finetune_view.event_text("en", message) == message
+def test_event_messages_in_both_languages(said: Reason, en: str, zh: str) -> None:
+    assert english(said) == en
+    assert finetune_view.event_text("zh", said) == zh
+    assert finetune_view.event_text("en", said) == en
 
 
 def test_every_problem_the_checker_finds_reads_in_chinese_on_the_console() -> None:
-    def problem(line: bytes) -> str:
+    def problem(line: bytes) -> Reason:
         checker = JsonlChecker(max_line_bytes=200)
         checker.feed(line + b"\n")
         (found,) = checker.finish().problems
-        return found.message
+        return found.said
 
     chat = b'{"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]}'
     lines = [
@@ -639,11 +690,12 @@ def test_every_problem_the_checker_finds_reads_in_chinese_on_the_console() -> No
     messages = [problem(line) for line in lines]
     checker = JsonlChecker()
     checker.feed(chat + b'\n{"prompt": "p", "completion": "c"}\n')
-    messages.append(checker.finish().problems[0].message)
-    messages.append(JsonlChecker().finish().problems[0].message)  # an empty file
-    for message in messages:
-        zh = finetune_view.problem_text("zh", message)
+    messages.append(checker.finish().problems[0].said)
+    messages.append(JsonlChecker().finish().problems[0].said)  # an empty file
+    for said in messages:
+        message = str(english(said))
+        zh = finetune_view.problem_text("zh", said)
         # What Python's JSON parser says stays as it said it, after the console's own words.
         words = zh.split("：", 1)[0] if message.startswith("not JSON: ") else zh
         assert zh != message and not re.search(r"[a-z]{3,} [a-z]{3,} [a-z]{3,}", words), (message, zh)
-        assert finetune_view.problem_text("en", message) == message
+        assert finetune_view.problem_text("en", said) == message

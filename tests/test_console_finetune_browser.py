@@ -225,15 +225,17 @@ def test_upload_create_and_watch_a_fine_tune(context: BrowserContext, cloud: Clo
     shot(page, tmp_path, "finetune-form-errors")
     page.locator("#f-suffix").fill("support-bot")
     page.locator("#submit-ft").click()
-    expect(page).to_have_url(re.compile(r"/finetune/ftjob-[0-9a-f]+\?created=1$"))
+    # The page drops the form's query once it has said what it did: a reload does not repeat it.
+    expect(page).to_have_url(re.compile(r"/finetune/ftjob-[0-9a-f]+$"))
     expect(page.locator("#ft-notice")).to_have_text("微调已创建，正在排队等待 GPU。")
-    fine_tune_id = page.url.rsplit("/", 1)[1].split("?")[0]
+    fine_tune_id = page.url.rsplit("/", 1)[1]
     job_id = (page.locator(".job-sub a").get_attribute("href") or "").rsplit("/", 1)[1]
 
     # Live: the trainer's lines arrive through the agent API; the page follows without a reload.
     page.evaluate("window.__sameDocument = true")
     attempt = cloud.agent.take(job_id)
     expect(page.locator("#ft-status")).to_have_attribute("data-status", "running", timeout=LIVE_MS)
+    expect(page.locator("#ft-notice")).to_have_count(0)  # no longer queued: "waiting for GPUs" went
     expect(page.locator("#loss-chart-empty")).to_be_visible()
     losses = [2.6, 2.3, 2.05, 1.9, 1.72, 1.6, 1.52, 1.41, 1.37, 1.3]
     cloud.agent.progress(
@@ -295,7 +297,49 @@ def test_upload_create_and_watch_a_fine_tune(context: BrowserContext, cloud: Clo
         page.locator("#adapter-download").click()
     assert Path(info.value.path()).read_bytes() == b"adapter tar bytes"
     assert page.evaluate("window.__sameDocument") is True
+    stats = page.locator(".ft-stats")
+    expect(stats).to_contain_text("总费用")  # finished: its cost, no longer "so far"
+    expect(stats).not_to_contain_text("已花费")
     shot(page, tmp_path, "finetune-succeeded")
+
+    # 模型: the adapter, linked to its fine-tune, and the base model to fine-tune again.
+    page.get_by_role("navigation", name="main").get_by_role("link", name="模型").click()
+    expect(page).to_have_url(re.compile(r"/models$"))
+    adapter = page.locator(f'#adapters [data-model="ft:{MODEL}:support-bot:{fine_tune_id}"]')
+    expect(adapter).to_contain_text(MODEL)
+    expect(page.locator(f'#base-models [data-model="{MODEL}"]')).to_contain_text("公共")
+    shot(page, tmp_path, "models")
+    page.set_viewport_size({"width": 390, "height": 844})
+    assert fits_width(page, 390), "the models page scrolls sideways on a phone"
+    screenshot(page, "models-390px")
+    page.set_viewport_size({"width": 1280, "height": 800})
+    adapter.locator(".model-fine-tune").click()
+    expect(page).to_have_url(re.compile(rf"/finetune/{fine_tune_id}$"))
+
+    # 数据集: the bad file goes through its confirmation; the one the fine-tune used is refused in place.
+    page.goto("/finetune/files")
+    bad_row = page.locator("#files tbody tr[data-key]", has_text="bad.jsonl")
+    bad_row.locator(".file-delete").click()
+    dialog = page.locator("dialog[open]")
+    expect(dialog).to_contain_text("删除数据集“bad.jsonl”？")
+    screenshot(page, "finetune-files-delete-dialog", full_page=False)
+    dialog.locator(".delete-confirm").click()
+    expect(page.locator("#files-notice")).to_have_text("数据集“bad.jsonl”已删除。")
+    expect(page).to_have_url(re.compile(r"/finetune/files$"))
+    expect(page.locator("#files tbody tr[data-key]", has_text="bad.jsonl")).to_have_count(0)
+    used_row = page.locator("#files tbody tr[data-key]", has_text="support.jsonl")
+    used_row.locator(".file-delete").click()
+    page.locator("dialog[open] .delete-confirm").click()
+    expect(page.locator("#files-error")).to_have_text(
+        f"数据集“support.jsonl”正被微调 {fine_tune_id} 使用，不能删除：微调的记录需要它。"
+    )
+    expect(used_row).to_be_visible()
+    shot(page, tmp_path, "finetune-files-in-use")
+    page.set_viewport_size({"width": 390, "height": 844})
+    assert fits_width(page, 390), "the datasets page scrolls sideways on a phone"
+    screenshot(page, "finetune-files-390px")
+    page.set_viewport_size({"width": 1280, "height": 800})
+    page.goto(f"/finetune/{fine_tune_id}")
 
     # A phone: nothing scrolls sideways, the chart scales down with its card.
     page.set_viewport_size({"width": 390, "height": 844})
@@ -322,7 +366,7 @@ def test_cancel_a_queued_fine_tune_through_the_dialog(
     page.locator("#f-model").select_option(MODEL)
     page.locator("#f-gpus").fill("0")  # on CPUs: no CPod offers that, so it stays queued
     page.locator("#submit-ft").click()
-    expect(page).to_have_url(re.compile(r"/finetune/ftjob-[0-9a-f]+\?created=1$"))
+    expect(page).to_have_url(re.compile(r"/finetune/ftjob-[0-9a-f]+$"))
     # It says what it waits for, live (the scheduler's reason, in the page's language).
     expect(page.locator("#ft-reason")).to_contain_text("排队原因：", timeout=LIVE_MS)
     expect(page.locator("#ft-reason .reason")).not_to_be_empty()
@@ -334,5 +378,5 @@ def test_cancel_a_queued_fine_tune_through_the_dialog(
     page.locator("#cancel-ft").click()
     expect(page.locator("#cancel-dialog")).to_be_visible()
     page.locator("#cancel-confirm").click()
-    expect(page).to_have_url(re.compile(r"\?cancelled=1$"))
+    expect(page).to_have_url(re.compile(r"/finetune/ftjob-[0-9a-f]+$"))
     expect(page.locator("#ft-status")).to_have_text("已取消")

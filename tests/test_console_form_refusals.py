@@ -157,6 +157,18 @@ def cancel_fine_tune(world: World) -> None:
     )
 
 
+def delete_file(world: World) -> None:
+    browser = world.browser("dev@example.com")
+    file_id = uploaded_id(upload(browser, jsonl(*_lines()), "in-use.jsonl"))
+    made = world.client.post(
+        "/v1/fine_tuning/jobs", headers=world.user, json={"model": "tiny-llama", "training_file": file_id}
+    )
+    assert made.status_code == 200, made.text
+    action = f"/finetune/files/{file_id}/delete"
+    used = zh("ft.files.in_use", name="in-use.jsonl", fine_tune=made.json()["id"])
+    in_place(post(browser, "/finetune/files", action), action, 409, used)
+
+
 def new_job(world: World) -> None:
     command = "python3 train.py --kept"
     fields = {"command": command, "gpu_product": PRODUCT, "gpus_per_node": "1", "nodes": "1"}
@@ -207,6 +219,7 @@ CASES: dict[str, Callable[[World], None]] = {
     "/compute/cpods/{}/rename": rename_cpod,
     "/compute/cpods/{}/revoke": revoke_cpod,
     "/finetune/files": upload_file,
+    "/finetune/files/{}/delete": delete_file,
     "/finetune/new": new_fine_tune,
     "/finetune/{}/cancel": cancel_fine_tune,
     "/jobs/new": new_job,

@@ -11,6 +11,7 @@ from fastapi.testclient import TestClient
 
 from sxwl.cloud.web import jobs_view
 from sxwl.cloud.web.i18n import MESSAGES
+from sxwl.protocol.reasons import Reason, english
 from tests.conftest import login, register
 from tests.support.agent import eventually
 from tests.support.cpods import A100, access_key, beat, gpu_node, register_cpod
@@ -20,7 +21,7 @@ from tests.test_console_forms import csrf, register_form
 PRODUCT = str(A100["product"])
 VALID = {
     "name": "tiny-lm",
-    "command": "python train.py --epochs 3",
+    "command": "python3 train.py --epochs 3",
     "image": "",
     "env": "LR=0.1\n\n# a comment\nEPOCHS = 3\n",
     "gpu_product": "",
@@ -88,9 +89,29 @@ def test_form_offers_the_online_gpu_products(client: TestClient) -> None:
     assert f'<option value="{PRODUCT}"' in page.text
     assert f"{PRODUCT} · 80 GiB（可用 8 / 共 8）" in page.text
     assert '<option value="">任意型号</option>' in page.text
-    assert "sxwl jobs submit --gpus 1 -- python train.py" in page.text
+    # The sandbox has python3, not always python: the copyable line and the placeholder say so.
+    assert "sxwl jobs submit --gpus 1 -- python3 train.py" in page.text
+    assert 'placeholder="python3 train.py --epochs 3"' in page.text
+    assert "python train.py" not in page.text
     assert "仅 Kubernetes CPod 使用" in page.text  # the image field says who uses it
+    # How code reaches a CPod: no upload; an image on Kubernetes; what is on the machine locally.
+    note = page.text[page.text.index('id="code-note"') :]
+    assert "没有代码上传" in note and "本机（local）CPod 不使用镜像" in note
     assert "最长运行时间（分钟）" in page.text
+    # An online CPod has GPUs: the form starts at one.
+    assert re.search(r'id="f-gpus_per_node" name="gpus_per_node" value="1"', page.text)
+
+
+def test_form_starts_at_0_gpus_where_no_online_cpod_has_any(client: TestClient) -> None:
+    """Submitted untouched, the form asks for what can run: a GPU asked for on a fleet without one
+    would keep the job queued for ever (issue 26, point 4)."""
+    online_cpod(client, gpus=0)
+    browser = browser_user(client)
+    page = browser.get("/jobs/new").text
+    assert re.search(r'id="f-gpus_per_node" name="gpus_per_node" value="0"', page)
+    browser.cookies.set("sxwl_lang", "en")
+    english = browser.get("/jobs/new").text
+    assert "There is no code upload" in english and "A local CPod uses no image" in english
 
 
 def test_form_errors_are_shown_in_place_and_values_kept(client: TestClient) -> None:
@@ -247,7 +268,7 @@ def test_empty_list_says_how_to_submit(client: TestClient) -> None:
     assert page.status_code == 200
     assert "还没有任务" in page.text
     assert 'href="/jobs/new"' in page.text
-    assert "sxwl jobs submit --gpus 1 -- python train.py" in page.text
+    assert "sxwl jobs submit --gpus 1 -- python3 train.py" in page.text
     assert 'data-shape="empty"' in page.text
     assert 'data-live-src="/jobs/fragment"' in page.text
 
@@ -401,7 +422,7 @@ def test_cancel_of_a_finished_job_shows_the_conflict(client: TestClient) -> None
     page = browser.get(f"/jobs/{job_id}").text
     assert 'data-state="succeeded"' in page and ">成功<" in page
     assert f'href="/api/v1/jobs/{job_id}/artifacts/ckpt/model%20final.bin" download' in page
-    assert "2.0 KiB" in page
+    assert "2 KiB" in page
     assert (
         'data-kind="assigned"' in page and 'data-kind="running"' in page and 'data-kind="succeeded"' in page
     )
@@ -498,29 +519,61 @@ def test_durations(seconds: int | None, zh: str, en: str) -> None:
     assert jobs_view.duration("en", seconds) == en
 
 
+GPUS = Reason.of("need.gpus", gpus=2, product=PRODUCT)
+
+
 @pytest.mark.parametrize(
-    ("text", "zh"),
+    ("said", "en", "zh"),
     [
-        ("waiting for the scheduler", "等待调度"),
-        (f"no online CPod offers 2 × {PRODUCT}", f"没有在线的 CPod 能提供 2 × {PRODUCT}"),
-        ("no online CPod offers 3 nodes with 8 × GPU each", "没有在线的 CPod 能提供 3 个节点、每个 8 × GPU"),
-        ("waiting for a CPU-only node to become free", "等待 仅 CPU 的节点 空闲"),
-        ("your limit of 8 concurrent GPUs is reached (8 in use)", "已达到您的并发 GPU 上限 8（已使用 8）"),
-        ("exit code 3; exit code 3", "退出码 3"),
-        ("queued again: CPod abc went offline", "重新排队：CPod abc went offline"),
-        ("max runtime of 60 s exceeded", "超过最长运行时间（60 秒）"),
-        ("something new", "something new"),
+        (Reason.of("queue.scheduler"), "waiting for the scheduler", "等待调度"),
+        (
+            Reason.of("queue.never_fits", need=GPUS),
+            f"no online CPod offers 2 × {PRODUCT}",
+            f"没有在线的 CPod 能提供 2 × {PRODUCT}",
+        ),
+        (
+            Reason.of(
+                "queue.never_fits",
+                need=Reason.of("need.nodes", nodes=3, each=Reason.of("need.gpus_any", gpus=8)),
+            ),
+            "no online CPod offers 3 nodes with 8 × GPU each",
+            "没有在线的 CPod 能提供 3 个节点、每个 8 × GPU",
+        ),
+        (
+            Reason.of("queue.busy", need=Reason.of("need.cpu")),
+            "waiting for a CPU-only node to become free",
+            "等待 仅 CPU 的节点 空闲",
+        ),
+        (
+            Reason.of("queue.limit", limit=8, used=8),
+            "your limit of 8 concurrent GPUs is reached (8 in use)",
+            "已达到您的并发 GPU 上限 8（已使用 8）",
+        ),
+        (Reason.of("job.exit_code", code=3), "exit code 3", "退出码 3"),
+        (
+            Reason.of("queue.requeued", why=Reason.of("job.cpod_offline", cpod="abc")),
+            "queued again: CPod abc went offline",
+            "重新排队：CPod abc 已离线",
+        ),
+        (
+            Reason.of("agent.max_runtime", seconds=60),
+            "max runtime of 60 s exceeded",
+            "超过最长运行时间（60 秒）",
+        ),
+        # A row written before the codes: its words, as stored, in every language.
+        (Reason.read("something new"), "something new", "something new"),
     ],
 )
-def test_reasons_in_chinese(text: str, zh: str) -> None:
-    assert jobs_view.reason("zh", text) == zh
-    assert jobs_view.reason("en", text) == text.split("; ")[0]
+def test_reasons_in_both_languages(said: Reason, en: str, zh: str) -> None:
+    assert english(said) == en
+    assert jobs_view.reason("zh", said) == zh
+    assert jobs_view.reason("en", said) == en
 
 
 def test_sizes() -> None:
     assert [jobs_view.size(n) for n in (0, 1023, 2048, 5 * 1024 * 1024)] == [
         "0 B",
         "1023 B",
-        "2.0 KiB",
-        "5.0 MiB",
+        "2 KiB",
+        "5 MiB",
     ]

@@ -315,6 +315,7 @@ def test_access_key_check_for_deployment_tools(client: TestClient) -> None:
     assert ok.json() == {
         "provider": "owner@example.com",
         "cpods": [{"id": reg["cpod_id"], "name": "rack-1", "status": "online", "revoked": False}],
+        "min_artifact_version": "0.1.0",
     }
     for bearer in ("sxak_wrong", reg["cpod_token"], headers["Authorization"].split()[1]):
         bad = client.get("/api/v1/agent/access-key/check", headers={"Authorization": f"Bearer {bearer}"})
@@ -337,7 +338,7 @@ def test_a_cpod_says_whether_it_runs_fine_tunes_at_each_start(client: TestClient
     assert reply.status_code == 200
     assert client.get(f"/api/v1/cpods/{kube['cpod_id']}", headers=headers).json()["fine_tunes"] is True
     events = client.get(f"/api/v1/cpods/{kube['cpod_id']}/events", headers=headers).json()
-    assert any(e["kind"] == "fine-tunes" and e["detail"] == "runs fine-tunes" for e in events)
+    assert any(e["kind"] == "fine-tunes" and e["detail"] == "now takes fine-tunes" for e in events)
     bad = client.put(
         "/api/v1/agent/isolation",
         headers={"Authorization": f"Bearer {kube['cpod_token']}"},

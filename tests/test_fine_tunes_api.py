@@ -281,6 +281,8 @@ def test_cancel_a_queued_and_a_running_fine_tune(ft: FineTunes) -> None:
     assert ft.messages(waiting["id"])[0].startswith("The job was cancelled: cancelled by dev@example.com")
     again = ft.client.post(f"{URL}/{waiting['id']}/cancel", headers=ft.user)
     assert again.status_code == 409
+    said = "This fine-tune has already finished (cancelled); there is nothing to cancel."
+    assert again.json()["error"]["message"] == said
 
     running, _ = ft.running()
     assert ft.client.post(f"{URL}/{running['id']}/cancel", headers=ft.user).json()["status"] == "running"

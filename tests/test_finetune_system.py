@@ -34,8 +34,8 @@ TERMINAL = ("succeeded", "failed", "cancelled")
 class FineTuneWorld(World):
     """A cloud with the tiny model registered as public and a user with an `openai` client."""
 
-    def __init__(self, root: Path, db_url: str) -> None:
-        super().__init__(root, db_url)
+    def __init__(self, root: Path, db_url: str, **env: str) -> None:
+        super().__init__(root, db_url, **env)
         self.model_dir = build_model(root / MODEL)
         register_public_model(
             MODEL, self.model_dir, {**os.environ, **self.env, "SXWL_DATA_DIR": str(root / "cloud")}

@@ -10,6 +10,7 @@ from typing import Any
 
 from sxwl.cloud.services.placement import CPodCapacity, Need, NodeCapacity, Placement, Pool, why_not
 from sxwl.cloud.services.scheduler import fair_order
+from sxwl.protocol.reasons import english
 
 A100 = "NVIDIA-A100-SXM4-80GB"
 H100 = "NVIDIA-H100-80GB-HBM3"
@@ -74,10 +75,13 @@ def test_pinned_cpod_and_not_ready_nodes() -> None:
 
 def test_reasons_say_what_to_do() -> None:
     pool = [pod("c1", ("a", A100, 8, 0))]
-    assert why_not(Need(A100, 2, 1), pool, None) == f"waiting for 2 × {A100} to become free"
-    assert why_not(Need(H100, 2, 1), pool, None) == f"no online CPod offers 2 × {H100}"
-    assert why_not(Need(A100, 2, 3), pool, None) == f"no online CPod offers 3 nodes with 2 × {A100} each"
-    assert why_not(Need(A100, 1, 1, cpod_id="c9"), pool, False) == "CPod c9 is not online"
+    assert english(why_not(Need(A100, 2, 1), pool, None)) == f"waiting for 2 × {A100} to become free"
+    assert english(why_not(Need(H100, 2, 1), pool, None)) == f"no online CPod offers 2 × {H100}"
+    assert (
+        english(why_not(Need(A100, 2, 3), pool, None))
+        == f"no online CPod offers 3 nodes with 2 × {A100} each"
+    )
+    assert english(why_not(Need(A100, 1, 1, cpod_id="c9"), pool, False)) == "CPod c9 is not online"
 
 
 def reference_place(need: Need, cpods: list[CPodCapacity]) -> Placement | None:

@@ -20,6 +20,7 @@ from sxwl.cloud.services import heartbeats, scheduler
 from sxwl.cloud.services.beat import Beat
 from sxwl.cloud.services.placement import CPodCapacity, Need, NodeCapacity, Placement, Pool, why_not
 from sxwl.protocol import Heartbeat, HeartbeatReply
+from sxwl.protocol.reasons import english
 from tests.conftest import MakeSettings
 from tests.support.cpods import A100, beat, gpu_node, register_cpod
 from tests.test_cpods_api import ctx_of, provider
@@ -137,7 +138,7 @@ def test_inputs_and_fine_tunes_go_only_to_cpods_that_take_them() -> None:
     only_kube = Pool([kube])
     for need in (fine_tune(), Need(PRODUCT, 2, 1, trainer=True), fine_tune(cpod_id="k1")):
         assert only_kube.place(need) is None
-    assert why_not(fine_tune(), [kube], None) == (
+    assert english(why_not(fine_tune(), [kube], None)) == (
         f"the CPods that offer 2 × {PRODUCT} do not run fine-tunes (a Kubernetes CPod needs its "
         "agent's --trainer-image): wait for one that does"
     )
@@ -242,7 +243,7 @@ def where(ctx: CloudContext) -> dict[str, tuple[str | None, str | None]]:
     """Each job's CPod and reason."""
     with ctx.db.session() as session:
         return {
-            name: (cpod, reason)
+            name: (cpod, english(reason))
             for name, cpod, reason in session.execute(select(Job.name, Job.cpod_id, Job.reason))
         }
 

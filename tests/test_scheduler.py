@@ -15,6 +15,7 @@ from sxwl.cloud.db import migrate
 from sxwl.cloud.db.models import CPod, CPodStatus, Job, JobAttempt, JobEvent, JobState, Role, User
 from sxwl.cloud.db.types import utcnow
 from sxwl.cloud.services import scheduler
+from sxwl.protocol.reasons import english
 from tests.conftest import MakeSettings
 from tests.support.cpods import A100, gpu_node
 
@@ -145,7 +146,7 @@ def test_a_warm_cache_follows_heartbeats_and_liveness(ctx: CloudContext) -> None
     with ctx.db.session() as session:
         session.execute(update(CPod).where(CPod.id == CPOD).values(status=CPodStatus.ONLINE))
         reason = session.scalar(select(Job.reason).where(Job.state == JobState.QUEUED).limit(1))
-    assert reason == f"no online CPod offers 1 × {PRODUCT}"
+    assert english(reason) == f"no online CPod offers 1 × {PRODUCT}"
     # The agent now reports its two jobs and counts their GPUs as used: still 6 free, not 4.
     assigned = [f"{j}:1" for j in _assigned_ids(ctx)]
     heartbeat(ctx, nodes=[gpu_node("w1", count=8, used=2)], reported_jobs=assigned)

@@ -176,13 +176,13 @@ def test_the_account_page_shows_the_use_and_an_upload_past_it_says_why(setup: Se
     browser = signed_in(client, "dev@example.com")
     page = browser.get("/account").text
     assert 'id="storage-card"' in page and "存储空间" in page
-    assert "已用 2.7 KiB，共 4.0 KiB" in page and f'value="{len(LINE) * 30}"' in page
+    assert "已用 2.7 KiB，共 4 KiB" in page and f'value="{len(LINE) * 30}"' in page
     refused = console_upload(browser, LINE * 20)
     assert refused.status_code == 413
-    assert "存储空间不足：已用 2.7 KiB，共 4.0 KiB" in refused.text
+    assert "存储空间不足：已用 2.7 KiB，共 4 KiB" in refused.text
     browser.get("/lang/en?next=/account")
     english = browser.get("/account").text
-    assert "2.7 KiB of 4.0 KiB used" in english and "Job artifacts" in english
+    assert "2.7 KiB of 4 KiB used" in english and "Job artifacts" in english
     # Providers keep no files: their page has no such card.
     provider = signed_in(client, "owner@example.com")
     assert 'id="storage-card"' not in provider.get("/account").text

@@ -96,6 +96,7 @@ def make_artifact(root: Path) -> Path:
     data = yaml.safe_load(text)
     paths = [t["path"] for t in data["tools"]] + [data["kubernetes"]["kubekeyArtifact"]]
     paths += [c["path"] for c in data["charts"] + data["ceph"]]
+    paths += [a["path"] for a in data["imageArchives"]]
     for relative in paths:
         file = root / relative
         file.parent.mkdir(parents=True, exist_ok=True)

@@ -28,7 +28,7 @@ def test_repository_manifest_is_complete() -> None:
 def test_verify_accepts_a_complete_artifact(artifact: Path) -> None:
     result = run_ctl("artifact", "verify", str(artifact))
     assert result.rc == 0, result.text
-    assert "artifact 0.1.0 OK — 10 files match manifest.yaml (Kubernetes v1.27.16, 3 charts" in result.out
+    assert "artifact 0.1.0 OK — 11 files match manifest.yaml (Kubernetes v1.27.16, 3 charts" in result.out
 
 
 def test_verify_names_damaged_missing_and_unlisted_files(artifact: Path) -> None:

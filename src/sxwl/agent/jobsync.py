@@ -22,6 +22,7 @@ from sxwl.agent.tenant_files import OutputTree
 from sxwl.protocol import AgentJobState, Assignment, AssignmentsReply, JobReport, JobStatus
 from sxwl.protocol.finetune import CHECKPOINT_DIR, CachedInput, JobInput
 from sxwl.protocol.models import REASON_MAX_CHARS
+from sxwl.protocol.reasons import TEXT, Reason, english
 
 log = logging.getLogger("sxwl.agent.jobs")
 LOG_CHUNK = 256 * 1024
@@ -85,15 +86,9 @@ class JobSync(Generic[J]):
         never_ran: bool = False,
     ) -> bool:
         """True when the cloud took the report; a stale attempt is stopped and forgotten."""
-        if reason is not None and len(reason) > REASON_MAX_CHARS:  # several ranks' upload errors, say
-            reason = reason[: REASON_MAX_CHARS - 1] + "…"
         try:
             reply = await self.client.report(
-                self.token,
-                job.job_id,
-                JobStatus(
-                    attempt=job.attempt, state=state, exit_code=exit_code, reason=reason, never_ran=never_ran
-                ),
+                self.token, job.job_id, status(job.attempt, state, exit_code, reason, never_ran=never_ran)
             )
         except Stale as exc:
             log.warning(
@@ -415,14 +410,16 @@ class JobSync(Generic[J]):
                 raise Unreachable(f"an artifact could not be sent: {exc}") from None
         await self._ship_log(job)
         assert job.outcome is not None
-        reason = job.stop_reason or (f"exit code {job.exit_code}" if job.exit_code else None)
+        reason = job.stop_reason
+        if reason is None and job.exit_code:
+            reason = Reason.of("job.exit_code", code=job.exit_code).stored
         if job.exit_code is None and job.stop_reason is None:
             reason = "the job's process ended without an exit status"
         outcome = job.outcome
         if job.artifact_problems:
             # Its outputs did not all come back: the user's result is incomplete (as on Kubernetes).
             outcome = "failed" if outcome == "succeeded" else outcome
-            reason = "; ".join(r for r in (reason, *job.artifact_problems) if r)
+            reason = "; ".join(r for r in (english(Reason.read(reason)), *job.artifact_problems) if r)
         await self._report(job, outcome, job.exit_code, reason, never_ran=job.never_ran)
         self._done(job)
 
@@ -431,3 +428,26 @@ class JobSync(Generic[J]):
         self.runtime.done(job)
         if self.grants is not None:
             self.grants.revoke(job.job_id, job.attempt)
+
+
+def status(
+    attempt: int, state: AgentJobState, exit_code: int | None, reason: str | None, *, never_ran: bool = False
+) -> JobStatus:
+    """A report of the attempt's state. A runtime keeps its reason as words or as a stored code
+    (protocol/reasons.py): a code goes with its English, so that the cloud words it for each reader
+    and an older cloud still has the English."""
+    said = Reason.read(reason)
+    words = english(said)
+    if words is not None and len(words) > REASON_MAX_CHARS:  # several ranks' upload errors, say
+        words = words[: REASON_MAX_CHARS - 1] + "…"
+    params = {k: v for k, v in said.params.items() if v is None or isinstance(v, str | int)} if said else {}
+    coded = said is not None and said.code != TEXT and len(params) == len(said.params)
+    return JobStatus(
+        attempt=attempt,
+        state=state,
+        exit_code=exit_code,
+        reason=words,
+        reason_code=said.code if said and coded else None,
+        reason_params=params if coded else None,
+        never_ran=never_ran,
+    )

@@ -20,6 +20,7 @@ from sxwl.agent.jobsync import JobSync
 from sxwl.agent.runtimes.base import J, Runtime
 from sxwl.agent.runtimes.sandbox import Isolation
 from sxwl.agent.state import SavedRegistration, StateDir
+from sxwl.agent.tunnel_client import NO_TUNNEL, TunnelClient, TunnelSettings
 from sxwl.protocol import Heartbeat, IsolationReport, Node, RegisterRequest
 
 if TYPE_CHECKING:  # uvicorn and starlette only where the agent serves its cache
@@ -94,6 +95,8 @@ class AgentConfig:
     trusted_accounts: tuple[str, ...] = ()  # whose jobs besides the provider's, without isolation
     input_cache_max_bytes: int | None = None  # the cap of fine-tunes' input cache; None: no cap
     input_cache_dir: Path | None = None  # where that cache is; None: the state dir's ``cache``
+    # The tunnel on which the cloud reaches services here (docs/tunnel.md); no connections: none.
+    tunnel: TunnelSettings = NO_TUNNEL
 
     def isolation_report(self) -> IsolationReport:
         isolated = self.isolation is None or self.isolation.isolated
@@ -314,6 +317,11 @@ class Agent(Generic[J]):
                 asyncio.create_task(self._assignments(saved.cpod_token, sync), name="assignments"),
                 asyncio.create_task(self._supervise(sync), name="supervise"),
             ]
+            if self.config.tunnel.connections > 0:
+                tunnel = TunnelClient(
+                    self.config.api_url, saved.cpod_token, self.config.tunnel, backoff_delay
+                )
+                tasks.append(asyncio.create_task(tunnel.run(), name="tunnel"))
             if self.cache_server is not None and cache is not None:
                 serving = self.cache_server.run(cache, self.stop_event)
                 tasks.append(asyncio.create_task(serving, name="input cache"))

@@ -24,6 +24,7 @@ from sxwl.agent.runtimes.base import J
 from sxwl.agent.runtimes.bounds import DEFAULT_MEMORY, DEFAULT_PIDS, DEFAULT_TMPFS, JobNetwork
 from sxwl.agent.runtimes.sandbox import IsolationSetting
 from sxwl.agent.state import local_cluster_uid
+from sxwl.agent.tunnel_client import TUNNEL_HELP, TunnelSettings
 
 if TYPE_CHECKING:  # the Kubernetes client is imported only by agents that use it: it is slow to load
     from kubernetes_asyncio.client import ApiClient
@@ -201,6 +202,10 @@ def run(
             "job that goes past it ends as failed, OOMKilled. Default: no limit of the agent's own."
         ),
     ] = None,
+    tunnel_connections: Annotated[int, typer.Option(help=TUNNEL_HELP["connections"], min=0, max=8)] = 2,
+    tunnel_allow: Annotated[
+        list[str] | None, typer.Option(metavar="HOST:PORT", help=TUNNEL_HELP["allow"])
+    ] = None,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Debug logging.")] = False,
 ) -> None:
     """Register this machine as a CPod of 算想云, report its CPUs, memory and GPUs, and run the jobs
@@ -216,6 +221,11 @@ def run(
     if runtime not in ("local", "kubernetes"):
         typer.echo(f"error: --runtime {runtime}: choose local or kubernetes", err=True)
         raise typer.Exit(2)
+    try:
+        tunnel = TunnelSettings.from_flags(tunnel_connections, tunnel_allow or [])
+    except ValueError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from None
     if trainer_image and not uploader_image:
         typer.echo(
             "error: --trainer-image needs --uploader-image: a fine-tune's pod fetches its inputs and "
@@ -276,6 +286,7 @@ def run(
         trusted_accounts=tuple(trust_account or ()),
         input_cache_max_bytes=int(input_cache_gib * 2**30) or None,
         input_cache_dir=input_cache_dir.resolve() if input_cache_dir else None,
+        tunnel=tunnel,
     )
     try:
         if runtime == "local":

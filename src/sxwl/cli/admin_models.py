@@ -10,13 +10,12 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 
 from sxwl.cli.client import CliError
 from sxwl.cli.cloud_settings import settings_for
+from sxwl.cli.output import out
 from sxwl.cloud.services.model_archive import pack_directory
 
-out = Console()
 DataDir = Annotated[
     Path, typer.Option("--data-dir", envvar="SXWL_DATA_DIR", help="Where the database and keys live.")
 ]

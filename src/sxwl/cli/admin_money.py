@@ -11,12 +11,12 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 from rich.table import Table
 from sqlalchemy.orm import Session
 
 from sxwl.cli.client import CliError
 from sxwl.cli.cloud_settings import settings_for
+from sxwl.cli.output import out
 from sxwl.cloud.context import CloudContext
 from sxwl.cloud.db import migrate
 from sxwl.cloud.db.models import Role, User
@@ -26,17 +26,16 @@ from sxwl.cloud.services import accounts, billing, earnings, ledger, prices
 from sxwl.protocol.money import (
     MAX_AMOUNT_YUAN,
     MAX_PRICE_YUAN,
+    money_text,
     parse_percent,
     parse_yuan,
     percent_text,
-    yuan_text,
 )
 
 prices_app = typer.Typer(
     help="Prices per GPU-hour (per GPU product) and per CPU core-hour, with the platform's fee."
 )
 ledger_app = typer.Typer(help="The double-entry ledger of every money movement.", no_args_is_help=True)
-out = Console()
 
 DataDir = Annotated[
     Path, typer.Option("--data-dir", envvar="SXWL_DATA_DIR", help="Where the database and keys live.")
@@ -140,7 +139,7 @@ def top_up(
         target = _account(session, "--email", email).id if email is not None else str(user_id)
         billing.top_up(session, admin, user_id=target, amount=micro, note=note, idempotency_key=key)
         balance = ledger.balance(session, ledger.account_key(ledger.USER_CASH, target))
-    out.print(f"topped up {yuan_text(micro)} CNY; balance now {yuan_text(balance)} CNY")
+    out.print(f"topped up {money_text(micro)} CNY; balance now {money_text(balance)} CNY")
 
 
 def payout(
@@ -163,7 +162,7 @@ def payout(
             session, admin, provider_id=provider.id, amount=micro, reference=reference, idempotency_key=key
         )
         left = ledger.balance(session, ledger.account_key(ledger.PROVIDER_AVAILABLE, provider.id))
-    out.print(f"paid out {yuan_text(micro)} CNY to {email}; {yuan_text(left)} CNY still available")
+    out.print(f"paid out {money_text(micro)} CNY to {email}; {money_text(left)} CNY still available")
 
 
 @prices_app.callback(invoke_without_command=True)
@@ -185,7 +184,7 @@ def list_prices(ctx: typer.Context, data_dir: DataDir = Path(".sxwl")) -> None:
             table.add_row(
                 row.resource.value,
                 row.product or "CPU cores",
-                f"{yuan_text(row.price_per_hour)} / {unit}",
+                f"{money_text(row.price_per_hour)} / {unit}",
                 percent_text(row.fee_bp),
                 row.updated_at.strftime("%Y-%m-%d %H:%M"),
                 by.email if by else "-",
@@ -214,7 +213,7 @@ def set_price(
     with _acting(data_dir, actor) as (session, admin):
         prices.set_price(session, admin, resource=resource, product=product, rate=prices.Rate(micro, fee_bp))
     unit = "CPU core-hour" if cpu else f"GPU-hour of {product}"
-    out.print(f"{yuan_text(micro)} CNY per {unit}, fee {percent_text(fee_bp)} %")
+    out.print(f"{money_text(micro)} CNY per {unit}, fee {percent_text(fee_bp)} %")
 
 
 @prices_app.command("remove")

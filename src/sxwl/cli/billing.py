@@ -1,5 +1,6 @@
 """``sxwl billing`` and ``sxwl earnings``: a user's balance and statements, a provider's earnings,
-over the API. The API's integers are micro-yuan; people see CNY rounded to 2 places."""
+over the API. The API's integers are micro-yuan; people read them as ``money_text`` writes them (two
+places, or two significant digits below a fen), the CSV carries them exact."""
 
 from __future__ import annotations
 
@@ -8,15 +9,15 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from sxwl.cli import client
 from sxwl.cli.client import CliError
-from sxwl.protocol.money import yuan_text
+from sxwl.cli.output import listing, out, show
+from sxwl.protocol.money import money_text
 
 app = typer.Typer(help="Your balance, burn rate and monthly statements.", no_args_is_help=True)
-out = Console()
 
 Month = Annotated[str | None, typer.Option("--month", help="YYYY-MM (UTC); default: this month.")]
 CsvFile = Annotated[
@@ -25,7 +26,7 @@ CsvFile = Annotated[
 
 
 def price_text(micro: int | None) -> str:
-    return "— (no price)" if micro is None else f"{yuan_text(micro)} CNY"
+    return "— (no price)" if micro is None else f"{money_text(micro)} CNY"
 
 
 def _params(month: str | None) -> dict[str, str]:
@@ -49,20 +50,23 @@ def _save_csv(path: str, month: str | None, target: Path) -> None:
     out.print(f"saved {max(0, response.text.count(chr(10)) - 1)} line(s) to {target}")
 
 
-def lines_table(lines: list[dict[str, Any]], title: str) -> Table:
-    """A statement's lines (what the user paid), or earnings' lines (with the fee and the net)."""
-    split = "net" in lines[0]
-    columns = ["job", "attempt", "GPU product", "unit-seconds", "CNY/hour", "gross"]
-    table = Table(*columns, *(["fee", "net"] if split else []), title=title)
+def lines_table(lines: list[dict[str, Any]], title: str, *, earned: bool) -> Table:
+    """A statement's lines: what a user paid for each attempt, or (``earned``) a provider's gross,
+    the platform's fee and the provider's net. A user's table reads no more than the amount paid,
+    whatever else the API's line carries."""
+    shares = ("gross", "fee", "net") if earned else ("charged",)
+    headers = ("job", "name", "attempt", "GPU product", "unit-seconds", "CNY/hour", *shares)
+    table = listing(*headers, ids=("job",), title=title)
     for line in lines:
+        amounts = [line["gross"], line["fee"], line["net"]] if earned else [line["gross"]]
         table.add_row(
-            line["job_name"] or line["job_id"][:12],
+            line["job_id"][:12],  # a unique prefix, as `sxwl jobs show` takes it
+            escape(line["job_name"] or ""),
             str(line["attempt"]),
             line["gpu_product"] or "CPU",
             f"{line['unit_seconds']:.0f}",
-            yuan_text(line["unit_price"]),
-            yuan_text(line["gross"]),
-            *([yuan_text(line["fee"]), yuan_text(line["net"])] if split else []),
+            money_text(line["unit_price"]),
+            *(money_text(a) for a in amounts),
         )
     return table
 
@@ -71,12 +75,12 @@ def lines_table(lines: list[dict[str, Any]], title: str) -> Table:
 def balance() -> None:
     """Your balance and what your running jobs cost per hour."""
     now = _get("/api/v1/billing/balance", {}).json()
-    out.print(f"balance: [bold]{yuan_text(now['balance'])} CNY[/]")
+    out.print(f"balance: [bold]{money_text(now['balance'])} CNY[/]")
     if now["running_attempts"]:
         left = f", about {now['hours_left']:.1f} h left" if now["hours_left"] is not None else ""
         warn = "  [yellow]low: less than an hour left[/]" if now["low"] else ""
         out.print(
-            f"burning {yuan_text(now['burn_per_hour'])} CNY/hour on "
+            f"burning {money_text(now['burn_per_hour'])} CNY/hour on "
             f"{now['running_attempts']} running attempt(s){left}{warn}"
         )
 
@@ -89,13 +93,13 @@ def statement(month: Month = None, csv: CsvFile = None) -> None:
         return
     result = _get("/api/v1/billing/statement", _params(month)).json()
     if result["lines"]:
-        out.print(lines_table(result["lines"], f"charges in {result['month']}"))
+        show(lines_table(result["lines"], f"charges in {result['month']}", earned=False))
     else:
         out.print(f"No charges in {result['month']}.")
     for top_up in result["top_ups"]:
-        note = f" ({top_up['note']})" if top_up["note"] else ""
-        out.print(f"top-up {top_up['created_at'][:10]}: {yuan_text(top_up['amount'])} CNY{note}")
-    out.print(f"total charged: [bold]{yuan_text(result['total'])} CNY[/]")
+        note = f" ({escape(top_up['note'])})" if top_up["note"] else ""
+        out.print(f"top-up {top_up['created_at'][:10]}: {money_text(top_up['amount'])} CNY{note}")
+    out.print(f"total charged: [bold]{money_text(result['total'])} CNY[/]")
 
 
 def earnings(month: Month = None, csv: CsvFile = None) -> None:
@@ -113,8 +117,8 @@ def earnings(month: Month = None, csv: CsvFile = None) -> None:
         ("available", "available"),
         ("paid out", "paid_out"),
     ):
-        summary.add_row(label, f"{yuan_text(mine[key])} CNY")
+        summary.add_row(label, f"{money_text(mine[key])} CNY")
     summary.add_row("GPU-hours sold", f"{mine['sold_gpu_hours']:.2f}")
     out.print(summary)
     if mine["lines"]:
-        out.print(lines_table(mine["lines"], f"earnings in {mine['month']}"))
+        show(lines_table(mine["lines"], f"earnings in {mine['month']}", earned=True))

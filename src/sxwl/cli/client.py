@@ -12,6 +12,9 @@ from typing import Any
 import httpx
 
 TIMEOUT = httpx.Timeout(30.0, connect=10.0)
+# The exit status when what a command followed or sent ended badly: a job or fine-tune followed to
+# its end (`-f`) that did not succeed, a dataset uploaded with errors (docs/cli.md, "Exit status").
+ENDED_BADLY = 3
 
 
 class CliError(Exception):

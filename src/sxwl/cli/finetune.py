@@ -11,15 +11,15 @@ from pathlib import Path
 from typing import IO, Annotated, Any
 
 import typer
-from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
-from rich.table import Table
 
-from sxwl.cli import client
-from sxwl.cli.client import CliError, Credentials
+from sxwl.cli import client, ids
+from sxwl.cli.client import ENDED_BADLY, CliError, Credentials
+from sxwl.cli.output import listing, out, show, status_text
 from sxwl.protocol.finetune import MAX_BATCH_SIZE, MAX_EPOCHS, MAX_LR_MULTIPLIER
 from sxwl.protocol.jobs import MAX_GPUS_PER_NODE
-from sxwl.protocol.money import parse_yuan, yuan_text
+from sxwl.protocol.money import money_text, parse_yuan
 
 files_app = typer.Typer(
     help="Training and validation files (JSONL): upload, check, list.", no_args_is_help=True
@@ -30,20 +30,8 @@ models_app = typer.Typer(
 app = typer.Typer(
     help="LoRA fine-tunes: create, follow (loss, ETA, cost), cancel, download.", no_args_is_help=True
 )
-out = Console()
 TERMINAL = {"succeeded", "failed", "cancelled"}
-STATUS_STYLE = {
-    "succeeded": "green",
-    "failed": "red",
-    "cancelled": "yellow",
-    "running": "cyan",
-    "queued": "blue",
-}
 MAX_COST_YUAN = Decimal(10_000_000)
-
-
-def _status(status: str) -> str:
-    return f"[{STATUS_STYLE.get(status, 'white')}]{status}[/]"
 
 
 def _when(unix: int | None) -> str:
@@ -83,20 +71,23 @@ def upload_file(
             )
         except client.ApiError as exc:
             raise CliError(f"{path}: {exc}") from None
-    _print_file(file.json())
+    uploaded = file.json()
+    _print_file(uploaded)
+    if uploaded["status"] != "processed":
+        raise CliError(f"{path}: fix the lines above and upload it again", exit_code=ENDED_BADLY)
 
 
 def _print_file(file: dict[str, Any]) -> None:
     check = file.get("validation") or {}
-    style = "green" if file["status"] == "processed" else "red"
-    out.print(f"[bold]{file['id']}[/] {file['filename']}: [{style}]{file['status']}[/]")
+    name = escape(file["filename"])
+    out.print(f"[bold]{file['id']}[/] {name}: {status_text(file['status'])}", soft_wrap=True)
     if check.get("format"):
         out.print(
             f"  format {check['format']}, {check.get('examples', 0):,} examples, {file['bytes']:,} bytes"
         )
     problems = check.get("problems") or []
     for problem in problems:
-        out.print(f"  line {problem['line']}: {problem['message']}")
+        out.print(f"  line {problem['line']}: {escape(problem['message'])}")
     more = int(check.get("problem_count") or 0) - len(problems)
     if more > 0:
         out.print(f"  … and {more} more problems")
@@ -109,34 +100,35 @@ def list_files() -> None:
     if not items:
         out.print("No files yet. Upload a dataset with `sxwl files upload train.jsonl`.")
         return
-    table = Table("id", "filename", "status", "examples", "bytes", "created")
+    table = listing("id", "filename", "status", "examples", "bytes", "created")
     for f in items:
         examples = (f.get("validation") or {}).get("examples")
         table.add_row(
             f["id"],
-            f["filename"],
-            f["status"],
+            escape(f["filename"]),
+            status_text(f["status"]),
             str(examples or ""),
             f"{f['bytes']:,}",
             _when(f["created_at"]),
         )
-    out.print(table)
+    show(table)
 
 
 @files_app.command("show")
-def show_file(file_id: Annotated[str, typer.Argument(help="File id (file-…).")]) -> None:
+def show_file(file_id: Annotated[str, typer.Argument(help="File id (file-…) or a unique prefix.")]) -> None:
     """A file's status and the problems found in it, line by line."""
-    _print_file(client.call("GET", f"/v1/files/{file_id}").json())
+    _print_file(ids.data_file(file_id))
 
 
 @files_app.command("delete")
-def delete_file(file_id: Annotated[str, typer.Argument(help="File id (file-…).")]) -> None:
+def delete_file(file_id: Annotated[str, typer.Argument(help="File id (file-…) or a unique prefix.")]) -> None:
     """Delete a file no fine-tune uses."""
+    found = ids.data_file(file_id)["id"]
     try:
-        client.call("DELETE", f"/v1/files/{file_id}")
+        client.call("DELETE", f"/v1/files/{found}")
     except client.ApiError as exc:
         raise CliError(str(exc)) from None
-    out.print(f"deleted {file_id}")
+    out.print(f"deleted {found}")
 
 
 @models_app.command("list")
@@ -146,7 +138,10 @@ def list_models() -> None:
     if not items:
         out.print("No models yet. An admin registers base models with `sxwl admin register-model`.")
         return
-    table = Table("id", "kind", "base", "architecture", "parameters", "owner")
+    me = client.call("GET", "/api/v1/me").json()["id"]
+    # The API's owner is "system" or a user id: people read whose it is.
+    owners = {"system": "public", me: "you"}
+    table = listing("id", "kind", "base", "architecture", "parameters", "owner")
     for m in items:
         params = m.get("parameters")
         table.add_row(
@@ -155,17 +150,19 @@ def list_models() -> None:
             m.get("base_model") or "",
             m.get("architecture") or "",
             f"{params:,}" if params else "",
-            m.get("owned_by", ""),
+            owners.get(m.get("owned_by", ""), m.get("owned_by", "")),
         )
-    out.print(table)
+    show(table)
 
 
 @app.command("create")
 def create(
     model: Annotated[str, typer.Option("--model", help="A base model of `sxwl models list`.")],
-    training_file: Annotated[str, typer.Option("--training-file", help="A processed file id (file-…).")],
+    training_file: Annotated[
+        str, typer.Option("--training-file", help="A processed file's id (file-…) or a unique prefix.")
+    ],
     validation_file: Annotated[
-        str | None, typer.Option("--validation-file", help="Optional file id.")
+        str | None, typer.Option("--validation-file", help="Optional; a file's id or a unique prefix.")
     ] = None,
     epochs: Annotated[
         int | None, typer.Option("--epochs", min=1, max=MAX_EPOCHS, help="Passes over the data (default 3).")
@@ -193,8 +190,8 @@ def create(
     lora = {"rank": lora_rank, "alpha": lora_alpha}
     body: dict[str, Any] = {
         "model": model,
-        "training_file": training_file,
-        "validation_file": validation_file,
+        "training_file": _file_flag("--training-file", training_file),
+        "validation_file": validation_file and _file_flag("--validation-file", validation_file),
         "suffix": suffix,
         "seed": seed,
         "gpus": gpus,
@@ -214,8 +211,15 @@ def create(
     except client.ApiError as exc:
         raise CliError(_explain(exc), exit_code=2 if exc.status == 422 else 1) from None
     created = job.json()
-    out.print(f"created fine-tune [bold]{created['id']}[/]: {_status(created['status'])}")
+    out.print(f"created fine-tune [bold]{created['id']}[/]: {status_text(created['status'])}")
     out.print(f"follow it with: sxwl finetune show {created['id']} -f")
+
+
+def _file_flag(flag: str, given: str) -> str:
+    try:
+        return str(ids.data_file(given)["id"])
+    except CliError as exc:
+        raise CliError(f"{flag}: {exc}", exit_code=exc.exit_code) from None
 
 
 _FLAGS = {"hyperparameters.n_epochs": "--epochs", "hyperparameters.batch_size": "--batch-size"}
@@ -244,20 +248,21 @@ def list_fine_tunes(
     if not items:
         out.print("No fine-tunes yet. Start one with `sxwl finetune create --model M --training-file F`.")
         return
-    table = Table(
-        "id", *(["owner"] if all_users else []), "model", "status", "progress", "fine-tuned model", "created"
-    )
+    table = listing(
+        "id", *(["owner"] if all_users else []), "model", "status", "progress", "fine-tuned model", "created",
+        ids=("id", "owner", "fine-tuned model"),
+    )  # fmt: skip
     for j in items:
         table.add_row(
             j["id"],
             *([j["organization_id"]] if all_users else []),
             j["model"],
-            _status(j["status"]),
+            status_text(j["status"]),
             _progress(j),
             j["fine_tuned_model"] or "",
             _when(j["created_at"]),
         )
-    out.print(table)
+    show(table)
 
 
 def _progress(job: dict[str, Any]) -> str:
@@ -268,82 +273,101 @@ def _progress(job: dict[str, Any]) -> str:
 
 
 def _summary(job: dict[str, Any]) -> str:
-    parts = [f"{job['id']}: {_status(job['status'])}", _progress(job)]
+    parts = [f"{job['id']}: {status_text(job['status'])}", _progress(job)]
     if job.get("estimated_finish") and job["status"] == "running":
         parts.append(f"ETA {_when(job['estimated_finish'])} UTC")
-    cost = job.get("cost") or {}
-    if cost.get("so_far") is not None:
-        expected = cost.get("expected_total")
-        parts.append(
-            f"cost {yuan_text(cost['so_far'])} CNY" + (f" of ~{yuan_text(expected)}" if expected else "")
-        )
+    parts.append(_cost(job))
     if job.get("reason"):  # what a queued one waits for, or why it failed or was cancelled
-        parts.append(f"{'waiting' if job['status'] == 'queued' else 'reason'}: {job['reason']}")
+        parts.append(f"{'waiting' if job['status'] == 'queued' else 'reason'}: {escape(job['reason'])}")
     return "  ".join(p for p in parts if p)
 
 
+def _cost(job: dict[str, Any]) -> str:
+    cost = job.get("cost") or {}
+    if cost.get("so_far") is None:
+        return ""
+    if job["status"] in TERMINAL:
+        return f"cost {money_text(cost['so_far'])} CNY"
+    expected = cost.get("expected_total")
+    guess = f", expected ~{money_text(expected)} CNY" if expected else ""
+    return f"cost so far {money_text(cost['so_far'])} CNY{guess}"
+
+
 @app.command("show")
-def show(
-    fine_tune_id: Annotated[str, typer.Argument(help="Fine-tune id (ftjob-…).")],
-    follow: Annotated[bool, typer.Option("-f", "--follow", help="Print new events until it ends.")] = False,
+def show_fine_tune(
+    fine_tune_id: Annotated[str, typer.Argument(help="Fine-tune id (ftjob-…) or a unique prefix.")],
+    follow: Annotated[
+        bool, typer.Option("-f", "--follow", help="Print new events until it ends (exit 3 if it fails).")
+    ] = False,
 ) -> None:
     """A fine-tune's status, progress, ETA and cost, and its events (loss, checkpoints)."""
+    job = ids.fine_tune(fine_tune_id)
+    path = f"/v1/fine_tuning/jobs/{job['id']}"
     seen: set[str] = set()
     while True:
-        job = client.call("GET", f"/v1/fine_tuning/jobs/{fine_tune_id}").json()
-        events = client.call(
-            "GET", f"/v1/fine_tuning/jobs/{fine_tune_id}/events", params={"limit": 100}
-        ).json()
+        events = client.call("GET", f"{path}/events", params={"limit": 100}).json()
         for event in reversed(events["data"]):
             if event["id"] not in seen:
                 seen.add(event["id"])
-                out.print(f"[dim]{_when(event['created_at'])}[/] {event['message']}")
-        out.print(_summary(job))
+                out.print(f"[dim]{_when(event['created_at'])}[/] {escape(event['message'])}")
+        out.print(_summary(job), soft_wrap=True)
         if not follow or job["status"] in TERMINAL:
             if job.get("fine_tuned_model"):
-                out.print(f"adapter: [bold]{job['fine_tuned_model']}[/] (sxwl finetune download {job['id']})")
+                out.print(
+                    f"adapter: [bold]{job['fine_tuned_model']}[/] (sxwl finetune download {job['id']})",
+                    soft_wrap=True,
+                )
+            if follow and job["status"] != "succeeded":
+                raise typer.Exit(ENDED_BADLY)
             return
         time.sleep(2.0)
+        job = client.call("GET", path).json()
 
 
 @app.command("checkpoints")
-def checkpoints(fine_tune_id: Annotated[str, typer.Argument(help="Fine-tune id (ftjob-…).")]) -> None:
+def checkpoints(
+    fine_tune_id: Annotated[str, typer.Argument(help="Fine-tune id (ftjob-…) or a unique prefix.")],
+) -> None:
     """The checkpoints that reached the cloud (a lost CPod's successor resumes from the last)."""
-    items = client.call("GET", f"/v1/fine_tuning/jobs/{fine_tune_id}/checkpoints").json()["data"]
+    found = ids.fine_tune(fine_tune_id)["id"]
+    items = client.call("GET", f"/v1/fine_tuning/jobs/{found}/checkpoints").json()["data"]
     if not items:
         out.print("No checkpoints yet: the trainer saves one at the end of each epoch.")
         return
-    table = Table("id", "step", "metrics", "created")
+    table = listing("id", "step", "metrics", "created")
     for c in items:
         metrics = ", ".join(
             f"{k} {v:.4g}" for k, v in (c.get("metrics") or {}).items() if isinstance(v, float)
         )
         table.add_row(c["id"], str(c["step_number"]), metrics, _when(c["created_at"]))
-    out.print(table)
+    show(table)
 
 
 @app.command("cancel")
-def cancel(fine_tune_id: Annotated[str, typer.Argument(help="Fine-tune id (ftjob-…).")]) -> None:
+def cancel(
+    fine_tune_id: Annotated[str, typer.Argument(help="Fine-tune id (ftjob-…) or a unique prefix.")],
+) -> None:
     """Cancel a fine-tune (its job gets SIGTERM, then SIGKILL)."""
+    found = ids.fine_tune(fine_tune_id)["id"]
     try:
-        job = client.call("POST", f"/v1/fine_tuning/jobs/{fine_tune_id}/cancel").json()
+        job = client.call("POST", f"/v1/fine_tuning/jobs/{found}/cancel").json()
     except client.ApiError as exc:
         raise CliError(str(exc)) from None
-    out.print(f"fine-tune {job['id']}: {_status(job['status'])}")
+    out.print(f"fine-tune {job['id']}: {status_text(job['status'])}")
 
 
 @app.command("download")
 def download(
-    fine_tune_id: Annotated[str, typer.Argument(help="Fine-tune id (ftjob-…).")],
+    fine_tune_id: Annotated[str, typer.Argument(help="Fine-tune id (ftjob-…) or a unique prefix.")],
     output: Annotated[Path, typer.Option("-o", "--output", help="Where to save the adapter's tar.")] = Path(
         "."
     ),
 ) -> None:
     """Save the adapter a finished fine-tune produced (a tar: untar it, load it with peft)."""
-    job = client.call("GET", f"/v1/fine_tuning/jobs/{fine_tune_id}").json()
+    job = ids.fine_tune(fine_tune_id)
     model = job.get("fine_tuned_model")
     if not model:
-        raise CliError(f"{fine_tune_id} has no adapter yet (status {job['status']})")
+        raise CliError(f"{job['id']} has no adapter yet (status {job['status']})")
     target = output / (model.replace(":", "_") + ".tar") if output.is_dir() else output
     info = client.call("GET", f"/v1/models/{model}").json()
     with _bar() as progress:

@@ -10,27 +10,20 @@ from typing import Annotated, Any
 
 import typer
 import yaml
-from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
-from rich.table import Table
+from rich.table import Column, Table
 
-from sxwl.cli import client
-from sxwl.cli.client import CliError, Credentials
+from sxwl.cli import client, ids
+from sxwl.cli.client import ENDED_BADLY, CliError, Credentials
+from sxwl.cli.output import err, listing, out, show, status_text
 from sxwl.protocol.jobs import MAX_GPUS_PER_NODE, MAX_NODES, MAX_RUNTIME_S, env_problem
-from sxwl.protocol.money import yuan_text
+from sxwl.protocol.money import money_text
 
 app = typer.Typer(
     help="Training jobs: submit, list, follow logs, cancel, download results.", no_args_is_help=True
 )
-out = Console()
 TERMINAL = {"succeeded", "failed", "cancelled"}
-STATE_STYLE = {
-    "succeeded": "green",
-    "failed": "red",
-    "cancelled": "yellow",
-    "running": "cyan",
-    "queued": "blue",
-}
 
 
 def load_job_file(path: Path) -> tuple[dict[str, Any], dict[str, int]]:
@@ -72,10 +65,6 @@ def parse_env(pairs: list[str]) -> dict[str, str]:
     return env
 
 
-def state_text(state: str) -> str:
-    return f"[{STATE_STYLE.get(state, 'white')}]{state}[/]"
-
-
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
 def submit(
     ctx: typer.Context,
@@ -100,7 +89,7 @@ def submit(
     ] = None,
     cpod: Annotated[str | None, typer.Option("--cpod", help="Run only on this CPod id.")] = None,
 ) -> None:
-    """Submit a job: `sxwl jobs submit --gpus 1 -- python train.py` or `sxwl jobs submit -f job.yaml`."""
+    """Submit a job: `sxwl jobs submit --gpus 1 -- python3 train.py` or `sxwl jobs submit -f job.yaml`."""
     body, lines = load_job_file(file) if file else ({}, {})
     command = list(ctx.args)
     if command and command[0] == "--":
@@ -124,7 +113,7 @@ def submit(
         job = client.call("POST", "/api/v1/jobs", json=body).json()
     except client.ApiError as exc:
         raise CliError(_explain(exc, file, lines), exit_code=2 if exc.status == 422 else 1) from None
-    out.print(f"submitted job [bold]{job['id']}[/] ({job['name']}): {state_text(job['state'])}")
+    out.print(f"submitted job [bold]{job['id']}[/] ({escape(job['name'])}): {status_text(job['state'])}")
     out.print(f"follow it with: sxwl jobs logs {job['id']} -f")
 
 
@@ -154,22 +143,22 @@ def list_jobs(
         params["state"] = state
     result = client.call("GET", "/api/v1/jobs", params=params).json()
     if not result["items"]:
-        out.print("No jobs yet. Submit one with `sxwl jobs submit --gpus 1 -- python train.py`.")
+        out.print("No jobs yet. Submit one with `sxwl jobs submit --gpus 1 -- python3 train.py`.")
         return
-    table = Table("id", "name", "state", "GPUs", "created", "reason / exit")
+    table = listing("id", "name", "state", "GPUs", "created", "reason / exit")
     for job in result["items"]:
         detail = job["reason"] or ("" if job["exit_code"] is None else f"exit {job['exit_code']}")
         if job["queue_position"]:
             detail = f"#{job['queue_position']} in queue; {detail}"
         table.add_row(
-            job["id"][:12],
-            job["name"],
-            state_text(job["state"]),
+            job["id"][:12],  # a unique prefix: every command taking a job id takes it
+            escape(job["name"]),
+            status_text(job["state"]),
             f"{job['nodes']}×{job['gpus_per_node']}",
             job["created_at"][:19].replace("T", " "),
-            detail,
+            escape(detail),
         )
-    out.print(table)
+    show(table)
     pages = -(-result["total"] // result["per_page"])
     if pages > 1:
         out.print(
@@ -177,32 +166,11 @@ def list_jobs(
         )
 
 
-def resolve(job_id: str) -> dict[str, Any]:
-    """A job by id or by a unique id prefix (as `list` shows them)."""
-    try:
-        job: dict[str, Any] = client.call("GET", f"/api/v1/jobs/{job_id}").json()
-        return job
-    except client.ApiError as exc:
-        if exc.status != 404:
-            raise CliError(str(exc)) from None
-    matches = [
-        j
-        for j in client.call("GET", "/api/v1/jobs", params={"q": job_id, "per_page": 5}).json()["items"]
-        if j["id"].startswith(job_id)
-    ]
-    if len(matches) != 1:
-        raise CliError(
-            f"no job {job_id}" if not matches else f"{job_id} matches several jobs; give more of the id"
-        )
-    found: dict[str, Any] = matches[0]
-    return found
-
-
-@app.command()
-def show(job_id: Annotated[str, typer.Argument(help="Job id (or a unique prefix).")]) -> None:
+@app.command("show")
+def show_job(job_id: Annotated[str, typer.Argument(help="Job id (or a unique prefix).")]) -> None:
     """A job's details, its cost so far, and its timeline."""
-    job = resolve(job_id)
-    table = Table(show_header=False, box=None)
+    job = ids.job(job_id)
+    table = Table(Column(no_wrap=True), Column(overflow="fold"), show_header=False, box=None)
     for key in (
         "id",
         "name",
@@ -225,17 +193,20 @@ def show(job_id: Annotated[str, typer.Argument(help="Job id (or a unique prefix)
     ):
         value = job.get(key)
         if value not in (None, [], ""):
-            table.add_row(key, state_text(value) if key == "state" else str(value))
+            table.add_row(key, status_text(value) if key == "state" else escape(str(value)))
     if job.get("cost") is not None:
-        per_hour = (
-            f" ({yuan_text(job['cost_per_hour'])} CNY/hour while running)" if job.get("cost_per_hour") else ""
-        )
-        table.add_row("cost so far", f"{yuan_text(job['cost'])} CNY{per_hour}")
+        if job["state"] in TERMINAL:
+            table.add_row("cost", f"{money_text(job['cost'])} CNY")
+        else:
+            rate = job.get("cost_per_hour")
+            per_hour = f" ({money_text(rate)} CNY/hour while running)" if rate else ""
+            table.add_row("cost so far", f"{money_text(job['cost'])} CNY{per_hour}")
     out.print(table)
     events = client.call("GET", f"/api/v1/jobs/{job['id']}/events").json()
     timeline = Table("time", "attempt", "event", "detail", title="timeline", title_justify="left")
     for e in events:
-        timeline.add_row(e["at"][:19].replace("T", " "), str(e["attempt"]), e["kind"], e["detail"] or "")
+        at = e["at"][:19].replace("T", " ")
+        timeline.add_row(at, str(e["attempt"]), e["kind"], escape(e["detail"] or ""))
     out.print(timeline)
 
 
@@ -245,8 +216,9 @@ def logs(
     follow: Annotated[bool, typer.Option("-f", "--follow", help="Keep printing until the job ends.")] = False,
     attempt: Annotated[int | None, typer.Option(help="Which attempt (default: the latest).")] = None,
 ) -> None:
-    """Print a job's output."""
-    job = resolve(job_id)
+    """Print a job's output; with -f, until it ends, then its final state (exit status 3 unless it
+    succeeded)."""
+    job = ids.job(job_id)
     offset = 0
     while True:
         params: dict[str, Any] = {"offset": offset}
@@ -258,22 +230,40 @@ def logs(
         # One answer holds at most the cloud's read limit: a long log takes several reads.
         next_offset = int(response.headers["X-Next-Offset"])
         moved, offset = next_offset != offset, next_offset
-        if response.headers.get("X-Log-Complete") == "true" or not (response.content or moved or follow):
+        if response.headers.get("X-Log-Complete") == "true":
+            if follow:
+                _ended(job["id"])
+            return
+        if not (response.content or moved or follow):
             return
         if not (response.content or moved):
             time.sleep(1.0)
 
 
+def _ended(job_id: str) -> None:
+    """The final state of a followed job, on standard error (standard output is its log)."""
+    job = client.call("GET", f"/api/v1/jobs/{job_id}").json()
+    if job["state"] not in TERMINAL:  # the attempt's log ended; the job goes on (a retry)
+        now = f"{status_text(job['state'])}, attempt {job['attempt']}"
+        err.print(f"this attempt's log ended; job {job_id} is {now}")
+        return
+    exit_code = "" if job["exit_code"] is None else f" (exit {job['exit_code']})"
+    reason = f": {escape(job['reason'])}" if job["reason"] else ""
+    err.print(f"job {job_id} {status_text(job['state'])}{exit_code}{reason}")
+    if job["state"] != "succeeded":
+        raise typer.Exit(ENDED_BADLY)
+
+
 @app.command()
 def cancel(job_id: Annotated[str, typer.Argument(help="Job id (or a unique prefix).")]) -> None:
     """Cancel a job: queued ones end at once, running ones get SIGTERM, then SIGKILL."""
-    job = resolve(job_id)
+    job = ids.job(job_id)
     try:
         result = client.call("POST", f"/api/v1/jobs/{job['id']}/cancel").json()
     except client.ApiError as exc:
         raise CliError(str(exc)) from None
     note = " (stopping on its CPod)" if result["cancel_requested"] and result["state"] not in TERMINAL else ""
-    out.print(f"job {result['id']}: {state_text(result['state'])}{note}")
+    out.print(f"job {result['id']}: {status_text(result['state'])}{note}")
 
 
 @app.command()
@@ -284,7 +274,7 @@ def artifacts(
     ] = None,
 ) -> None:
     """List a job's artifacts (files it wrote to $SXWL_OUTPUT_DIR), or download them."""
-    job = resolve(job_id)
+    job = ids.job(job_id)
     items = client.call("GET", f"/api/v1/jobs/{job['id']}/artifacts").json()
     if not items:
         out.print("No artifacts. A job's artifacts are the files it writes to $SXWL_OUTPUT_DIR.")

@@ -9,12 +9,12 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
-from rich.table import Table
+from rich.markup import escape
 
 from sxwl.cli import admin_models, admin_money, billing, client, finetune, jobs
 from sxwl.cli.client import CliError, Credentials
 from sxwl.cli.cloud_settings import settings_for
+from sxwl.cli.output import err, listing, out, show
 from sxwl.cloud.logs import LogFormat
 
 app = typer.Typer(
@@ -36,7 +36,6 @@ app.add_typer(billing.app, name="billing")
 app.command("earnings")(billing.earnings)
 admin_money.register(admin_app)
 admin_models.register(admin_app)
-out = Console()
 
 DataDir = Annotated[
     Path, typer.Option("--data-dir", envvar="SXWL_DATA_DIR", help="Where the database and keys live.")
@@ -117,22 +116,22 @@ def list_cpods() -> None:
             "(see `sxwl access-key show`)."
         )
         return
-    table = Table("id", "name", "status", "owner", "nodes", "GPUs (allocatable/total)", "last heartbeat")
+    table = listing("id", "name", "status", "owner", "nodes", "GPUs (allocatable/total)", "last heartbeat")
     for cpod in rows:
         gpus = (
             ", ".join(f"{g['product']} {g['allocatable']}/{g['total']}" for g in cpod["gpu_summary"]) or "-"
         )
         status = "revoked" if cpod["revoked"] else cpod["status"]
         table.add_row(
-            cpod["id"][:12],
-            cpod["name"],
+            cpod["id"],  # whole: `sxwl jobs submit --cpod` takes nothing less
+            escape(cpod["name"]),
             status,
             cpod["owner_email"],
             str(len(cpod["nodes"])),
             gpus,
             cpod["last_heartbeat_at"] or "never",
         )
-    out.print(table)
+    show(table)
 
 
 @app.command("gpu-types")
@@ -142,7 +141,7 @@ def gpu_types() -> None:
     if not rows:
         out.print("No GPUs are online right now.")
         return
-    table = Table("product", "memory (GiB)", "available", "total", "price per GPU-hour")
+    table = listing("product", "memory (GiB)", "available", "total", "price per GPU-hour", ids=("product",))
     for row in rows:
         table.add_row(
             row["product"],
@@ -151,7 +150,7 @@ def gpu_types() -> None:
             str(row["total"]),
             billing.price_text(row.get("price_per_hour")),
         )
-    out.print(table)
+    show(table)
 
 
 @admin_app.command("create-user")
@@ -271,5 +270,5 @@ def main() -> None:
     try:
         app()
     except CliError as exc:
-        Console(stderr=True).print(f"[red]error:[/] {exc}")
+        err.print(f"[red]error:[/] {escape(str(exc))}")
         sys.exit(exc.exit_code)

@@ -29,6 +29,7 @@ from sxwl.cloud.api import (
     jobs,
     me,
     models,
+    tunnel,
 )
 from sxwl.cloud.api.deps import plain_parameters
 from sxwl.cloud.background import listener, liveness, metering, rate_events, scheduling, sqlite_watch
@@ -81,8 +82,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             asyncio.create_task(rate_events.run(ctx), name="rate-events"),
             asyncio.create_task(listener.run(ctx), name="listener"),
             asyncio.create_task(sqlite_watch.run(ctx), name="sqlite-watch"),
+            asyncio.create_task(ctx.tunnels.renew(), name="tunnel-holders"),
         ]
+        ctx.tunnels.loop = asyncio.get_running_loop()
         yield
+        await ctx.tunnels.close()  # agents re-dial another replica
         # Long-polls answer at once and the loops stop judging CPods, under any ASGI server (`sxwl
         # serve` says so earlier still, when the signal arrives: cli/server.py).
         ctx.notifier.shutdown()
@@ -112,6 +116,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     for router in OPENAI_ROUTERS:
         openai_api.include_router(router)
     app.include_router(openai_api)
+    app.include_router(tunnel.router)  # WebSockets: no HTTP dependencies, nothing in the OpenAPI document
 
     registry = CollectorRegistry()
     metrics = HttpMetrics(registry)

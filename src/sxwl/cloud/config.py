@@ -41,6 +41,17 @@ class Settings(BaseSettings):
     secret_key: str = ""
     # The URL that CPods and browsers use to reach this cloud; defaults to the request's own.
     public_url: str = ""
+    # Where other replicas reach this process, to relay streams into the agents' tunnels it holds
+    # (docs/tunnel.md); empty: none relays here, so with several replicas each process needs its own.
+    replica_url: str = ""
+    # HTTP/2 PINGs on each agent's tunnel connection this often; one unanswered as long closes it.
+    tunnel_ping_s: float = Field(default=20.0, gt=0, le=300)
+    # The offline artifact (`make artifact`'s dist/3k-artifact.tgz) served at /downloads/3k-artifact.tgz
+    # for providers (docs/artifact.md, "Serving"); unset, that path answers 404.
+    artifact_file: Path | None = None
+    # The oldest artifact version whose 3kctl and agent this cloud accepts (told to 3kctl with the
+    # accessKey check, which stops an older artifact before it changes any host).
+    artifact_min_version: str = Field(default="0.1.0", pattern=r"^[0-9]+(\.[0-9]+){0,3}$")
 
     session_ttl_s: int = 12 * 3600
     api_token_ttl_s: int = 7 * 24 * 3600

@@ -15,6 +15,7 @@ from sxwl.cloud.services.beat import Beat
 from sxwl.cloud.services.capacity import CapacityCache
 from sxwl.cloud.storage import ArtifactStore
 from sxwl.cloud.storage.select import artifact_store
+from sxwl.cloud.tunnel.hub import Tunnels
 from sxwl.protocol import HeartbeatReply
 
 
@@ -42,11 +43,14 @@ class CloudContext:
     # Heartbeats that arrive together share a transaction; set by ``create_app``, because the
     # writer's logic (services/heartbeats.py) itself needs this context.
     heartbeats: GroupCommit[Beat, HeartbeatReply] = field(init=False)
+    # The agents' tunnels this process holds, and relays to those other replicas hold (docs/tunnel.md).
+    tunnels: Tunnels = field(init=False)
 
     def __post_init__(self) -> None:
         s = self.settings
         self.artifacts = artifact_store(s)
         self.keepalives = Keepalives(s.longpoll_keepalive_s)
+        self.tunnels = Tunnels(self.db, self.box, s.replica_url, s.tunnel_ping_s)
         postgres = self.db.engine.dialect.name == "postgresql"
         self.notifier.watch(self.db.sessions, self.db.immediate_sessions, broadcast=postgres)
         self.limiters = Limiters(

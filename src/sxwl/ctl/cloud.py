@@ -3,6 +3,7 @@ and which of the provider's CPods are online (``GET /api/v1/agent/access-key/che
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,6 +31,7 @@ class CPodBrief:
 class KeyCheck:
     provider: str
     cpods: list[CPodBrief]
+    min_artifact_version: str = ""  # empty: a cloud that does not say
 
     def cpod(self, name: str) -> CPodBrief | None:
         live = [c for c in self.cpods if c.name == name and not c.revoked]
@@ -66,6 +68,7 @@ def check_access_key(cloud: str, access_key: str) -> KeyCheck:
                 CPodBrief(str(c["name"]), str(c["status"]), bool(c.get("revoked", False)))
                 for c in body.get("cpods", [])
             ],
+            min_artifact_version=str(body.get("min_artifact_version") or ""),
         )
     except (ValueError, KeyError, TypeError):
         raise CtlError(f"the cloud at {cloud} gave an unexpected answer to the accessKey check") from None
@@ -77,3 +80,18 @@ def _message(response: httpx.Response) -> str:
         return str(body["error"]["message"])
     except (ValueError, KeyError, TypeError):
         return response.text[:200]
+
+
+def _numbers(version: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in re.findall(r"\d+", version.split("-")[0].split("+")[0]))
+
+
+def refuses_artifact(check: KeyCheck, cloud: str, version: str) -> str | None:
+    """Why the cloud does not accept an artifact of ``version`` (older than it accepts), else None."""
+    if not check.min_artifact_version or _numbers(version) >= _numbers(check.min_artifact_version):
+        return None
+    return (
+        f"this artifact is version {version}; the cloud at {cloud} accepts {check.min_artifact_version} "
+        f"or newer (its agent would not speak to it): download the current artifact with "
+        f"`wget {cloud.rstrip('/')}/downloads/3k-artifact.tgz` and run its 3kctl"
+    )

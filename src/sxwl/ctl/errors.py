@@ -1,10 +1,11 @@
 """Errors 3kctl prints as one message and an exit status (docs/provider-guide.en.md: 1 failed, 2 bad
-usage or config)."""
+usage or config, 3 a PARTIAL artifact: docs/artifact.md)."""
 
 from __future__ import annotations
 
 EXIT_FAILED = 1
 EXIT_USAGE = 2
+EXIT_PARTIAL = 3
 
 
 class CtlError(Exception):

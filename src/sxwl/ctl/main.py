@@ -15,10 +15,10 @@ from rich.table import Table
 
 from sxwl.ctl import config as cfg
 from sxwl.ctl import deploy, ops
-from sxwl.ctl.artifact import default_root, verify, write_checksums
+from sxwl.ctl.artifact import default_root, usable, verify, write_checksums
 from sxwl.ctl.ceph import ceph_steps, discover
-from sxwl.ctl.cloud import DEFAULT_CLOUD, check_access_key
-from sxwl.ctl.errors import EXIT_FAILED, CtlError, UsageError
+from sxwl.ctl.cloud import DEFAULT_CLOUD, check_access_key, refuses_artifact
+from sxwl.ctl.errors import EXIT_FAILED, EXIT_PARTIAL, CtlError, UsageError
 from sxwl.ctl.preflight import FACTS_SCRIPT, Report, run_preflight
 from sxwl.ctl.runner import select_tools
 from sxwl.ctl.sample import SAMPLE_CONFIG
@@ -225,7 +225,7 @@ def preflight(
         raise typer.Exit(EXIT_FAILED)
 
 
-def verified_key(access_key: str | None, cloud: str, dry_run: bool) -> tuple[str, str]:
+def verified_key(access_key: str | None, cloud: str, dry_run: bool, version: str = "") -> tuple[str, str]:
     if not access_key:
         raise UsageError("--access-key is required: copy it from the console (账户 / Account page)")
     try:
@@ -235,6 +235,9 @@ def verified_key(access_key: str | None, cloud: str, dry_run: bool) -> tuple[str
             err.print(f"[yellow]warning:[/] {exc} (ignored for --dry-run)")
             return access_key, "?"
         raise
+    refused = refuses_artifact(check, cloud, version) if version else None
+    if refused:
+        raise CtlError(refused)
     out.print(f"accessKey accepted by {cloud} (provider {check.provider})")
     return access_key, check.provider
 
@@ -242,7 +245,14 @@ def verified_key(access_key: str | None, cloud: str, dry_run: bool) -> tuple[str
 @deploy_app.command("all")
 def deploy_all(
     access_key: AccessKey = None,
-    cloud: Cloud = DEFAULT_CLOUD,
+    cloud: Annotated[
+        str | None,
+        typer.Option(
+            "--cloud",
+            envvar="SXWL_API_URL",
+            help="The cloud's URL (default: the one the artifact came from).",
+        ),
+    ] = None,
     file: ConfigFile = cfg.DEFAULT_CONFIG,
     artifact: ArtifactOpt = None,
     dry_run: DryRun = False,
@@ -256,7 +266,9 @@ def deploy_all(
 ) -> None:
     """Verify the accessKey, then build the CPod step by step and wait until 算想云 shows it online."""
     config = load(file)
-    key, provider = verified_key(access_key, cloud, dry_run)
+    manifest = usable(artifact.resolve() if artifact is not None else default_root())
+    cloud = cloud or (manifest.cloud if manifest else "") or DEFAULT_CLOUD
+    key, provider = verified_key(access_key, cloud, dry_run, manifest.version if manifest else "")
     ctx = context(config, work_dir, artifact=artifact, parallel=parallel, connect_timeout=connect_timeout)
     ctx.access_key, ctx.cloud, ctx.provider, ctx.wait_timeout = key, cloud.rstrip("/"), provider, wait_timeout
     ctx.poll_interval = float(os.environ.get("SXWL_3KCTL_POLL_INTERVAL", "2"))
@@ -401,6 +413,13 @@ def artifact_verify(
         symbol = "[yellow]⚠[/]" if verdict == "extra" else "[red]✗[/]"
         out.print(f"{symbol} {escape(relative)}: {escape(detail)}", highlight=False)
     checked = sum(1 for _, v, _ in result.files if v == "ok")
+    if result.partial:
+        raise CtlError(
+            f"{root}: PARTIAL artifact {result.manifest.version}: {bad} part{'s' if bad != 1 else ''} "
+            f"missing (the build could not make them; see PARTIAL.txt); {checked} files OK. It cannot "
+            "deploy a CPod: use a complete artifact",
+            EXIT_PARTIAL,
+        )
     if not result.ok:
         raise CtlError(f"{root}: {bad} problem{'s' if bad != 1 else ''}; {checked} files OK")
     out.print(

@@ -158,6 +158,15 @@ def copy_sources(lib: Path) -> None:
             shutil.copy2(source, lib / "sxwl" / "ctl" / source.name)
 
 
+def _entry(name: str, mode: int) -> zipfile.ZipInfo:
+    """An entry dated 1980-01-01 whatever the files' times: the same sources give the same bytes
+    (the offline artifact is reproducible, docs/artifact.md)."""
+    info = zipfile.ZipInfo(name, date_time=(1980, 1, 1, 0, 0, 0))
+    info.compress_type = zipfile.ZIP_DEFLATED
+    info.external_attr = (stat.S_IFREG | mode) << 16
+    return info
+
+
 def build(output: Path, platform_tag: str | None = None, python_version: str | None = None) -> Path:
     with tempfile.TemporaryDirectory() as tmp:
         lib = Path(tmp) / "lib"
@@ -191,9 +200,12 @@ def build(output: Path, platform_tag: str | None = None, python_version: str | N
         with partial.open("wb") as handle:
             handle.write(b"#!/usr/bin/env python3\n")
             with zipfile.ZipFile(handle, "w", compression=zipfile.ZIP_DEFLATED) as archive:
-                archive.writestr("__main__.py", main)
+                archive.writestr(_entry("__main__.py", 0o644), main)
                 for path in files:
-                    archive.write(path, "lib/" + path.relative_to(lib).as_posix())
+                    mode = 0o755 if path.stat().st_mode & 0o111 else 0o644
+                    archive.writestr(
+                        _entry("lib/" + path.relative_to(lib).as_posix(), mode), path.read_bytes()
+                    )
         partial.chmod(partial.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
         os.replace(partial, output)
     return output

@@ -9,8 +9,9 @@ from typing import Literal
 
 from pydantic import AliasChoices, Field, field_validator, model_validator
 
-from sxwl.protocol.fields import Int32, Name, NonNegInt32, NonNegInt64, PosInt32, Text, Wire, WireIn
+from sxwl.protocol.fields import Int32, Int64, Name, NonNegInt32, NonNegInt64, PosInt32, Text, Wire, WireIn
 from sxwl.protocol.finetune import CachedInput, JobInput, TrainerSpec
+from sxwl.protocol.reasons import Reason
 
 # Bumped on incompatible changes; the cloud accepts MIN_SUPPORTED..PROTOCOL_VERSION.
 PROTOCOL_VERSION = 1
@@ -205,6 +206,14 @@ class JobStatus(WireIn):
     # The attempt ended before its command ran (command not found, a sandbox that could not start):
     # it costs nothing, whatever it reported before (docs/billing.md). Older agents leave it out.
     never_ran: bool = False
+    # The reason as a code and its parameters (protocol/reasons.py), so that the cloud words it in each
+    # reader's language; ``reason`` stays the English, for a cloud that does not know the code.
+    reason_code: Text | None = Field(default=None, max_length=64)
+    reason_params: dict[Text, Text | Int64 | None] | None = Field(default=None, max_length=16)
+
+    def said(self) -> Reason | None:
+        """The reason as the cloud keeps it: its code if the cloud knows it, else its words."""
+        return Reason.from_wire(self.reason_code, self.reason_params or {}, self.reason)
 
 
 class JobStatusReply(Wire):

@@ -33,6 +33,9 @@ POD_UPLOAD_DONE = "/upload-targets/{job_id}/{attempt}/done"
 # with the attempt's upload token, not the CPod token.
 POD_INPUT = "/pod-inputs/{job_id}/{attempt}/{name}"
 
+# The agent's tunnel: a WebSocket carrying HTTP/2, on which the cloud opens streams (docs/tunnel.md).
+TUNNEL = "/tunnel"
+
 _CONVERTER = re.compile(r"\{(\w+):\w+\}")
 
 

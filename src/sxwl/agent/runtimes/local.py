@@ -35,6 +35,7 @@ from sxwl.agent.runtimes.sandbox_mounts import CODE_ROOT, JOB_OUTPUT, JOB_WORK
 from sxwl.agent.tenant_files import OutputTree
 from sxwl.protocol import Assignment, Node
 from sxwl.protocol.finetune import TrainerRun, TrainerSpec
+from sxwl.protocol.reasons import Reason
 
 log = logging.getLogger("sxwl.agent.local")
 
@@ -382,9 +383,8 @@ class LocalRuntime(AttemptDirs[LocalJob]):
                 finished.append(job)
                 continue
             if job.max_runtime_s and job.stop_at is None and now - job.started_at > job.max_runtime_s:
-                self.stop(
-                    job.job_id, job.attempt, f"max runtime of {job.max_runtime_s} s exceeded", cancel=False
-                )
+                exceeded = Reason.of("agent.max_runtime", seconds=job.max_runtime_s)
+                self.stop(job.job_id, job.attempt, exceeded.stored, cancel=False)
             elif job.stop_at is not None and now - job.stop_at > job.grace(self.stop_grace_s):
                 self._signal(job, signal.SIGKILL)
         return finished
@@ -392,7 +392,8 @@ class LocalRuntime(AttemptDirs[LocalJob]):
     def _finish(self, job: LocalJob, code: int | None) -> None:
         job.exit_code = code
         reason_file = self.workdir(job.job_id, job.attempt) / REASON_FILE
-        if reason_file.exists():  # the command could not run: "command not found: …"
+        if reason_file.exists():
+            # The command could not run (the exec shim's code, or the launcher's words).
             job.never_ran = True
             job.stop_reason = job.stop_reason or reason_file.read_text()
         cgroup = self.cgroup_name(job.job_id, job.attempt)

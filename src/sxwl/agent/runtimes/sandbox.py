@@ -45,10 +45,11 @@ NVIDIA_SHARED_DEVICES = ("nvidiactl", "nvidia-uvm")
 # (after bubblewrap set up its loopback: the two would race), bounds the processes of the attempt's
 # uid, drops to that uid, gives SIGTERM its default action back (the launcher and bubblewrap ignore
 # it, so that a stop reaches only the job), and says so when the command cannot be run at all, on
-# stderr and on the reason fd that the launcher reads. ``python -I`` ignores the job's PYTHON*
-# variables and user site.
+# stderr and on the reason fd that the launcher reads (as a code, protocol/reasons.py, where it has
+# one), naming what is on PATH in its stead (python3 for python). ``python -I`` ignores the job's
+# PYTHON* variables and user site.
 EXEC_SHIM = """
-import os, resource, signal, sys
+import json, os, re, resource, signal, sys
 import warnings  # os.execvp imports it: before the drop, as this Python may be unreadable to the job
 fd, uid, nproc, net = (int(a) for a in sys.argv[1:5])
 argv = sys.argv[5:]
@@ -73,11 +74,26 @@ except OSError as exc:
     # entry this uid cannot search gives EACCES without meaning anything).
     dirs = [""] if "/" in argv[0] else os.get_exec_path()
     found = any(os.path.exists(os.path.join(d, argv[0])) for d in dirs)
-    message, status = f"command not found: {argv[0]}", 127
     if found:
-        message, status = f"cannot run {argv[0]}: {exc.strerror}", 126
+        message = said = f"cannot run {argv[0]}: {exc.strerror}"
+        status = 126
+    else:
+        versioned = re.compile(re.escape(argv[0]) + "[0-9][0-9.]*")
+        others = set()
+        for d in dirs if "/" not in argv[0] else []:
+            try:
+                names = os.listdir(d or ".")
+            except OSError:
+                continue
+            others |= {n for n in names if versioned.fullmatch(n) and os.access(os.path.join(d, n), os.X_OK)}
+        shown = ", ".join(sorted(others, key=len)[:4])
+        message = f"command not found: {argv[0]}" + (f" (on PATH: {shown})" if shown else "")
+        code = "agent.command_not_found_but" if shown else "agent.command_not_found"
+        params = {"program": argv[0], "found": shown} if shown else {"program": argv[0]}
+        said = json.dumps({"code": code, "params": params}, separators=(",", ":"))
+        status = 127
 print(message, file=sys.stderr, flush=True)
-os.write(fd, message.encode())
+os.write(fd, said.encode())
 sys.exit(status)
 """
 

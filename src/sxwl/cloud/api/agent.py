@@ -161,6 +161,7 @@ def check_access_key(request: Request, ctx: Ctx) -> AccessKeyCheckOut:
                 CPodBriefOut(id=c.id, name=c.name, status=c.status.value, revoked=c.revoked_at is not None)
                 for c, _ in cpods.list_for(session, owner)
             ],
+            min_artifact_version=ctx.settings.artifact_min_version,
         )
 
 
@@ -259,7 +260,7 @@ def job_status(job_id: str, body: JobStatus, cpod: CurrentCPod, ctx: Ctx) -> Job
     state = JobState(body.state)
     with ctx.db.session() as session:
         job = attempts.report_status(
-            session, cpod, job_id, body.attempt, state, body.exit_code, body.reason, never_ran=body.never_ran
+            session, cpod, job_id, body.attempt, state, body.exit_code, body.said(), never_ran=body.never_ran
         )
         return JobStatusReply(state=job.state.value, stop=job.cancel_requested_at is not None)
 

@@ -9,6 +9,7 @@ from pydantic import BaseModel, Field
 
 from sxwl.cloud.db.finetune_models import CatalogModel, DataFile, ModelKind
 from sxwl.cloud.services import datasets
+from sxwl.cloud.services.dataset_checks import Problem
 
 
 class FileProblemOut(BaseModel):
@@ -93,7 +94,7 @@ def file_out(file: DataFile) -> FileOut:
         validation=FileValidationOut(
             format=fmt,
             examples=file.examples,
-            problems=[FileProblemOut(line=int(p["line"]), message=str(p["message"])) for p in file.problems],
+            problems=[FileProblemOut(line=p.line, message=p.message) for p in map(Problem.of, file.problems)],
             problem_count=file.problem_count,
             tokens={m: FileTokensOut.model_validate(c) for m, c in file.token_counts.items()},
         ),

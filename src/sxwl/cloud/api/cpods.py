@@ -11,6 +11,7 @@ from sxwl.cloud.db.models import CPod
 from sxwl.cloud.services import cpods
 from sxwl.cloud.services.gpu_summary import GpuAvailability, GpuSummary, summarize
 from sxwl.protocol import Node
+from sxwl.protocol.reasons import english
 
 router = APIRouter(tags=["cpods"], responses=SIGNED_IN)
 NOT_FOUND = errors(404)
@@ -70,7 +71,7 @@ def cpod_events(cpod_id: str, user: CurrentUser, ctx: Ctx) -> list[CPodEventOut]
     with ctx.db.session() as session:
         cpods.get_for(session, user, cpod_id)
         return [
-            CPodEventOut(at=e.at, kind=e.kind, detail=e.detail, actor=actor)
+            CPodEventOut(at=e.at, kind=e.kind, detail=english(e.detail), actor=actor)
             for e, actor in cpods.events(session, cpod_id)
         ]
 

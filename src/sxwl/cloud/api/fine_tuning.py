@@ -29,6 +29,7 @@ from sxwl.cloud.db.models import Job
 from sxwl.cloud.services import fine_tune_estimate, fine_tunes
 from sxwl.cloud.services.fine_tune_outputs import model_name
 from sxwl.protocol.finetune import FineTuneRequest
+from sxwl.protocol.reasons import english
 
 PREFIX = "/fine_tuning/jobs"  # mounted at /v1
 router = APIRouter(prefix=PREFIX, tags=["fine-tuning"], responses=SIGNED_IN)
@@ -49,7 +50,7 @@ def _out(fine_tune: FineTune, job: Job, estimate: fine_tune_estimate.Estimate) -
     status = fine_tunes.status(fine_tune, job)
     error = None
     if status == fine_tunes.Status.FAILED:
-        error = FineTuneErrorOut(code="job_failed", message=job.reason or "the job failed")
+        error = FineTuneErrorOut(code="job_failed", message=english(job.reason) or "the job failed")
     return FineTuningJobOut(
         id=fine_tune.id,
         model=fine_tune.model_name,
@@ -75,7 +76,7 @@ def _out(fine_tune: FineTune, job: Job, estimate: fine_tune_estimate.Estimate) -
             step=fine_tune.step, total_steps=fine_tune.total_steps, percent=estimate.percent
         ),
         cost=CostOut(so_far=estimate.cost_so_far, expected_total=estimate.expected_total),
-        reason=fine_tunes.reason(fine_tune, job),
+        reason=english(fine_tunes.reason(fine_tune, job)),
     )
 
 
@@ -130,7 +131,7 @@ def list_events(
                 id=fine_tunes.event_id(e),
                 created_at=_unix(e.at) or 0,
                 level=e.level,
-                message=e.message,
+                message=english(e.message) or "",
                 type=e.type,
                 data=e.data,
             )

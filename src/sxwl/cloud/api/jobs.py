@@ -19,6 +19,7 @@ from sxwl.cloud.services import billing, job_events, job_logs, jobs, log_archive
 from sxwl.cloud.storage import Artifact, StoreUnavailable, clean_artifact_path
 from sxwl.protocol.fields import NonNegInt64, PosInt32
 from sxwl.protocol.jobs import JobIn
+from sxwl.protocol.reasons import english
 
 router = APIRouter(prefix="/jobs", tags=["jobs"], responses=SIGNED_IN)
 NOT_FOUND = errors(404)
@@ -49,6 +50,7 @@ _COLUMNS = tuple(name for name in JobOut.model_fields if name not in _COMPUTED)
 
 def _out(job: Job, queue_position: int | None) -> JobOut:
     values = {name: getattr(job, name) for name in _COLUMNS}
+    values["reason"] = english(job.reason)  # the row keeps a code
     return JobOut.model_construct(**values, owner_email=job.owner.email, queue_position=queue_position)
 
 
@@ -107,7 +109,7 @@ def list_job_events(job_id: str, user: CurrentUser, ctx: Ctx) -> list[JobEventOu
     with ctx.db.session() as session:
         job = jobs.get_for(session, user, job_id)
         return [
-            JobEventOut(at=e.at, attempt=e.attempt, kind=e.kind, detail=e.detail)
+            JobEventOut(at=e.at, attempt=e.attempt, kind=e.kind, detail=english(e.detail))
             for e in job_events.events(session, job)
         ]
 

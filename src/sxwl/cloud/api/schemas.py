@@ -149,6 +149,9 @@ class CPodBriefOut(BaseModel):
 class AccessKeyCheckOut(BaseModel):
     provider: str
     cpods: list[CPodBriefOut]
+    # The oldest offline artifact (its manifest's version) whose 3kctl and agent this cloud accepts:
+    # 3kctl stops before any host changes when its artifact is older (docs/artifact.md).
+    min_artifact_version: str
 
 
 class JobOut(JobFields):
@@ -168,8 +171,9 @@ class JobOut(JobFields):
     started_at: datetime | None
     finished_at: datetime | None
     exit_code: int | None
-    reason: str | None
+    reason: str | None  # in English, from the row's code (protocol/reasons.py)
     cancel_requested: bool
+
     # Not a column: the lists compute it for a whole page at once (services.jobs.queue_positions).
     queue_position: int | None = None
     # Micro-yuan so far (live while it runs) and per hour while running: on a single job's answer.

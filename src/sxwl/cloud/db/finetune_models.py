@@ -11,7 +11,8 @@ from sqlalchemy import JSON, BigInteger, Float, ForeignKey, Index, Integer, Stri
 from sqlalchemy.orm import Mapped, mapped_column, relationship
 
 from sxwl.cloud.db.models import Base, partial_unique, str_enum
-from sxwl.cloud.db.types import UTCDateTime, utcnow
+from sxwl.cloud.db.types import ReasonText, UTCDateTime, utcnow
+from sxwl.protocol.reasons import Reason
 
 
 class FileStatus(enum.StrEnum):
@@ -125,7 +126,7 @@ class FineTuneEvent(Base):
     attempt: Mapped[int] = mapped_column(Integer, default=0)
     level: Mapped[str] = mapped_column(String(8), default="info")  # info, warn, error
     type: Mapped[str] = mapped_column(String(16), default="message")  # message, metrics
-    message: Mapped[str] = mapped_column(String(500))
+    message: Mapped[Reason] = mapped_column(ReasonText(500))
     data: Mapped[dict[str, Any] | None] = mapped_column(JSON)
 
 

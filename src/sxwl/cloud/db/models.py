@@ -24,7 +24,8 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
-from sxwl.cloud.db.types import UTCDateTime, utcnow
+from sxwl.cloud.db.types import ReasonText, UTCDateTime, utcnow
+from sxwl.protocol.reasons import Reason
 
 
 def new_id() -> str:
@@ -176,8 +177,11 @@ class CPodEvent(Base):
     cpod_id: Mapped[str] = mapped_column(ForeignKey("cpods.id", ondelete="CASCADE"), index=True)
     at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
     kind: Mapped[str] = mapped_column(String(32))
-    detail: Mapped[str | None] = mapped_column(String(500))
+    detail: Mapped[Reason | None] = mapped_column(ReasonText(500))
     actor_id: Mapped[str | None] = mapped_column(ForeignKey("users.id", ondelete="SET NULL"))
+
+
+REASON_CHARS = 500  # a job's reason, as stored
 
 
 class JobState(enum.StrEnum):
@@ -221,11 +225,11 @@ class Job(Base):
     attempt: Mapped[int] = mapped_column(Integer, default=0)
     cpod_id: Mapped[str | None] = mapped_column(ForeignKey("cpods.id", ondelete="SET NULL"))
     node_names: Mapped[list[str]] = mapped_column(JSON, default=list)
-    reason: Mapped[str | None] = mapped_column(String(500))
+    reason: Mapped[Reason | None] = mapped_column(ReasonText(REASON_CHARS))
     exit_code: Mapped[int | None] = mapped_column(Integer)
     cancel_requested_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
     # Why the cloud asked the attempt to stop ("balance exhausted"): the job's reason once it ends.
-    cancel_reason: Mapped[str | None] = mapped_column(String(200))
+    cancel_reason: Mapped[Reason | None] = mapped_column(ReasonText(200))
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
     assigned_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
     started_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
@@ -250,7 +254,7 @@ class JobEvent(Base):
     at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
     attempt: Mapped[int] = mapped_column(Integer)
     kind: Mapped[str] = mapped_column(String(32))
-    detail: Mapped[str | None] = mapped_column(String(1000))
+    detail: Mapped[Reason | None] = mapped_column(ReasonText(1000))
 
 
 class LogChunk(Base):

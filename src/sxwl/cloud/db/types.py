@@ -6,9 +6,11 @@ import json
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import DateTime
+from sqlalchemy import DateTime, String
 from sqlalchemy.engine import Dialect
 from sqlalchemy.types import TypeDecorator
+
+from sxwl.protocol.reasons import Reason
 
 
 class UTCDateTime(TypeDecorator[datetime]):
@@ -58,3 +60,24 @@ class EncodedJSON(str):
 def encode_json(value: Any) -> str:
     """The engines' JSON serializer."""
     return value if isinstance(value, EncodedJSON) else json.dumps(value)
+
+
+class ReasonText(TypeDecorator[Reason]):
+    """A reason or an event as its code and parameters (protocol/reasons.py), kept as JSON in a text
+    column of ``length`` characters; text written before the codes reads back as it was stored, and
+    words given as a plain string (a bulk insert of rows) are stored as such words."""
+
+    impl = String
+    cache_ok = True
+
+    def process_bind_param(self, value: Reason | str | None, dialect: Dialect) -> str | None:
+        if value is None:
+            return None
+        if isinstance(value, str):
+            value = Reason.text(value)
+        impl = self.impl_instance
+        length = impl.length if isinstance(impl, String) else None
+        return value.stored if length is None else value.stored_within(length)
+
+    def process_result_value(self, value: Any, dialect: Dialect) -> Reason | None:
+        return Reason.read(value)

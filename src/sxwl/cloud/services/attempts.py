@@ -24,6 +24,7 @@ from sxwl.cloud.errors import AppError
 from sxwl.cloud.notify import on_commit
 from sxwl.cloud.services import fine_tune_outputs
 from sxwl.cloud.services.job_events import add_event
+from sxwl.protocol.reasons import Reason, english
 
 # What an agent may report after each state; terminal states never change (invariant 4, docs/architecture.md).
 AGENT_TRANSITIONS: dict[JobState, frozenset[JobState]] = {
@@ -62,7 +63,7 @@ def stop_command(
         on_commit(session).wake_cpod(cpod_id)
 
 
-def finish(job: Job, state: JobState, exit_code: int | None = None, reason: str | None = None) -> None:
+def finish(job: Job, state: JobState, exit_code: int | None = None, reason: Reason | None = None) -> None:
     session = object_session(job)
     if job.trainer is not None and session is not None:  # a fine-tune: its adapter decides success
         state, reason = fine_tune_outputs.at_end(job, session, state, reason)
@@ -94,32 +95,32 @@ def close_attempt(
         placed.proven_until = max(placed.proven_until or cpod.last_heartbeat_at, cpod.last_heartbeat_at)
 
 
-def requeue(session: Session, job: Job, why: str) -> None:
+def requeue(session: Session, job: Job, why: Reason) -> None:
     """The attempt is lost: queue a new attempt (or give up after max_attempts) and fence the old one."""
     old_cpod, old_attempt = job.cpod_id, job.attempt
     close_attempt(session, job, JobState.LOST.value, reported=False)
     job.state = JobState.LOST
     add_event(session, job, "lost", why)
     if old_cpod is not None:
-        stop_command(session, job, old_cpod, old_attempt, f"attempt {old_attempt} was lost: {why}")
+        stop_command(session, job, old_cpod, old_attempt, f"attempt {old_attempt} was lost: {english(why)}")
     if job.cancel_requested_at is not None:
-        finish(job, JobState.CANCELLED, reason="cancelled while its CPod was lost")
+        finish(job, JobState.CANCELLED, reason=Reason.of("job.cancelled_while_lost"))
         add_event(session, job, "cancelled", job.reason)
     elif job.attempt >= job.max_attempts:
-        finish(job, JobState.FAILED, reason=f"lost {job.attempt} times; last: {why}")
+        finish(job, JobState.FAILED, reason=Reason.of("job.lost_times", times=job.attempt, why=why))
         add_event(session, job, "failed", job.reason)
     else:
         job.state = JobState.QUEUED
         job.cpod_id = None
         job.node_names = []
-        job.reason = f"queued again: {why}"
+        job.reason = Reason.of("queue.requeued", why=why)
         add_event(session, job, "requeued", why)
         if job.trainer is not None:
             fine_tune_outputs.requeued(session, job, old_attempt, why)
         on_commit(session).wake_scheduler()
 
 
-def requeue_cpod_jobs(session: Session, cpod_id: str, why: str) -> int:
+def requeue_cpod_jobs(session: Session, cpod_id: str, why: Reason) -> int:
     jobs = session.scalars(
         select(Job).where(Job.cpod_id == cpod_id, Job.state.in_(ACTIVE_STATES)).with_for_update()
     ).all()
@@ -160,7 +161,7 @@ def report_status(
     attempt: int,
     state: JobState,
     exit_code: int | None,
-    reason: str | None,
+    reason: Reason | None,
     *,
     never_ran: bool = False,
 ) -> Job:
@@ -175,13 +176,13 @@ def report_status(
             details={"state": job.state.value},
         )
     if state == JobState.LOST:
-        requeue(session, job, reason or "the agent could not resume it")
+        requeue(session, job, reason or Reason.of("job.not_resumed"))
         return job
     if state in TERMINAL_STATES:
         if job.cancel_requested_at is not None and state in (JobState.FAILED, JobState.CANCELLED):
-            state, reason = JobState.CANCELLED, job.cancel_reason or reason or "cancelled"
+            state, reason = JobState.CANCELLED, job.cancel_reason or reason or Reason.of("job.cancelled")
         if reason is None and state == JobState.FAILED and exit_code is not None:
-            reason = f"exit code {exit_code}"
+            reason = Reason.of("job.exit_code", code=exit_code)
         close_attempt(session, job, state.value, reported=True, never_ran=never_ran)
         finish(job, state, exit_code, reason)
         state, reason = job.state, job.reason

@@ -14,8 +14,9 @@ from sxwl.cloud.db.types import utcnow
 from sxwl.cloud.services import ledger
 from sxwl.cloud.services.attempts import stop_command
 from sxwl.cloud.services.job_events import add_event
+from sxwl.protocol.reasons import Reason, english
 
-BALANCE_EXHAUSTED = "balance exhausted"
+BALANCE_EXHAUSTED = Reason.of("job.balance_exhausted")
 
 
 def stop_exhausted(ctx: CloudContext) -> list[str]:
@@ -45,8 +46,14 @@ def _stop(session: Session, grace_s: float) -> list[str]:
         assert job.cpod_id is not None  # active jobs are on a CPod
         job.cancel_requested_at = utcnow()
         job.cancel_reason = BALANCE_EXHAUSTED
-        stop_command(session, job, job.cpod_id, job.attempt, BALANCE_EXHAUSTED, cancel=True, grace_s=grace_s)
-        add_event(
-            session, job, "balance_exhausted", f"stopping: SIGTERM, then {grace_s:g} s to save its work"
+        stop_command(
+            session,
+            job,
+            job.cpod_id,
+            job.attempt,
+            english(BALANCE_EXHAUSTED) or "",
+            cancel=True,
+            grace_s=grace_s,
         )
+        add_event(session, job, "balance_exhausted", Reason.of("job.stopping", seconds=f"{grace_s:g}"))
     return [job.id for job in jobs]

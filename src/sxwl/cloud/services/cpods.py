@@ -30,14 +30,20 @@ from sxwl.cloud.services import accounts, attempts, sessions
 from sxwl.cloud.services.gpu_summary import GpuSummary, add_up, summarize
 from sxwl.cloud.services.prices import price_book
 from sxwl.protocol import IsolationReport, RegisterRequest
+from sxwl.protocol.reasons import Reason
 
 CPOD_TOKEN_PREFIX = "sxcp_"  # noqa: S105 - a prefix, not a secret
 
 
 def add_event(
-    session: Session, cpod_id: str, kind: str, detail: str | None = None, actor: User | None = None
+    session: Session, cpod_id: str, kind: str, detail: Reason | None = None, actor: User | None = None
 ) -> None:
     session.add(CPodEvent(cpod_id=cpod_id, kind=kind, detail=detail, actor_id=actor.id if actor else None))
+
+
+def counted(code: str, n: int) -> Reason:
+    """``1 heartbeat missed`` but ``2 heartbeats missed``: the code of one where it has its own words."""
+    return Reason.of(f"{code}_one") if n == 1 else Reason.of(code, n=n)
 
 
 def provider_for_access_key(session: Session, key: str, hold: bool = False) -> User | None:
@@ -109,7 +115,12 @@ def _register(ctx: CloudContext, session: Session, owner: User, req: RegisterReq
         )
         session.add(cpod)
         session.flush()
-        add_event(session, cpod.id, "registered", f"{req.runtime} agent {req.agent_version}")
+        add_event(
+            session,
+            cpod.id,
+            "registered",
+            Reason.of("cpod.agent", runtime=req.runtime, version=req.agent_version),
+        )
     else:
         was_revoked = cpod.revoked_at is not None
         cpod.token_hash = token_hash(token)
@@ -117,8 +128,12 @@ def _register(ctx: CloudContext, session: Session, owner: User, req: RegisterReq
         cpod.runtime = req.runtime
         cpod.agent_version = req.agent_version
         cpod.heartbeat_interval_s = interval
-        detail = "registered again after revocation" if was_revoked else "registered again (new agent token)"
-        add_event(session, cpod.id, "registered", f"{detail}; {req.runtime} agent {req.agent_version}")
+        again = Reason.of(
+            "cpod.again_revoked" if was_revoked else "cpod.again",
+            runtime=req.runtime,
+            version=req.agent_version,
+        )
+        add_event(session, cpod.id, "registered", again)
     set_isolation(session, cpod, req)
     return cpod, token
 
@@ -139,7 +154,12 @@ def set_isolation(session: Session, cpod: CPod, report: IsolationReport) -> froz
     from the next one."""
     fine_tunes = takes_fine_tunes(report, cpod.runtime)
     if cpod.takes_fine_tunes != fine_tunes:
-        add_event(session, cpod.id, "fine-tunes", "runs fine-tunes" if fine_tunes else "runs no fine-tunes")
+        add_event(
+            session,
+            cpod.id,
+            "fine-tunes",
+            Reason.of("cpod.fine_tunes" if fine_tunes else "cpod.no_fine_tunes"),
+        )
         cpod.takes_fine_tunes = fine_tunes
     trusted: list[str] = []
     if report.isolation == "none":
@@ -150,8 +170,12 @@ def set_isolation(session: Session, cpod: CPod, report: IsolationReport) -> froz
             if user.id != cpod.owner_id and user.id not in trusted:
                 trusted.append(user.id)
     if (cpod.isolation, cpod.trusted_owner_ids) != (report.isolation, trusted):
-        emails = ", ".join(report.trusted_accounts) or "nobody else"
-        detail = "jobs isolated" if report.isolation == "isolated" else f"no isolation; trusts {emails}"
+        if report.isolation == "isolated":
+            detail = Reason.of("cpod.isolated")
+        elif report.trusted_accounts:
+            detail = Reason.of("cpod.not_isolated", emails=", ".join(report.trusted_accounts))
+        else:
+            detail = Reason.of("cpod.not_isolated_alone")
         add_event(session, cpod.id, "isolation", detail)
         cpod.isolation, cpod.trusted_owner_ids = report.isolation, trusted
     return cpod.takes_only()
@@ -262,10 +286,10 @@ def sweep_liveness(
                 .execution_options(synchronize_session=False)
             )
             if changed.rowcount == 1:  # type: ignore[attr-defined]
-                add_event(session, cpod_id, target.value, f"{missed} heartbeats missed")
+                add_event(session, cpod_id, target.value, counted("cpod.missed", missed))
                 moved.append((cpod_id, target))
                 if target == CPodStatus.OFFLINE:
-                    attempts.requeue_cpod_jobs(session, cpod_id, f"CPod {cpod_id} went offline")
+                    attempts.requeue_cpod_jobs(session, cpod_id, Reason.of("job.cpod_offline", cpod=cpod_id))
     return moved
 
 
@@ -291,7 +315,11 @@ def visible_to(user: User) -> Any:
 
 def list_for(session: Session, user: User) -> list[tuple[CPod, str]]:
     if user.role == Role.USER:
-        raise AppError(403, "CPods are shown to their providers; see GET /api/v1/gpu-types for availability")
+        raise AppError(
+            403,
+            "CPods are shown to their providers; the GPUs free to you are on the console's Available GPUs "
+            "page (/gpus) and in `sxwl gpu-types`",
+        )
     rows = session.execute(
         select(CPod, User.email)
         .join(User, CPod.owner_id == User.id)
@@ -314,7 +342,7 @@ def get_for(session: Session, user: User, cpod_id: str, for_update: bool = False
 def rename(session: Session, user: User, cpod_id: str, name: str) -> CPod:
     cpod = get_for(session, user, cpod_id, for_update=True)
     if cpod.name != name:
-        add_event(session, cpod.id, "renamed", f"{cpod.name} → {name}", actor=user)
+        add_event(session, cpod.id, "renamed", Reason.of("cpod.renamed", old=cpod.name, new=name), actor=user)
         cpod.name = name
     return cpod
 
@@ -327,7 +355,7 @@ def revoke(session: Session, user: User, cpod_id: str) -> CPod:
         cpod.token_hash = None
         cpod.status = CPodStatus.OFFLINE
         add_event(session, cpod.id, "revoked", None, actor=user)
-        attempts.requeue_cpod_jobs(session, cpod.id, f"CPod {cpod.id} was revoked")
+        attempts.requeue_cpod_jobs(session, cpod.id, Reason.of("job.cpod_revoked", cpod=cpod.id))
     return cpod
 
 

@@ -5,10 +5,12 @@ pass, while the same bytes are hashed and written to the store."""
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from sxwl.protocol import jsonl
+from sxwl.protocol.reasons import Reason, english, from_plain
 
 MAX_LINE_BYTES = 1024 * 1024
 MAX_PROBLEMS = 100  # kept with the file; the count goes on past them
@@ -20,10 +22,21 @@ PROMPT_COMPLETION = "prompt_completion"
 @dataclass(frozen=True)
 class Problem:
     line: int  # 1-based; 0 for the file as a whole
-    message: str
+    said: Reason  # a code (protocol/reasons.py): each surface words it in its reader's language
+
+    @property
+    def message(self) -> str:
+        return english(self.said) or ""
 
     def as_dict(self) -> dict[str, Any]:
-        return {"line": self.line, "message": self.message}
+        return {"line": self.line, **self.said.plain()}
+
+    @classmethod
+    def of(cls, kept: Mapping[str, Any]) -> Problem:
+        """A problem as a file's row keeps it; one kept before the codes has only its words."""
+        if "code" in kept:
+            return cls(int(kept["line"]), from_plain(kept))
+        return cls(int(kept.get("line", 0)), Reason.text(str(kept.get("message", ""))))
 
 
 @dataclass(frozen=True)
@@ -44,33 +57,33 @@ def _shown(value: object) -> str:
     return text if len(text) <= 40 else text[:37] + "..."
 
 
-def _chat_problem(example: dict[str, Any]) -> str | None:
+def _chat_problem(example: dict[str, Any]) -> Reason | None:
     messages = example["messages"]
     if not isinstance(messages, list) or not messages:
-        return "`messages` must be a non-empty list of {role, content} objects"
+        return Reason.of("data.messages")
     for index, message in enumerate(messages):
         where = f"messages[{index}]"
         if not isinstance(message, dict):
-            return f"{where}: must be an object with `role` and `content`"
+            return Reason.of("data.message", where=where)
         if "role" not in message:
-            return f"{where}: missing `role`"
+            return Reason.of("data.no_role", where=where)
         if message["role"] not in ROLES:
-            return f"{where}.role: unknown role {_shown(message['role'])} (allowed: {', '.join(ROLES)})"
+            return Reason.of("data.role", where=where, role=_shown(message["role"]), allowed=", ".join(ROLES))
         content = message.get("content")
         if not isinstance(content, str) or not content.strip():
-            return f"{where}.content: must be a non-empty string"
+            return Reason.of("data.content", where=where)
     if not any(message["role"] == "assistant" for message in messages):
-        return "no assistant message: an example needs at least one answer to learn"
+        return Reason.of("data.no_assistant")
     return None
 
 
-def _prompt_completion_problem(example: dict[str, Any]) -> str | None:
+def _prompt_completion_problem(example: dict[str, Any]) -> Reason | None:
     for key in ("prompt", "completion"):
         if key not in example:
-            return f"missing `{key}`"
+            return Reason.of("data.missing_key", field=key)
         value = example[key]
         if not isinstance(value, str) or not value.strip():
-            return f"`{key}` must be a non-empty string"
+            return Reason.of("data.empty_key", field=key)
     return None
 
 
@@ -99,7 +112,7 @@ class JsonlChecker:
         if self._pending or self._overlong:
             self._end_line()
         if self.examples == 0 and self.problem_count == 0:
-            self._problem(0, "the file is empty: it holds no examples (one JSON object per line)")
+            self._problem(0, Reason.of("data.empty_file"))
         return Verdict(self.format, self.examples, list(self.problems), self.problem_count)
 
     def _take(self, piece: bytes) -> None:
@@ -107,7 +120,7 @@ class JsonlChecker:
             return
         self._pending += piece
         if len(self._pending) > self.max_line_bytes:
-            self._problem(self._line + 1, f"line is longer than {self.max_line_bytes} bytes")
+            self._problem(self._line + 1, Reason.of("data.too_long", limit=self.max_line_bytes))
             self._pending.clear()
             self._overlong = True
 
@@ -119,7 +132,7 @@ class JsonlChecker:
         if not overlong:
             self._check(raw)
 
-    def _problem(self, line: int, message: str) -> None:
+    def _problem(self, line: int, message: Reason) -> None:
         self.problem_count += 1
         if len(self.problems) < MAX_PROBLEMS:
             self.problems.append(Problem(line, message))
@@ -131,25 +144,25 @@ class JsonlChecker:
         if problem is not None:
             self._problem(self._line, problem)
 
-    def _judge(self, raw: bytes) -> str | None:
+    def _judge(self, raw: bytes) -> Reason | None:
         try:
             example = jsonl.parse(raw)
         except UnicodeDecodeError:
-            return "not UTF-8 text"
+            return Reason.of("data.utf8")
         except RecursionError:
-            return "not JSON: nested too deeply"
+            return Reason.of("data.json", why="nested too deeply")
         except ValueError as exc:
-            return f"not JSON: {exc.msg if isinstance(exc, json.JSONDecodeError) else exc}"
+            return Reason.of("data.json", why=exc.msg if isinstance(exc, json.JSONDecodeError) else str(exc))
         if not isinstance(example, dict):
-            return f"not a JSON object (found {type(example).__name__}); each line must be one example"
+            return Reason.of("data.object", found=type(example).__name__)
         if "messages" in example:
             kind, problem = CHAT, _chat_problem(example)
         elif "prompt" in example or "completion" in example:
             kind, problem = PROMPT_COMPLETION, _prompt_completion_problem(example)
         else:
-            return "missing `messages` (chat format) or `prompt` and `completion`"
+            return Reason.of("data.format")
         if self.format is not None and kind != self.format:
-            return f"a {kind} example in a {self.format} file: every line must have the format of the first"
+            return Reason.of("data.mixed", kind=kind, first=self.format)
         if problem is None:
             self.format = kind
             self.examples += 1

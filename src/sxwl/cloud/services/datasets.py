@@ -132,14 +132,14 @@ def status_details(file: DataFile) -> str | None:
     """OpenAI's one-line reason for an ``error`` file: its first problem, and how many follow."""
     if file.status != FileStatus.ERROR or not file.problems:
         return None
-    first = file.problems[0]
-    where = f"line {first['line']}: " if first.get("line") else ""
+    first = Problem.of(file.problems[0])
+    where = f"line {first.line}: " if first.line else ""
     more = file.problem_count - 1
-    return f"{where}{first['message']}" + (f" (and {more} more problem(s))" if more > 0 else "")
+    return f"{where}{first.message}" + (f" (and {more} more problem(s))" if more > 0 else "")
 
 
 def verdict_of(file: DataFile) -> Verdict:
-    problems = [Problem(int(p["line"]), str(p["message"])) for p in file.problems]
+    problems = [Problem.of(p) for p in file.problems]
     return Verdict(file.format, file.examples, problems, file.problem_count)
 
 

@@ -10,14 +10,13 @@ from sqlalchemy.orm import Session
 
 from sxwl.cloud.db.finetune_models import FineTune, FineTuneEvent
 from sxwl.cloud.notify import on_commit
-
-MAX_MESSAGE = 500
+from sxwl.protocol.reasons import Reason
 
 
 def add(
     session: Session,
     fine_tune: FineTune,
-    message: str,
+    message: Reason,
     *,
     attempt: int = 0,
     level: str = "info",
@@ -29,7 +28,7 @@ def add(
         attempt=attempt,
         level=level,
         type=type,
-        message=message[:MAX_MESSAGE],
+        message=message,
         data=data,
     )
     session.add(event)

@@ -22,6 +22,7 @@ from sxwl.cloud.db.models import Artifact, Job, JobState
 from sxwl.cloud.db.types import utcnow
 from sxwl.cloud.services import fine_tune_events
 from sxwl.protocol.finetune import ADAPTER_ARTIFACT, JobInput, Progress, checkpoint_artifact
+from sxwl.protocol.reasons import Reason
 
 _CHECKPOINT = re.compile(r"^checkpoints/step-([0-9]{8,18})\.tar$")
 MAX_MODEL_ID = 200
@@ -65,7 +66,7 @@ def artifact_recorded(session: Session, job: Job, attempt: int, path: str, size:
                 metrics=_logged_at(session, fine_tune.id, attempt, step),
             )
         )
-        fine_tune_events.add(session, fine_tune, f"Checkpoint at step {step} saved", attempt=attempt)
+        fine_tune_events.add(session, fine_tune, Reason.of("ft.checkpoint", step=step), attempt=attempt)
     resume = JobInput(name="resume", sha256=sha256, size=size, archive=True).model_dump()
     resume["object"] = {"job_id": job.id, "attempt": attempt, "path": path}
     # A new list: the JSON column is saved only when it is assigned, not when it is changed in place.
@@ -116,18 +117,22 @@ def steps_logged(session: Session, fine_tune: FineTune, attempt: int, lines: lis
         row.metrics = metrics
 
 
-def requeued(session: Session, job: Job, attempt: int, why: str) -> None:
+def requeued(session: Session, job: Job, attempt: int, why: Reason) -> None:
     fine_tune = fine_tune_events.of_job(session, job.id)
     if fine_tune is None:
         return
     resume = next((entry for entry in job.inputs if entry.get("name") == "resume"), None)
     step = checkpoint_step(str(resume["object"]["path"])) if resume else None
-    then = f"it resumes from the checkpoint at step {step}" if step is not None else "it starts again"
-    message = f"Attempt {attempt} was lost ({why}); queued again, {then}"
+    if step is not None:
+        message = Reason.of("ft.requeued_resume", attempt=attempt, why=why, step=step)
+    else:
+        message = Reason.of("ft.requeued_fresh", attempt=attempt, why=why)
     fine_tune_events.add(session, fine_tune, message, attempt=attempt, level="warn")
 
 
-def at_end(job: Job, session: Session, state: JobState, reason: str | None) -> tuple[JobState, str | None]:
+def at_end(
+    job: Job, session: Session, state: JobState, reason: Reason | None
+) -> tuple[JobState, Reason | None]:
     """The fine-tune's part of its job ending in ``state``: on success the adapter is registered, and
     a job that wrote none has failed. Returns the state (and reason) the job ends in."""
     fine_tune = fine_tune_events.of_job(session, job.id)
@@ -139,17 +144,17 @@ def at_end(job: Job, session: Session, state: JobState, reason: str | None) -> t
             select(Artifact).where(Artifact.job_id == job.id, Artifact.path == ADAPTER_ARTIFACT)
         )
         if adapter is None:
-            reason = f"the trainer ended without writing {ADAPTER_ARTIFACT}; no model was registered"
+            reason = Reason.of("job.no_adapter", path=ADAPTER_ARTIFACT)
             fine_tune_events.add(session, fine_tune, reason, attempt=job.attempt, level="error")
             return JobState.FAILED, reason
         _register(session, fine_tune, adapter)
-        fine_tune_events.add(session, fine_tune, "The job has successfully completed", attempt=job.attempt)
+        fine_tune_events.add(session, fine_tune, Reason.of("ft.succeeded"), attempt=job.attempt)
         return state, reason
-    verb = "was cancelled" if state == JobState.CANCELLED else "failed"
+    code = "ft.cancelled" if state == JobState.CANCELLED else "ft.failed"
     fine_tune_events.add(
         session,
         fine_tune,
-        f"The job {verb}: {reason or 'no reason given'}",
+        Reason.of(code, why=reason or Reason.of("ft.no_reason")),
         attempt=job.attempt,
         level="warn" if state == JobState.CANCELLED else "error",
     )

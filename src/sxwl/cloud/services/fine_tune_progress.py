@@ -13,6 +13,7 @@ from sxwl.cloud.db.types import utcnow
 from sxwl.cloud.services import fine_tune_events, fine_tune_outputs
 from sxwl.cloud.services.log_chunks import read_bytes
 from sxwl.protocol.finetune import DatasetCount, Progress, parse_progress
+from sxwl.protocol.reasons import Reason
 
 # The most log bytes one append reads: an append is a few KiB, so this only bounds a backlog (the
 # first append after a cloud upgrade, say). What is left is read by the next append.
@@ -99,25 +100,22 @@ def _apply(session: Session, fine_tune: FineTune, attempt: int, progress: Progre
             "epoch": progress.epoch,
             "elapsed_s": progress.elapsed_s,
         }
-        message = f"Step {progress.step}/{data['total_steps']}: " + (
-            f"training loss={progress.loss:.4f}" if progress.loss is not None else "training"
+        code = "ft.step" + ("_loss" if progress.loss is not None else "")
+        code += "_eval" if progress.eval_loss is not None else ""
+        message = Reason.of(
+            code, step=progress.step, total=data["total_steps"], loss=progress.loss, eval=progress.eval_loss
         )
-        if progress.eval_loss is not None:
-            message += f", validation loss={progress.eval_loss:.4f}"
         fine_tune_events.add(session, fine_tune, message, attempt=attempt, type="metrics", data=data)
     elif progress.kind == "dataset" and progress.dataset is not None:
         _count_tokens(session, fine_tune, attempt, progress.dataset)
     elif progress.kind == "started":
-        fine_tune_events.add(
-            session, fine_tune, progress.message or "Fine-tuning job started", attempt=attempt
-        )
+        fine_tune_events.add(session, fine_tune, _started(progress.message), attempt=attempt)
     elif progress.kind == "resumed":
-        text = f"Resumed from checkpoint at step {progress.step} (attempt {attempt})"
-        fine_tune_events.add(session, fine_tune, text, attempt=attempt)
+        resumed = Reason.of("ft.resumed", step=progress.step, attempt=attempt)
+        fine_tune_events.add(session, fine_tune, resumed, attempt=attempt)
     elif progress.kind == "done":
-        fine_tune_events.add(
-            session, fine_tune, progress.message or "Training finished; saving the adapter", attempt=attempt
-        )
+        done = Reason.text(progress.message) if progress.message else Reason.of("ft.done")
+        fine_tune_events.add(session, fine_tune, done, attempt=attempt)
     # "checkpoint" lines only announce an upload: the checkpoint counts once its artifact arrives.
 
 
@@ -129,12 +127,22 @@ def _count_tokens(session: Session, fine_tune: FineTune, attempt: int, count: Da
         return
     counts = count.model_dump(exclude={"file"})
     file.token_counts = {**file.token_counts, fine_tune.model_name: counts}  # a new dict: JSON columns
-    role = "Training" if count.file == "training_file" else "Validation"
-    text = (
-        f"{role} file {file.id}: {count.examples} examples, {count.tokens} tokens"
-        f" ({count.loss_tokens} trained) with {fine_tune.model_name}'s tokenizer"
+    text = Reason.of(
+        "ft.tokens_training" if count.file == "training_file" else "ft.tokens_validation",
+        file=file.id,
+        examples=count.examples,
+        tokens=count.tokens,
+        trained=count.loss_tokens,
+        model=fine_tune.model_name,
     )
     fine_tune_events.add(session, fine_tune, text, attempt=attempt, data=counts)
     if count.dropped:
-        dropped = f"{count.dropped} examples of file {file.id} dropped: no assistant token within max_seq_len"
+        dropped = Reason.of("ft.dropped", n=count.dropped, file=file.id)
         fine_tune_events.add(session, fine_tune, dropped, attempt=attempt, level="warn")
+
+
+def _started(message: str | None) -> Reason:
+    """The trainer says where it runs as "on <device>" (sxwl.trainer.progress)."""
+    if message and message.startswith("on "):
+        return Reason.of("ft.started_on", device=message[3:])
+    return Reason.text(message) if message else Reason.of("ft.started")

@@ -23,11 +23,12 @@ from sxwl.cloud.db.finetune_models import (
     FineTuneEvent,
     ModelKind,
 )
-from sxwl.cloud.db.models import Job, JobState, Role, User
+from sxwl.cloud.db.models import TERMINAL_STATES, Job, JobState, Role, User
 from sxwl.cloud.errors import AppError, invalid
 from sxwl.cloud.services import fine_tune_estimate, fine_tune_events, jobs, model_catalog
 from sxwl.protocol.finetune import FineTuneRequest, JobInput, TrainerSpec
 from sxwl.protocol.jobs import MAX_NAME, JobIn
+from sxwl.protocol.reasons import Reason
 
 T = TypeVar("T")
 TRAINER_COMMAND = ["sxwl-trainer"]
@@ -63,7 +64,7 @@ def status(fine_tune: FineTune, job: Job) -> Status:
     return _BY_JOB_STATE[job.state]
 
 
-def reason(fine_tune: FineTune, job: Job) -> str | None:
+def reason(fine_tune: FineTune, job: Job) -> Reason | None:
     """Why the fine-tune is in its status, where that needs saying: what a queued one waits for (its
     job's reason, in the scheduler's words), or why it failed or was cancelled."""
     if status(fine_tune, job) in (Status.QUEUED, Status.FAILED, Status.CANCELLED):
@@ -126,14 +127,27 @@ def create(ctx: CloudContext, session: Session, *, owner: User, request: FineTun
     if request.max_cost is not None:
         steps = fine_tune_estimate.planned_steps(training.examples, hyper.batch_size, hyper.n_epochs)
         guess = fine_tune_estimate.guessed_cost(session, spec, steps)
+        # The refusal's numbers go with its words, so that the console says it in its own.
         if guess is None:
-            raise invalid("max_cost", "no price is set for these GPUs yet, so the cost cannot be estimated")
-        if guess > request.max_cost:
-            raise invalid(
-                "max_cost",
-                f"the estimated cost ({guess} micro-yuan for about {steps} steps) is above the cap "
-                f"({request.max_cost}); raise it or train less",
+            no_price = "no price is set for these GPUs yet, so the cost cannot be estimated"
+            raise AppError(
+                422,
+                f"max_cost: {no_price}",
+                details=[{"field": "max_cost", "message": no_price, "code": "no_price"}],
             )
+        if guess > request.max_cost:
+            over = (
+                f"the estimated cost ({guess} micro-yuan for about {steps} steps) is above the cap "
+                f"({request.max_cost}); raise it or train less"
+            )
+            detail = {
+                "field": "max_cost",
+                "message": over,
+                "cost": guess,
+                "steps": steps,
+                "cap": request.max_cost,
+            }
+            raise AppError(422, f"max_cost: {over}", details=[detail])
     job = jobs.submit(ctx, session, owner, spec)  # refuses (402) a balance that cannot pay for it
     trainer = TrainerSpec(hyperparameters=hyper, lora=request.lora, seed=seed)
     job.trainer = trainer.model_dump(mode="json")
@@ -158,12 +172,12 @@ def create(ctx: CloudContext, session: Session, *, owner: User, request: FineTun
     )
     session.add(fine_tune)
     session.flush()
-    fine_tune_events.add(session, fine_tune, f"Validating training file: {training.id}")
+    fine_tune_events.add(session, fine_tune, Reason.of("ft.validating_training", file=training.id))
     if validation is not None:
-        fine_tune_events.add(session, fine_tune, f"Validating validation file: {validation.id}")
-    fine_tune_events.add(session, fine_tune, "Files validated")
-    fine_tune_events.add(session, fine_tune, f"Created fine-tuning job: {fine_tune.id}")
-    fine_tune_events.add(session, fine_tune, "Fine-tuning job queued")
+        fine_tune_events.add(session, fine_tune, Reason.of("ft.validating_validation", file=validation.id))
+    fine_tune_events.add(session, fine_tune, Reason.of("ft.files_validated"))
+    fine_tune_events.add(session, fine_tune, Reason.of("ft.created", id=fine_tune.id))
+    fine_tune_events.add(session, fine_tune, Reason.of("ft.queued"))
     return fine_tune
 
 
@@ -201,7 +215,9 @@ def list_for(
 
 
 def cancel(session: Session, user: User, fine_tune_id: str) -> tuple[FineTune, Job]:
-    fine_tune, _ = get(session, user, fine_tune_id)
+    fine_tune, job = get(session, user, fine_tune_id)
+    if job.state in TERMINAL_STATES:
+        raise jobs.finished(status(fine_tune, job).value, "fine-tune")
     job = jobs.cancel(session, user, fine_tune.job_id)
     return fine_tune, job
 

@@ -18,7 +18,7 @@ from sxwl.cloud.groupcommit import GroupCommit
 from sxwl.cloud.notify import on_commit
 from sxwl.cloud.security import token_hash
 from sxwl.cloud.services.beat import Beat
-from sxwl.cloud.services.cpods import CPOD_TOKEN_PREFIX, add_event, token_error
+from sxwl.cloud.services.cpods import CPOD_TOKEN_PREFIX, add_event, counted, token_error
 from sxwl.protocol import HeartbeatReply
 
 _CPODS: Table = CPod.__table__  # type: ignore[assignment]  # a mapped class's table is a Table
@@ -179,7 +179,7 @@ def apply(session: Session, beats: Sequence[Beat]) -> list[Outcome]:
                     session,
                     holders[hashes[beats[index].token]].cpod_id,
                     "online",
-                    f"{beats[index].node_count} nodes reported",
+                    counted("cpod.nodes", beats[index].node_count),
                 )
     if wake:
         on_commit(session).wake_scheduler()

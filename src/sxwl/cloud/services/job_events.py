@@ -8,13 +8,16 @@ from sqlalchemy.orm import Session
 
 from sxwl.cloud.db.models import Job, JobEvent
 from sxwl.cloud.notify import on_commit
+from sxwl.protocol.reasons import Reason
 
 
-def add_event(session: Session, job: Job, kind: str, detail: str | None = None) -> None:
+def add_event(session: Session, job: Job, kind: str, detail: Reason | None = None) -> None:
     add_event_for(session, job.id, job.attempt, kind, detail)
 
 
-def add_event_for(session: Session, job_id: str, attempt: int, kind: str, detail: str | None = None) -> None:
+def add_event_for(
+    session: Session, job_id: str, attempt: int, kind: str, detail: Reason | None = None
+) -> None:
     session.add(JobEvent(job_id=job_id, attempt=attempt, kind=kind, detail=detail))
     on_commit(session).wake_job(job_id)  # its followers, on every replica
 

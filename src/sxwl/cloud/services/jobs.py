@@ -18,6 +18,7 @@ from sxwl.cloud.services import billing
 from sxwl.cloud.services.attempts import finish, stop_command
 from sxwl.cloud.services.job_events import add_event
 from sxwl.protocol.jobs import JobIn
+from sxwl.protocol.reasons import Reason
 
 
 def submit(ctx: CloudContext, session: Session, owner: User, spec: JobIn) -> Job:
@@ -38,11 +39,11 @@ def submit(ctx: CloudContext, session: Session, owner: User, spec: JobIn) -> Job
         state=JobState.QUEUED,
         attempt=0,
         node_names=[],
-        reason="waiting for the scheduler",
+        reason=Reason.of("queue.scheduler"),
     )
     session.add(job)
     session.flush()
-    add_event(session, job, "submitted", f"{spec.nodes} node(s) × {spec.gpus_per_node} GPU(s)")
+    add_event(session, job, "submitted", Reason.of("job.shape", nodes=spec.nodes, gpus=spec.gpus_per_node))
     on_commit(session).wake_scheduler()
     return job
 
@@ -107,20 +108,26 @@ def queue_positions(session: Session, jobs: Sequence[Job]) -> dict[str, int]:
     return {job_id: int(n) for job_id, n in rows}
 
 
+def finished(state: str, what: str = "job") -> AppError:
+    """The answer to cancelling what has already ended: a sentence, and its state for the console's."""
+    message = f"This {what} has already finished ({state}); there is nothing to cancel."
+    return AppError(409, message, code="job_finished", details={"state": state})
+
+
 def cancel(session: Session, user: User, job_id: str) -> Job:
     job = get_for(session, user, job_id, for_update=True)
     if job.state in TERMINAL_STATES:
-        raise AppError(409, f"job is already {job.state.value}", code="job_finished")
+        raise finished(job.state.value)
     if job.state == JobState.QUEUED:
-        finish(job, JobState.CANCELLED, reason=f"cancelled by {user.email}")
-        add_event(session, job, "cancelled", f"by {user.email}")
+        finish(job, JobState.CANCELLED, reason=Reason.of("job.cancelled_by", who=user.email))
+        add_event(session, job, "cancelled", Reason.of("job.by", who=user.email))
         on_commit(session).wake_scheduler()  # its place in the queue is free
     elif job.cancel_requested_at is None:
         job.cancel_requested_at = utcnow()
-        job.cancel_reason = f"cancelled by {user.email}"
+        job.cancel_reason = Reason.of("job.cancelled_by", who=user.email)
         assert job.cpod_id is not None
         stop_command(session, job, job.cpod_id, job.attempt, f"cancelled by {user.email}", cancel=True)
-        add_event(session, job, "cancel_requested", f"by {user.email}")
+        add_event(session, job, "cancel_requested", Reason.of("job.by", who=user.email))
     return job
 
 

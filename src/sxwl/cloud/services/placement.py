@@ -12,6 +12,8 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from itertools import islice
 
+from sxwl.protocol.reasons import Reason
+
 
 @dataclass
 class NodeCapacity:
@@ -65,11 +67,14 @@ class Need:
         """Whether only a CPod that takes fine-tunes can run it: it fetches inputs or runs the trainer."""
         return self.trainer or bool(self.inputs)
 
-    def describe(self) -> str:
-        gpus = (
-            f"{self.gpus_per_node} × {self.gpu_product or 'GPU'}" if self.gpus_per_node else "a CPU-only node"
-        )
-        return f"{self.nodes} nodes with {gpus} each" if self.nodes > 1 else gpus
+    def describe(self) -> Reason:
+        if not self.gpus_per_node:
+            each = Reason.of("need.cpu")
+        elif self.gpu_product is None:
+            each = Reason.of("need.gpus_any", gpus=self.gpus_per_node)
+        else:
+            each = Reason.of("need.gpus", gpus=self.gpus_per_node, product=self.gpu_product)
+        return Reason.of("need.nodes", nodes=self.nodes, each=each) if self.nodes > 1 else each
 
 
 @dataclass(frozen=True)
@@ -245,31 +250,32 @@ def _best(entries: Iterable[Entry], need: Need) -> Placement | None:
     return Placement(best[1], [name for _, _, name in chosen[best[1]]]) if best else None
 
 
-def why_not(need: Need, cpods: Iterable[CPodCapacity], pinned_online: bool | None) -> str:
-    """The reason a queued job waits, in words a user can act on."""
+def never_fits(need: Need, cpods: Iterable[CPodCapacity], pinned_online: bool | None) -> Reason | None:
+    """Why no online CPod could ever run a job of this shape, however long it waits (a price or a
+    free GPU would not help), or None."""
     if need.cpod_id is not None and not pinned_online:
-        return f"CPod {need.cpod_id} is not online"
+        return Reason.of("queue.pinned_offline", cpod=need.cpod_id)
+    pool = [c for c in cpods if need.cpod_id is None or c.id == need.cpod_id]
+    if any(sum(1 for n in c.nodes if _fits(n, need, free=False)) >= need.nodes for c in pool):
+        return None
+    if need.gpus_per_node and pool and not any(n.ready and n.allocatable for c in pool for n in c.nodes):
+        return Reason.of("queue.no_gpus", need=need.describe())
+    return Reason.of("queue.never_fits", need=need.describe())
+
+
+def why_not(need: Need, cpods: Iterable[CPodCapacity], pinned_online: bool | None) -> Reason:
+    """The reason a queued job waits, in words a user can act on."""
+    cpods = list(cpods)
+    if never := never_fits(need, cpods, pinned_online):
+        return never
     pool = [c for c in cpods if need.cpod_id is None or c.id == need.cpod_id]
     big_enough = [c for c in pool if sum(1 for n in c.nodes if _fits(n, need, free=False)) >= need.nodes]
-    if not big_enough:
-        return f"no online CPod offers {need.describe()}"
     refusals = {c.refuses(need) for c in big_enough}
     if None in refusals:
-        return f"waiting for {need.describe()} to become free"
+        return Reason.of("queue.busy", need=need.describe())
     if "image" in refusals:
-        return (
-            f"the CPods that offer {need.describe()} run jobs as local processes and cannot run a "
-            "container image: submit the job without image, or wait for a Kubernetes CPod"
-        )
+        return Reason.of("queue.image", need=need.describe())
     if "fine-tune" in refusals:
-        no_trainer = (
-            f"the CPods that offer {need.describe()} do not run fine-tunes (a Kubernetes CPod needs "
-            "its agent's --trainer-image)"
-        )
-        if "isolation" not in refusals:
-            return f"{no_trainer}: wait for one that does"
-        return f"{no_trainer}, or take only the jobs of their provider and of the accounts it trusts"
-    return (
-        f"the CPods that offer {need.describe()} run jobs without isolation and take only the jobs "
-        "of their provider and of the accounts it trusts"
-    )
+        code = "queue.no_trainer" if "isolation" not in refusals else "queue.no_trainer_restricted"
+        return Reason.of(code, need=need.describe())
+    return Reason.of("queue.restricted", need=need.describe())

@@ -12,19 +12,20 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Protocol, TypeVar, cast
 
-from sqlalchemy import Table, bindparam, insert, select, text, update
+from sqlalchemy import String, Table, bindparam, insert, select, text, type_coerce, update
 from sqlalchemy.orm import Session
 
 from sxwl.cloud.context import CloudContext
-from sxwl.cloud.db.models import CPod, Job, JobAttempt, JobEvent, JobState, User
+from sxwl.cloud.db.models import REASON_CHARS, CPod, Job, JobAttempt, JobEvent, JobState, User
 from sxwl.cloud.db.money_models import PriceResource
 from sxwl.cloud.db.types import utcnow
 from sxwl.cloud.notify import on_commit
 from sxwl.cloud.services import ledger
 from sxwl.cloud.services.capacity import CapacityCache, Hold
-from sxwl.cloud.services.placement import Need, Placement, Pool, why_not
+from sxwl.cloud.services.placement import Need, Placement, Pool, never_fits, why_not
 from sxwl.cloud.services.prices import FREE, PriceBook, Rate, price_book
 from sxwl.protocol.money import yuan_text
+from sxwl.protocol.reasons import Reason
 
 
 @dataclass(frozen=True)
@@ -43,7 +44,7 @@ class Queued:
     priority: int
     created_at: datetime
     attempt: int
-    reason: str | None
+    reason: str | None  # as stored (Reason.stored): compared, not read, on every pass
     gpu_product: str | None
     gpus_per_node: int
     nodes: int
@@ -59,7 +60,7 @@ _QUEUED_COLUMNS = (
     Job.priority,
     Job.created_at,
     Job.attempt,
-    Job.reason,
+    type_coerce(Job.reason, String).label("reason"),
     Job.gpu_product,
     Job.gpus_per_node,
     Job.nodes,
@@ -132,7 +133,7 @@ class _Writes:
     statements (and a flush) per job."""
 
     assigned: list[tuple[Queued, Placement]]
-    reasons: list[tuple[str, str]]  # (job id, reason)
+    reasons: list[tuple[str, str]]  # (job id, reason as stored)
     # The price each placement is made at (fixed on its attempt: invariant 9, docs/architecture.md).
     priced: dict[str, tuple[PriceResource, str | None, Rate]]
 
@@ -185,7 +186,8 @@ def _decide(
     priced_products = frozenset(book.gpu) if billing else None
     writes = _Writes([], [], {})
     # Capacity only shrinks during a pass: a need that did not fit once will not fit again.
-    unplaceable: dict[Need, str] = {}
+    unplaceable: dict[Need, Reason] = {}
+    never: dict[Need, Reason | None] = {}
     restricted = pool.restricted
     for job in fair_order(queued, usage):
         need = Need(
@@ -202,18 +204,27 @@ def _decide(
         limit = limits.get(job.owner_id) or ctx.settings.default_user_max_gpus
         held = usage.get(job.owner_id, 0)
         if limit and held + total > limit:
-            _explain(writes, job, f"your limit of {limit} concurrent GPUs is reached ({held} in use)")
+            _explain(writes, job, Reason.of("queue.limit", limit=limit, used=held))
             continue
-        if billing and (balance := cash.get(job.owner_id, 0)) <= 0:
-            _explain(writes, job, f"waiting for a top-up: your balance is {yuan_text(balance)} CNY")
+        pinned_online = job.pinned_cpod_id in pool.cpods if job.pinned_cpod_id else None
+        balance = cash.get(job.owner_id, 0)
+        unpriced = _unpriced(job, book) if billing else None
+        if billing and (balance <= 0 or unpriced):
+            # Capacity first: a job no CPod could ever run says so, not that it waits for money.
+            if need not in never:
+                never[need] = never_fits(need, pool.cpods.values(), pinned_online)
+            if blocker := never[need]:
+                _explain(writes, job, blocker)
+                continue
+        if billing and balance <= 0:
+            _explain(writes, job, Reason.of("queue.top_up", balance=yuan_text(balance)))
             continue
-        if billing and (unpriced := _unpriced(job, book)):
+        if unpriced:
             _explain(writes, job, unpriced)
             continue
         placement = None if need in unplaceable else pool.place(need, priced_products)
         if placement is None:
             if need not in unplaceable:
-                pinned_online = job.pinned_cpod_id in pool.cpods if job.pinned_cpod_id else None
                 unplaceable[need] = why_not(need, pool.cpods.values(), pinned_online)
             _explain(writes, job, unplaceable[need])
             continue
@@ -235,20 +246,21 @@ def _input_sizes(inputs: list[dict[str, Any]]) -> tuple[tuple[str, int], ...]:
     return tuple(sorted({str(i["sha256"]): int(i["size"]) for i in inputs}.items()))
 
 
-def _unpriced(job: Queued, book: PriceBook) -> str | None:
+def _unpriced(job: Queued, book: PriceBook) -> Reason | None:
     """Why no price allows placing ``job`` (never a default price), or None."""
     if not job.gpus_per_node:
-        return None if book.cpu else "no price is set for CPU-only work yet: an administrator must set one"
+        return None if book.cpu else Reason.of("queue.no_price_cpu")
     if job.gpu_product is not None and job.gpu_product not in book.gpu:
-        return f"no price is set for {job.gpu_product} yet: an administrator must set one"
+        return Reason.of("queue.no_price_product", product=job.gpu_product)
     if not book.gpu:
-        return "no GPU product has a price yet: an administrator must set one"
+        return Reason.of("queue.no_price_gpu")
     return None
 
 
-def _explain(writes: _Writes, job: Queued, reason: str) -> None:
-    if job.reason != reason:  # write only changes: most passes leave waiting jobs as they are
-        writes.reasons.append((job.id, reason))
+def _explain(writes: _Writes, job: Queued, reason: Reason) -> None:
+    stored = reason.stored_within(REASON_CHARS)
+    if job.reason != stored:  # write only changes: most passes leave waiting jobs as they are
+        writes.reasons.append((job.id, stored))
 
 
 # Core statements, run as executemany: the ORM's bulk update by primary key takes no extra WHERE.
@@ -274,7 +286,7 @@ _ASSIGN = (
 _EXPLAIN = (
     update(_JOBS)
     .where(_JOBS.c.id == bindparam("b_id"), _JOBS.c.state == JobState.QUEUED)
-    .values(reason=bindparam("b_reason"))
+    .values(reason=bindparam("b_reason", type_=String()))  # already as stored
 )
 
 
@@ -349,7 +361,9 @@ def _write(session: Session, writes: _Writes) -> list[tuple[Queued, Placement]]:
                 "job_id": job.id,
                 "attempt": job.attempt + 1,
                 "kind": "assigned",
-                "detail": f"CPod {placement.cpod_id}, nodes {', '.join(placement.node_names)}",
+                "detail": Reason.of(
+                    "job.placed", cpod=placement.cpod_id, names=", ".join(placement.node_names)
+                ),
                 "at": now,
             }
             for job, placement in won

@@ -62,7 +62,8 @@ def size_text(num_bytes: int) -> str:
     value = float(num_bytes)
     for unit in ("B", "KiB", "MiB", "GiB"):
         if value < 1024 or unit == "GiB":
-            return f"{int(value)} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+            # "512 MiB", not "512.0 MiB"; "2.7 KiB" keeps its decimal.
+            return f"{int(value)} {unit}" if unit == "B" else f"{value:.1f}".removesuffix(".0") + f" {unit}"
         value /= 1024
     return f"{num_bytes} B"  # pragma: no cover - the loop always returns
 

@@ -13,8 +13,10 @@ from sxwl.cloud.web import (
     auth_pages,
     billing_pages,
     compute_pages,
+    downloads,
     finetune_pages,
     jobs_pages,
+    models_pages,
     money_admin_pages,
 )
 from sxwl.cloud.web.kit import HERE, PageRefused, error_page, page_refused
@@ -33,9 +35,11 @@ def install(app: FastAPI) -> None:
         compute_pages,
         jobs_pages,
         finetune_pages,
+        models_pages,
         billing_pages,
         admin_pages,
         money_admin_pages,
+        downloads,
     )
     for pages in pages_of:
         app.include_router(pages.router, dependencies=checked)

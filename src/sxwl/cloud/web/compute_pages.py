@@ -51,7 +51,7 @@ def _compute_values(request: Request, principal: Principal) -> dict[str, Any]:
         "is_admin": principal.user.role == Role.ADMIN,
         "ago": lambda seconds: compute_view.ago(lang, seconds),
         "event_name": lambda kind: compute_view.event_name(lang, kind),
-        "event_detail": lambda kind, detail: compute_view.event_detail(lang, kind, detail),
+        "event_detail": lambda kind, detail: compute_view.event_detail(lang, detail),
         "rename_error": NO_RENAME_ERROR,
     }
 
@@ -84,6 +84,8 @@ def _compute(
         e=earned,
         hold_days=money_view.hold_days(ctx.settings.earnings_hold_s),
         cloud_url=cloud_url,
+        artifact_served=ctx.settings.artifact_file is not None,
+        artifact_names_cloud=bool(ctx.settings.public_url),
         ago_formats=compute_view.ago_formats(language(request)),
         errors=errors or {},
         **(values | {"rename_error": rename_error}),

@@ -4,7 +4,6 @@ Everything here reads; renaming and revoking go through ``sxwl.cloud.services.cp
 
 from __future__ import annotations
 
-import re
 from collections import defaultdict
 from dataclasses import dataclass
 from datetime import datetime
@@ -17,7 +16,9 @@ from sxwl.cloud.db.models import CPod, CPodEvent, CPodStatus, User
 from sxwl.cloud.services import cpods
 from sxwl.cloud.services.gpu_summary import GpuSummary, add_up, summarize
 from sxwl.cloud.web.i18n import translate
+from sxwl.cloud.web.i18n_reasons import reason_text
 from sxwl.cloud.web.jobs_view import size
+from sxwl.protocol.reasons import Reason
 
 # How many of a CPod's newest events the page shows.
 EVENTS_SHOWN = 20
@@ -42,7 +43,7 @@ class NodeView:
 class EventView:
     at: datetime
     kind: str
-    detail: str | None
+    detail: Reason | None
     actor: str | None
 
 
@@ -111,40 +112,9 @@ def event_name(lang: str, kind: str) -> str:
     return kind if text == key else text
 
 
-_AGENT = re.compile(r"^(?P<runtime>local|kubernetes) agent (?P<version>.+)$")
-_COUNTED = re.compile(r"^(?P<n>\d+) (?P<what>nodes reported|heartbeats missed)$")
-_PHRASES = {
-    "registered again (new agent token)": "event.detail.again",
-    "registered again after revocation": "event.detail.again_revoked",
-    "runs fine-tunes": "event.detail.fine_tunes",
-    "runs no fine-tunes": "event.detail.no_fine_tunes",
-}
-
-
-# Kinds whose details the service writes itself; a rename's detail carries names people chose.
-_SERVICE_DETAILS = {"registered", "online", "unknown", "offline", "fine-tunes"}
-
-
-def event_detail(lang: str, kind: str, detail: str | None) -> str:
-    """The detail the CPod service records (English, for logs and the API), in the console's language.
-    A detail of a shape this console does not know is shown as it is."""
-    if not detail:
-        return "—"
-    if kind not in _SERVICE_DETAILS:
-        return detail
-    parts = []
-    for part in detail.split("; "):
-        if part in _PHRASES:
-            parts.append(translate(lang, _PHRASES[part]))
-        elif agent := _AGENT.match(part):
-            parts.append(translate(lang, "event.detail.agent", **agent.groupdict()))
-        elif counted := _COUNTED.match(part):
-            key = "event.detail." + ("nodes" if counted["what"].startswith("nodes") else "missed")
-            n = int(counted["n"])
-            parts.append(translate(lang, key + "_one") if n == 1 else translate(lang, key, n=n))
-        else:
-            parts.append(part)
-    return ("；" if lang == "zh" else "; ").join(parts)
+def event_detail(lang: str, detail: Reason | None) -> str:
+    """A CPod event's detail in the console's language, from its code (web/i18n_reasons.py)."""
+    return reason_text(lang, detail) or "—"
 
 
 def node_view(node: dict[str, Any]) -> NodeView:

@@ -4,7 +4,6 @@ refusals in the console's words, per field."""
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping, Sequence
 from decimal import Decimal
 from typing import Any
@@ -15,10 +14,9 @@ from sxwl.cloud.db.finetune_models import CatalogModel
 from sxwl.cloud.errors import AppError
 from sxwl.cloud.web.finetune_view import FileRow
 from sxwl.cloud.web.i18n import translate
-from sxwl.cloud.web.money_view import money_text
 from sxwl.protocol.finetune import MAX_BATCH_SIZE, MAX_EPOCHS, MAX_LR_MULTIPLIER, FineTuneRequest
 from sxwl.protocol.jobs import MAX_GPUS_PER_NODE
-from sxwl.protocol.money import parse_yuan
+from sxwl.protocol.money import money_text, parse_yuan
 
 FORM_FIELDS = (
     "model",
@@ -128,11 +126,6 @@ def validate_form(lang: str, form: Mapping[str, str]) -> tuple[FineTuneRequest |
     return (None, errors) if errors else (request, {})
 
 
-_OVER_CAP = re.compile(
-    r"cost \((?P<cost>\d+) micro-yuan for about (?P<steps>\d+) steps\) is above the cap \((?P<cap>\d+)\)"
-)
-
-
 def create_errors(lang: str, exc: AppError) -> dict[str, str]:
     """A refusal of the fine-tunes service (a file with errors, a cost above the cap) as form-field
     messages; the service's own words follow the console's where it knows the case."""
@@ -141,15 +134,10 @@ def create_errors(lang: str, exc: AppError) -> dict[str, str]:
     for detail in details:
         name = _FORM_FIELD.get(str(detail.get("field", "")), str(detail.get("field", "form")))
         message = str(detail.get("message", exc.message))
-        if over := _OVER_CAP.search(message):
-            message = translate(
-                lang,
-                "ft.error.over_cap",
-                cost=money_text(int(over["cost"])),
-                steps=over["steps"],
-                cap=money_text(int(over["cap"])),
-            )
-        elif name == "max_cost_yuan" and "no price" in message:
+        if name == "max_cost_yuan" and "cost" in detail:
+            cost, cap = money_text(int(detail["cost"])), money_text(int(detail["cap"]))
+            message = translate(lang, "ft.error.over_cap", cost=cost, steps=detail["steps"], cap=cap)
+        elif name == "max_cost_yuan" and detail.get("code") == "no_price":
             message = translate(lang, "ft.error.no_price")
         errors.setdefault(name, message)
     return errors or {"form": exc.message}

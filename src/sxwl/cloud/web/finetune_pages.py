@@ -8,18 +8,20 @@ from __future__ import annotations
 
 import asyncio
 from typing import Any
+from urllib.parse import urlencode
 
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
+from sqlalchemy.orm import Session
 
 from sxwl.cloud.api.deps import Principal, csrf_ok
 from sxwl.cloud.api.uploads import MULTIPART_SLACK, declared_length, read_upload, storage_room
 from sxwl.cloud.body_rules import body_rule
-from sxwl.cloud.db.models import Role
+from sxwl.cloud.db.models import Role, User
 from sxwl.cloud.db.types import utcnow
 from sxwl.cloud.errors import AppError
 from sxwl.cloud.services import cpods, datasets, fine_tunes, storage_quota
-from sxwl.cloud.web import finetune_form, finetune_view, jobs_view, money_view
+from sxwl.cloud.web import finetune_form, finetune_view, jobs_view, live_detail, money_view
 from sxwl.cloud.web.finetune_chart import Chart
 from sxwl.cloud.web.i18n import translate
 from sxwl.cloud.web.kit import (
@@ -114,10 +116,14 @@ def _files(
     uploaded: str | None = None,
     error: str | None = None,
     status: int = 200,
+    files_error: str | None = None,
 ) -> Response:
+    lang = language(request)
     with ctx_of(request).db.session() as session:
         files = finetune_view.file_rows(session, principal.user)
     result = next((f for f in files if f.id == uploaded), None) if uploaded else None
+    deleted = request.query_params.get("deleted", "")[:200]
+    notice = translate(lang, "ft.files.deleted", name=deleted) if deleted and not files_error else None
     return render(
         request,
         "finetune_files.html",
@@ -127,6 +133,8 @@ def _files(
         files=files,
         result=result,
         upload_error=error,
+        files_error=files_error,
+        files_notice=notice,
         max_bytes=ctx_of(request).settings.file_max_bytes,
         **_helpers(language(request)),
     )
@@ -164,7 +172,31 @@ async def upload_file(request: Request, principal: JobsViewer) -> Response:
     finally:
         await upload.file.close()
     # The file is recorded either way (one with problems too, so its lines can be read): show it.
-    return redirect(f"/finetune/files?uploaded={stored.id}#upload-result")
+    return redirect(f"/finetune/files?uploaded={stored.id}")
+
+
+@router.post("/finetune/files/{file_id}/delete")
+async def delete_file(file_id: str, request: Request, principal: JobsViewer) -> Response:
+    """Deletes one of the user's datasets; any refusal (one a fine-tune uses) is said above the list."""
+    ctx, lang = ctx_of(request), language(request)
+    form = await request.form()
+    if not csrf_ok(request, str(form.get("csrf_token", ""))):
+        return _files(request, principal, status=403, files_error=translate(lang, "error.csrf"))
+    with ctx.db.session() as session:
+        row = next((f for f in finetune_view.file_rows(session, principal.user) if f.id == file_id), None)
+    name = row.filename if row is not None else file_id
+    try:
+        await datasets.delete(ctx, owner_id=principal.user.id, file_id=file_id)
+    except AppError as exc:
+        if exc.status >= 500:
+            return error_page(request, exc.status, principal)
+        if exc.code == "file_in_use" and isinstance(exc.details, dict):
+            used_by = exc.details.get("fine_tune", "")
+            message = translate(lang, "ft.files.in_use", name=name, fine_tune=used_by)
+        else:
+            message = exc.message
+        return _files(request, principal, status=exc.status, files_error=message)
+    return redirect(f"/finetune/files?{urlencode({'deleted': name})}")
 
 
 def _upload_refused(request: Request, principal: Principal, exc: AppError) -> Response:
@@ -257,74 +289,48 @@ async def create_finetune(request: Request, principal: JobsViewer) -> Response:
 # ---- one fine-tune --------------------------------------------------------------------------
 
 
-def _detail_values(request: Request, principal: Principal, fine_tune_id: str) -> dict[str, Any] | AppError:
+def _detail_values(request: Request, principal: Principal, fine_tune_id: str) -> dict[str, Any]:
     lang = language(request)
-    try:
-        with ctx_of(request).db.session() as session:
-            detail = finetune_view.fine_tune_detail(session, principal.user, lang, fine_tune_id, utcnow())
-    except AppError as exc:
-        return exc
+    with ctx_of(request).db.session() as session:
+        detail = finetune_view.fine_tune_detail(session, principal.user, lang, fine_tune_id, utcnow())
     return {
         "d": detail,
         "ft": detail.fine_tune,
         "job": detail.job,
+        "title": f"{detail.row.name} · {translate(lang, 'ft.title')}",
+        "live_state": detail.row.status,
         "seconds_left": _seconds_left,
         **_helpers(lang),
     }
 
 
-def _detail(
-    request: Request,
-    principal: Principal,
-    fine_tune_id: str,
-    status: int = 200,
-    alert: str | None = None,
-    conflict: bool = False,
-) -> Response:
-    values = _detail_values(request, principal, fine_tune_id)
-    if isinstance(values, AppError):
-        return error_page(request, values.status, principal)
-    # Where a form sent the user: what it did, said once at the top.
-    notices = {"created": "ft.notice.created", "cancelled": "ft.notice.cancelled"}
-    ft_notice = next((key for name, key in notices.items() if request.query_params.get(name) == "1"), None)
-    return render(
-        request,
-        "finetune.html",
-        principal,
-        status=status,
-        path=f"/finetune/{fine_tune_id}",
-        alert=alert,
-        conflict=conflict,
-        ft_notice=ft_notice,
-        refresh_ms=FINISHED_REFRESH_MS if values["d"].terminal else DETAIL_REFRESH_MS,
-        **values,
-    )
+def _cancel(session: Session, user: User, fine_tune_id: str) -> str:
+    fine_tunes.cancel(session, user, fine_tune_id)
+    return "cancelled=1"
 
 
-@router.get("/finetune/{fine_tune_id}")
-def finetune_page(fine_tune_id: str, request: Request, principal: JobsViewer) -> Response:
-    return _detail(request, principal, fine_tune_id)
+def _banner(lang: str, request: Request, values: dict[str, Any]) -> str | None:
+    """What the form that sent the user here did; "waiting for GPUs" only while it is queued."""
+    if request.query_params.get("created") == "1":
+        queued = values["live_state"] in ("validating_files", "queued")
+        return translate(lang, "ft.notice.created" if queued else "ft.notice.created_plain")
+    return translate(lang, "ft.notice.cancelled") if request.query_params.get("cancelled") == "1" else None
 
 
-@router.get("/finetune/{fine_tune_id}/fragment")
-def finetune_fragment(fine_tune_id: str, request: Request, principal: JobsFragmentViewer) -> Response:
-    values = _detail_values(request, principal, fine_tune_id)
-    if isinstance(values, AppError):
-        return error_page(request, values.status, principal)
-    return render(request, "_finetune_live.html", principal, **values)
+FINE_TUNE_PAGE = live_detail.DetailKind(
+    path="/finetune",
+    fragment="_finetune_live.html",
+    live_id="ft-live",
+    banner_id="ft-notice",
+    back="ft.back",
+    values=_detail_values,
+    cancel=_cancel,
+    banner=_banner,
+    finished=lambda lang, v: translate(
+        lang, "ft.cancel_conflict", status=finetune_view.status_name(lang, v["live_state"])
+    ),
+    refresh_ms=DETAIL_REFRESH_MS,
+    finished_refresh_ms=FINISHED_REFRESH_MS,
+)
 
-
-@router.post("/finetune/{fine_tune_id}/cancel")
-async def cancel_finetune(fine_tune_id: str, request: Request, principal: JobsViewer) -> Response:
-    ctx, lang = ctx_of(request), language(request)
-    form = await request.form()
-    if not csrf_ok(request, str(form.get("csrf_token", ""))):
-        return _detail(request, principal, fine_tune_id, 403, translate(lang, "error.csrf"))
-    try:
-        with ctx.db.session() as session:
-            fine_tunes.cancel(session, session.merge(principal.user), fine_tune_id)
-    except AppError as exc:
-        if exc.status == 409:
-            return _detail(request, principal, fine_tune_id, 409, conflict=True)
-        return error_page(request, exc.status, principal)
-    return redirect(f"/finetune/{fine_tune_id}?cancelled=1")
+live_detail.add_routes(router, FINE_TUNE_PAGE)

@@ -4,7 +4,6 @@ cancelling go through ``sxwl.cloud.services.fine_tunes``; the form is finetune_f
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
@@ -24,9 +23,12 @@ from sxwl.cloud.db.finetune_models import (
 )
 from sxwl.cloud.db.models import TERMINAL_STATES, Job, Role, User
 from sxwl.cloud.services import datasets, fine_tune_estimate, fine_tunes, model_catalog
+from sxwl.cloud.services.dataset_checks import Problem
 from sxwl.cloud.web.finetune_chart import Chart, loss_chart
 from sxwl.cloud.web.i18n import translate
+from sxwl.cloud.web.i18n_reasons import reason_text
 from sxwl.cloud.web.jobs_view import size
+from sxwl.protocol.reasons import Reason
 
 LIST_LIMIT = 50
 FILES_LIMIT = 100
@@ -46,100 +48,14 @@ def status_name(lang: str, status: str) -> str:
     return status if text == key else text
 
 
-_COUNTS = (
-    r"(?P<file>\S+): (?P<examples>\d+) examples, (?P<tokens>\d+) tokens \((?P<trained>\d+) trained\) "
-    r"with (?P<model>.+)'s tokenizer"
-)
-_EVENTS: list[tuple[re.Pattern[str], str]] = [
-    (re.compile(r"^Validating training file: (?P<file>\S+)$"), "ft.msg.validating_training"),
-    (re.compile(r"^Validating validation file: (?P<file>\S+)$"), "ft.msg.validating_validation"),
-    (re.compile(r"^Files validated$"), "ft.msg.files_validated"),
-    (re.compile(r"^Created fine-tuning job: (?P<id>\S+)$"), "ft.msg.created"),
-    (re.compile(r"^Fine-tuning job queued$"), "ft.msg.queued"),
-    (re.compile(r"^Fine-tuning job started$"), "ft.msg.started"),
-    (
-        re.compile(r"^Step (?P<step>\d+)/(?P<total>\d+): training loss=(?P<loss>[0-9.eE+-]+)$"),
-        "ft.msg.step",
-    ),
-    (
-        re.compile(
-            r"^Step (?P<step>\d+)/(?P<total>\d+): training loss=(?P<loss>[0-9.eE+-]+), "
-            r"validation loss=(?P<eval>[0-9.eE+-]+)$"
-        ),
-        "ft.msg.step_eval",
-    ),
-    (re.compile(rf"^Training file {_COUNTS}$"), "ft.msg.tokens_training"),
-    (re.compile(rf"^Validation file {_COUNTS}$"), "ft.msg.tokens_validation"),
-    (
-        re.compile(
-            r"^(?P<n>\d+) examples of file (?P<file>\S+) dropped: no assistant token within max_seq_len$"
-        ),
-        "ft.msg.dropped",
-    ),
-    (re.compile(r"^Checkpoint at step (?P<step>\d+) saved$"), "ft.msg.checkpoint"),
-    (
-        re.compile(r"^Resumed from checkpoint at step (?P<step>\d+) \(attempt (?P<attempt>\d+)\)$"),
-        "ft.msg.resumed",
-    ),
-    (re.compile(r"^Training finished; saving the adapter$"), "ft.msg.done"),
-    (re.compile(r"^The job has successfully completed$"), "ft.msg.succeeded"),
-    (re.compile(r"^The job was cancelled: (?P<why>.*)$"), "ft.msg.cancelled"),
-    (re.compile(r"^The job failed: (?P<why>.*)$"), "ft.msg.failed"),
-]
+def problem_text(lang: str, said: Reason) -> str:
+    """A dataset line's problem in the console's language, from its code (web/i18n_reasons.py)."""
+    return reason_text(lang, said)
 
 
-# A dataset's problems, as services/dataset_checks.py words them (English, as the API gives them).
-_PROBLEMS: list[tuple[re.Pattern[str], str]] = [
-    (
-        re.compile(r"^`messages` must be a non-empty list of \{role, content\} objects$"),
-        "ft.problem.messages",
-    ),
-    (
-        re.compile(r"^(?P<where>messages\[\d+\]): must be an object with `role` and `content`$"),
-        "ft.problem.message",
-    ),
-    (re.compile(r"^(?P<where>messages\[\d+\]): missing `role`$"), "ft.problem.no_role"),
-    (
-        re.compile(
-            r"^(?P<where>messages\[\d+\])\.role: unknown role (?P<role>.+) \(allowed: (?P<allowed>.+)\)$"
-        ),
-        "ft.problem.role",
-    ),
-    (re.compile(r"^(?P<where>messages\[\d+\])\.content: must be a non-empty string$"), "ft.problem.content"),
-    (re.compile(r"^no assistant message: .*$"), "ft.problem.no_assistant"),
-    (re.compile(r"^missing `(?P<field>prompt|completion)`$"), "ft.problem.missing_key"),
-    (re.compile(r"^`(?P<field>prompt|completion)` must be a non-empty string$"), "ft.problem.empty_key"),
-    (re.compile(r"^the file is empty: .*$"), "ft.problem.empty_file"),
-    (re.compile(r"^line is longer than (?P<limit>\d+) bytes$"), "ft.problem.too_long"),
-    (re.compile(r"^not UTF-8 text$"), "ft.problem.utf8"),
-    (re.compile(r"^not JSON: (?P<why>.*)$"), "ft.problem.json"),
-    (re.compile(r"^not a JSON object \(found (?P<found>\w+)\); .*$"), "ft.problem.object"),
-    (re.compile(r"^missing `messages` \(chat format\) or `prompt` and `completion`$"), "ft.problem.format"),
-    (
-        re.compile(r"^a (?P<kind>\w+) example in a (?P<first>\w+) file: .*$"),
-        "ft.problem.mixed",
-    ),
-]
-
-
-def _translated(lang: str, message: str, table: list[tuple[re.Pattern[str], str]]) -> str:
-    if lang == "en":
-        return message
-    for pattern, key in table:
-        if match := pattern.match(message):
-            return translate(lang, key, **match.groupdict())
-    return message
-
-
-def problem_text(lang: str, message: str) -> str:
-    """A dataset line's problem in the console's language; one it does not know, as it is."""
-    return _translated(lang, message, _PROBLEMS)
-
-
-def event_text(lang: str, message: str) -> str:
-    """An event's message (English, as the API gives it) in the console's language; a message this
-    console does not know is shown as it is."""
-    return _translated(lang, message, _EVENTS)
+def event_text(lang: str, message: Reason) -> str:
+    """An event's message in the console's language, from its code (web/i18n_reasons.py)."""
+    return reason_text(lang, message)
 
 
 def params_text(parameters: int | None) -> str:
@@ -174,7 +90,7 @@ class FineTuneRow:
     created_at: datetime
     fine_tuned_model: str | None
     cancel_requested: bool
-    reason: str | None = None  # what a queued one waits for, or why it failed or was cancelled
+    reason: Reason | None = None  # what a queued one waits for, or why it failed or was cancelled
     owner_email: str | None = None  # shown when an administrator lists every user's
 
     @property
@@ -186,7 +102,7 @@ class FineTuneRow:
         """Changes whenever the row's text does, so the live list swaps the row."""
         return (
             f"{self.status}:{self.step}:{self.total_steps}:{self.cost_so_far}:{self.fine_tuned_model}"
-            f":{self.reason}"
+            f":{self.reason.stored if self.reason else ''}"
         )
 
 
@@ -254,7 +170,7 @@ class FileRow:
     size: str
     bytes: int
     created_at: datetime
-    problems: list[tuple[int, str]]
+    problems: list[tuple[int, Reason]]
     problem_count: int
     tokens: list[tuple[str, int]]  # (base model, tokens), once a fine-tune of that base counted them
 
@@ -264,7 +180,7 @@ class FileRow:
 
 
 def file_row(file: DataFile) -> FileRow:
-    problems = [(int(p.get("line", 0)), str(p.get("message", ""))) for p in file.problems or []]
+    problems = [(p.line, p.said) for p in map(Problem.of, file.problems or [])]
     return FileRow(
         id=file.id,
         filename=file.filename,

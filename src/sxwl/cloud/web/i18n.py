@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from sxwl.cloud.web.i18n_console import CONSOLE_MESSAGES, SINGULAR
 from sxwl.cloud.web.i18n_finetune import FINETUNE_MESSAGES
+from sxwl.cloud.web.i18n_models import MODELS_MESSAGES
 from sxwl.cloud.web.i18n_money import MONEY_MESSAGES
 from sxwl.cloud.web.i18n_storage import STORAGE_MESSAGES
 
@@ -51,6 +53,7 @@ MESSAGES: dict[str, dict[str, str]] = {
         "account.details": "注册信息",
         "account.access_key": "accessKey",
         "account.access_key_help": "部署 CPod 时使用：CPod 用它向算想云注册，并以此标识您的账户。请妥善保管，不要泄露。",
+        "account.deploy_commands": "在 CPod 的一台主机（如 master1）上下载离线安装包并部署（把 <accessKey> 换成上面的 accessKey，先按 conf/config-sample.conf 填好主机）：",
         "account.reveal": "显示",
         "account.hide": "隐藏",
         "account.copy": "复制",
@@ -74,7 +77,8 @@ MESSAGES: dict[str, dict[str, str]] = {
         "compute.empty_body": "部署 CPod 后，算力源相关信息将注册并上报至算想云，届时可在此看到算力详情。",
         "compute.steps": "部署 CPod",
         "compute.step1": "生成密钥对并配置节点间互信（或使用 3kctl ssh setup）",
-        "compute.step2": "解压离线安装包",
+        "compute.step2": "下载并解压离线安装包，校验其内容",
+        "compute.no_artifact": "本算想云未提供离线安装包（运维人员设置 SXWL_ARTIFACT_FILE 后即可在此下载）；请向运维人员索取 3k-artifact.tgz。",
         "compute.step3": "按实际集群节点信息修改集群配置文件 conf/config-sample.conf",
         "compute.step4": "部署 CPod（已填入您的 accessKey 与本算想云地址）",
         "compute.step5": "按需部署 ceph 集群",
@@ -136,16 +140,7 @@ MESSAGES: dict[str, dict[str, str]] = {
         "compute.admin_empty_title": "还没有 CPod 注册",
         "compute.admin_empty_body": "算力源部署 CPod 后，所有 CPod 都会显示在这里。",
         "compute.node_name": "节点名称",
-        "event.detail.agent": "运行环境 {runtime}，agent 版本 {version}",
-        "event.detail.again": "重新注册（签发了新的 agent 令牌）",
-        "event.detail.again_revoked": "吊销后重新注册",
-        "event.detail.fine_tunes": "开始接受微调任务",
-        "event.detail.no_fine_tunes": "不再接受微调任务",
         "event.fine-tunes": "微调",
-        "event.detail.nodes": "上报了 {n} 个节点",
-        "event.detail.nodes_one": "上报了 1 个节点",
-        "event.detail.missed": "连续 {n} 次未收到心跳",
-        "event.detail.missed_one": "1 次未收到心跳",
         "event.registered": "注册",
         "event.online": "上线",
         "event.unknown": "状态未知",
@@ -239,20 +234,6 @@ MESSAGES: dict[str, dict[str, str]] = {
         "job.event.lost": "丢失",
         "job.event.requeued": "重新排队",
         "job.event.cancel_requested": "请求取消",
-        "job.reason.scheduler": "等待调度",
-        "job.reason.no_cpod": "没有在线的 CPod 能提供 {need}",
-        "job.reason.busy": "等待 {need} 空闲",
-        "job.reason.pinned_offline": "指定的 CPod {cpod} 不在线",
-        "job.reason.limit": "已达到您的并发 GPU 上限 {limit}（已使用 {used}）",
-        "job.reason.cancelled_by": "由 {who} 取消",
-        "job.reason.by": "操作人 {who}",
-        "job.reason.requeued": "重新排队：{why}",
-        "job.reason.exit_code": "退出码 {code}",
-        "job.reason.shape": "{nodes} 个节点 × 每节点 {gpus} 块 GPU",
-        "job.reason.placed": "CPod {cpod}，节点 {names}",
-        "job.reason.max_runtime": "超过最长运行时间（{s} 秒）",
-        "job.need.cpu": "仅 CPU 的节点",
-        "job.need.nodes": "{nodes} 个节点、每个 {gpus}",
         "job.cpu_only": "仅 CPU",
         "job.any_product": "任意型号",
         "job.gpus_title": "{nodes} 个节点，每节点 {gpus} 块 GPU",
@@ -396,6 +377,7 @@ MESSAGES: dict[str, dict[str, str]] = {
         "account.details": "Registration details",
         "account.access_key": "accessKey",
         "account.access_key_help": "Used when deploying a CPod: the CPod registers with it and it identifies your account. Keep it secret.",
+        "account.deploy_commands": "On a host of the CPod (e.g. master1), download the offline package and deploy (replace <accessKey> with the key above; describe your hosts in conf/config-sample.conf first):",
         "account.reveal": "Reveal",
         "account.hide": "Hide",
         "account.copy": "Copy",
@@ -419,7 +401,8 @@ MESSAGES: dict[str, dict[str, str]] = {
         "compute.empty_body": "Once a CPod is deployed it registers with SXWL Cloud and reports its compute; the details appear here.",
         "compute.steps": "Deploy a CPod",
         "compute.step1": "Create a key pair and set up SSH trust between the nodes (or run 3kctl ssh setup)",
-        "compute.step2": "Unpack the offline package",
+        "compute.step2": "Download and unpack the offline package, and verify it",
+        "compute.no_artifact": "This cloud serves no offline package yet (its operator sets SXWL_ARTIFACT_FILE); ask the operator for 3k-artifact.tgz.",
         "compute.step3": "Describe your nodes in conf/config-sample.conf",
         "compute.step4": "Deploy the CPod (your accessKey and this cloud's URL are filled in)",
         "compute.step5": "Optionally deploy a Ceph cluster",
@@ -483,16 +466,7 @@ MESSAGES: dict[str, dict[str, str]] = {
         "compute.admin_empty_title": "No CPod has registered yet",
         "compute.admin_empty_body": "Every provider's CPods appear here once they are deployed.",
         "compute.node_name": "Node",
-        "event.detail.agent": "{runtime} agent {version}",
-        "event.detail.again": "registered again (new agent token)",
-        "event.detail.again_revoked": "registered again after revocation",
-        "event.detail.fine_tunes": "now takes fine-tunes",
-        "event.detail.no_fine_tunes": "no longer takes fine-tunes",
         "event.fine-tunes": "Fine-tunes",
-        "event.detail.nodes": "{n} nodes reported",
-        "event.detail.nodes_one": "1 node reported",
-        "event.detail.missed": "{n} heartbeats missed",
-        "event.detail.missed_one": "1 heartbeat missed",
         "event.registered": "Registered",
         "event.online": "Online",
         "event.unknown": "Unknown",
@@ -586,20 +560,6 @@ MESSAGES: dict[str, dict[str, str]] = {
         "job.event.lost": "Lost",
         "job.event.requeued": "Queued again",
         "job.event.cancel_requested": "Cancel requested",
-        "job.reason.scheduler": "waiting for the scheduler",
-        "job.reason.no_cpod": "no online CPod offers {need}",
-        "job.reason.busy": "waiting for {need} to become free",
-        "job.reason.pinned_offline": "CPod {cpod} is not online",
-        "job.reason.limit": "your limit of {limit} concurrent GPUs is reached ({used} in use)",
-        "job.reason.cancelled_by": "cancelled by {who}",
-        "job.reason.by": "by {who}",
-        "job.reason.requeued": "queued again: {why}",
-        "job.reason.exit_code": "exit code {code}",
-        "job.reason.shape": "{nodes} node(s) × {gpus} GPU(s)",
-        "job.reason.placed": "CPod {cpod}, nodes {names}",
-        "job.reason.max_runtime": "max runtime of {s} s exceeded",
-        "job.need.cpu": "a CPU-only node",
-        "job.need.nodes": "{nodes} nodes with {gpus} each",
         "job.cpu_only": "CPU only",
         "job.any_product": "any product",
         "job.gpus_title": "{nodes} node(s), {gpus} GPU(s) each",
@@ -705,11 +665,13 @@ MESSAGES: dict[str, dict[str, str]] = {
 }
 
 # Kept apart to keep each table readable; a key in both tables would be a mistake (tested).
-for _table in (MONEY_MESSAGES, FINETUNE_MESSAGES, STORAGE_MESSAGES):
+for _table in (MONEY_MESSAGES, FINETUNE_MESSAGES, STORAGE_MESSAGES, CONSOLE_MESSAGES, MODELS_MESSAGES):
     for _lang, _texts in _table.items():
         MESSAGES[_lang].update(_texts)
 
 
 def translate(lang: str, key: str, **values: object) -> str:
     text = MESSAGES.get(lang, MESSAGES[DEFAULT_LANGUAGE]).get(key) or MESSAGES[DEFAULT_LANGUAGE].get(key, key)
+    if values.get("n") == 1:  # "1 example", not "1 examples"
+        text = SINGULAR.get(lang, {}).get(key, text)
     return text.format(**values) if values else text

@@ -10,21 +10,21 @@ from urllib.parse import urlencode
 
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
+from sqlalchemy.orm import Session
 
 from sxwl.cloud.api.deps import Principal, csrf_ok
-from sxwl.cloud.db.models import Role
+from sxwl.cloud.db.models import Role, User
 from sxwl.cloud.db.types import utcnow
 from sxwl.cloud.errors import AppError
 from sxwl.cloud.services import billing, cpods
 from sxwl.cloud.services import jobs as job_service
 from sxwl.cloud.services.prices import price_book
-from sxwl.cloud.web import jobs_view, money_view
+from sxwl.cloud.web import jobs_view, live_detail, money_view
 from sxwl.cloud.web.i18n import translate
 from sxwl.cloud.web.kit import (
     JobsFragmentViewer,
     JobsViewer,
     ctx_of,
-    error_page,
     language,
     redirect,
     render,
@@ -38,7 +38,7 @@ router = APIRouter(include_in_schema=False)
 LIST_REFRESH_MS = 5000
 JOB_REFRESH_MS = 3000
 FINISHED_JOB_REFRESH_MS = 30_000
-CLI_EXAMPLE = "sxwl jobs submit --gpus 1 -- python train.py"
+CLI_EXAMPLE = "sxwl jobs submit --gpus 1 -- python3 train.py"
 
 
 def _helpers(lang: str) -> dict[str, Any]:
@@ -133,10 +133,10 @@ def _form(
     funds_link: money_view.FundsLink | None = None,
 ) -> Response:
     lang = language(request)
-    shown = jobs_view.FORM_DEFAULTS | (form or {})
     billed = ctx_of(request).settings.billing_enabled
     with ctx_of(request).db.session() as session:
         gpu_types = cpods.gpu_types(session)
+        shown = jobs_view.form_defaults(gpu_types) | (form or {})
         estimate = money_view.estimate_text(lang, session, money_view.form_spec(shown)) if billed else ""
         prices = money_view.form_prices(price_book(session)) if billed else {}
     return render(
@@ -192,18 +192,17 @@ async def submit_job(request: Request, principal: JobsViewer) -> Response:
 # ---- one job --------------------------------------------------------------------------------
 
 
-def _job_values(request: Request, principal: Principal, job_id: str) -> dict[str, Any] | AppError:
+def _job_values(request: Request, principal: Principal, job_id: str) -> dict[str, Any]:
     lang = language(request)
-    try:
-        with ctx_of(request).db.session() as session:
-            detail = jobs_view.job_detail(session, principal.user, lang, job_id, utcnow())
-            owner_email = detail.job.owner.email
-            cost = billing.job_cost(session, detail.job) if ctx_of(request).settings.billing_enabled else None
-    except AppError as exc:
-        return exc
+    with ctx_of(request).db.session() as session:
+        detail = jobs_view.job_detail(session, principal.user, lang, job_id, utcnow())
+        owner_email = detail.job.owner.email
+        cost = billing.job_cost(session, detail.job) if ctx_of(request).settings.billing_enabled else None
     return {
         "d": detail,
         "job": detail.job,
+        "title": f"{detail.job.name} · {translate(lang, 'jobs.title')}",
+        "live_state": detail.job.state.value,
         "owner_email": owner_email,
         "cost": cost,
         "is_admin": principal.user.role == Role.ADMIN,
@@ -212,56 +211,33 @@ def _job_values(request: Request, principal: Principal, job_id: str) -> dict[str
     }
 
 
-def _job(
-    request: Request,
-    principal: Principal,
-    job_id: str,
-    status: int = 200,
-    alert: str | None = None,
-    conflict: bool = False,
-) -> Response:
-    values = _job_values(request, principal, job_id)
-    if isinstance(values, AppError):
-        return error_page(request, values.status, principal)
-    return render(
-        request,
-        "job.html",
-        principal,
-        status=status,
-        path=f"/jobs/{job_id}",
-        alert=alert,
-        conflict=conflict,
-        # A finished job changes little more (its last artifacts, say): look rarely.
-        refresh_ms=FINISHED_JOB_REFRESH_MS if values["d"].terminal else JOB_REFRESH_MS,
-        **values,
-    )
+def _cancel(session: Session, user: User, job_id: str) -> str:
+    done = job_service.cancel(session, user, job_id).state.value == "cancelled"
+    return f"notice={'job_cancelled' if done else 'job_cancel_requested'}"
 
 
-@router.get("/jobs/{job_id}")
-def job_page(job_id: str, request: Request, principal: JobsViewer) -> Response:
-    return _job(request, principal, job_id)
+def _banner(lang: str, request: Request, values: dict[str, Any]) -> str | None:
+    notice = request.query_params.get("notice")
+    if notice == "job_cancel_requested" and values["d"].terminal:  # stopped before the page was read
+        notice = "job_cancelled"
+    return translate(lang, f"notice.{notice}") if notice in JOB_NOTICES else None
 
 
-@router.get("/jobs/{job_id}/fragment")
-def job_fragment(job_id: str, request: Request, principal: JobsFragmentViewer) -> Response:
-    values = _job_values(request, principal, job_id)
-    if isinstance(values, AppError):
-        return error_page(request, values.status, principal)
-    return render(request, "_job_live.html", principal, **values)
+JOB_NOTICES = ("job_submitted", "job_cancelled", "job_cancel_requested")
+JOB_PAGE = live_detail.DetailKind(
+    path="/jobs",
+    fragment="_job_live.html",
+    live_id="job-live",
+    banner_id="job-notice",
+    back="job.back",
+    values=_job_values,
+    cancel=_cancel,
+    banner=_banner,
+    finished=lambda lang, v: translate(
+        lang, "job.cancel_conflict", state=jobs_view.state_name(lang, v["live_state"])
+    ),
+    refresh_ms=JOB_REFRESH_MS,
+    finished_refresh_ms=FINISHED_JOB_REFRESH_MS,
+)
 
-
-@router.post("/jobs/{job_id}/cancel")
-async def cancel_job(job_id: str, request: Request, principal: JobsViewer) -> Response:
-    ctx, lang = ctx_of(request), language(request)
-    form = await request.form()
-    if not csrf_ok(request, str(form.get("csrf_token", ""))):
-        return _job(request, principal, job_id, 403, translate(lang, "error.csrf"))
-    try:
-        with ctx.db.session() as session:
-            job = job_service.cancel(session, session.merge(principal.user), job_id)
-            done = job.state.value == "cancelled"
-    except AppError as exc:
-        if exc.status == 409:
-            return _job(request, principal, job_id, 409, conflict=True)
-        return error_page(request, exc.status, principal)
-    return redirect(f"/jobs/{job_id}?notice={'job_cancelled' if done else 'job_cancel_requested'}")
+live_detail.add_routes(router, JOB_PAGE)

@@ -7,7 +7,7 @@ module only turns its errors into the console's words."""
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -20,7 +20,9 @@ from sqlalchemy.orm import Session
 from sxwl.cloud.db.models import TERMINAL_STATES, Artifact, Job, JobEvent, JobState, Role, User
 from sxwl.cloud.errors import AppError
 from sxwl.cloud.services import job_events, jobs, storage_quota
+from sxwl.cloud.services.gpu_summary import GpuSummary
 from sxwl.cloud.web.i18n import translate
+from sxwl.cloud.web.i18n_reasons import reason_text
 from sxwl.protocol.fields import CONTROL_CHARS
 from sxwl.protocol.jobs import (
     MAX_ENV,
@@ -31,6 +33,7 @@ from sxwl.protocol.jobs import (
     JobIn,
     env_problem,
 )
+from sxwl.protocol.reasons import Reason
 
 PER_PAGE = 20
 STATES = [s.value for s in JobState]
@@ -74,60 +77,9 @@ def duration(lang: str, seconds: int | None) -> str:
 size = storage_quota.size_text
 
 
-_NEED_NODES = re.compile(r"^(?P<nodes>\d+) nodes with (?P<gpus>.+) each$")
-_REASONS: list[tuple[re.Pattern[str], str]] = [
-    (re.compile(r"^waiting for the scheduler$"), "job.reason.scheduler"),
-    (re.compile(r"^no online CPod offers (?P<need>.+)$"), "job.reason.no_cpod"),
-    (re.compile(r"^waiting for (?P<need>.+) to become free$"), "job.reason.busy"),
-    (re.compile(r"^CPod (?P<cpod>\S+) is not online$"), "job.reason.pinned_offline"),
-    (
-        re.compile(r"^your limit of (?P<limit>\d+) concurrent GPUs is reached \((?P<used>\d+) in use\)$"),
-        "job.reason.limit",
-    ),
-    (re.compile(r"^cancelled by (?P<who>.+)$"), "job.reason.cancelled_by"),
-    (re.compile(r"^by (?P<who>.+)$"), "job.reason.by"),
-    (re.compile(r"^queued again: (?P<why>.+)$"), "job.reason.requeued"),
-    (re.compile(r"^exit code (?P<code>-?\d+)$"), "job.reason.exit_code"),
-    (re.compile(r"^(?P<nodes>\d+) node\(s\) × (?P<gpus>\d+) GPU\(s\)$"), "job.reason.shape"),
-    (re.compile(r"^CPod (?P<cpod>\S+), nodes (?P<names>.+)$"), "job.reason.placed"),
-    (re.compile(r"^max runtime of (?P<s>\d+) ?s exceeded$"), "job.reason.max_runtime"),
-]
-
-
-def _need(lang: str, need: str) -> str:
-    if need == "a CPU-only node":
-        return translate(lang, "job.need.cpu")
-    if nodes := _NEED_NODES.match(need):
-        return translate(lang, "job.need.nodes", nodes=nodes["nodes"], gpus=nodes["gpus"])
-    return need
-
-
-def reason(lang: str, text: str | None) -> str:
-    """A reason or event detail the services write (English, for logs and the API) in the console's
-    language; a shape this console does not know is shown as it is. Repeated parts are shown once."""
-    if not text:
-        return ""
-    parts: list[str] = []
-    for part in text.split("; "):
-        if part in parts:
-            continue
-        parts.append(part)
-    if lang == "en":
-        return "; ".join(parts)
-    shown = []
-    for part in parts:
-        for pattern, key in _REASONS:
-            if match := pattern.match(part):
-                values = match.groupdict()
-                if "need" in values:
-                    values["need"] = _need(lang, values["need"])
-                if "why" in values:
-                    values["why"] = reason(lang, values["why"])
-                shown.append(translate(lang, key, **values))
-                break
-        else:
-            shown.append(part)
-    return "；".join(shown)
+def reason(lang: str, said: Reason | None) -> str:
+    """A reason or an event's detail in the console's language, from its code (web/i18n_reasons.py)."""
+    return reason_text(lang, said)
 
 
 def event_name(lang: str, kind: str) -> str:
@@ -324,7 +276,15 @@ FORM_FIELDS = (
     "max_runtime_min",
     "cpod_id",
 )
-FORM_DEFAULTS = {"gpus_per_node": "1", "nodes": "1"}
+FORM_DEFAULTS = {"nodes": "1"}
+
+
+def form_defaults(gpu_types: Sequence[GpuSummary]) -> dict[str, str]:
+    """What the submit form starts with, so that submitting it untouched asks for what can run: 1 GPU
+    where an online CPod has GPUs, else 0 (a GPU asked for would keep the job queued for ever)."""
+    return FORM_DEFAULTS | {"gpus_per_node": "1" if any(g.total for g in gpu_types) else "0"}
+
+
 # JobIn's field -> the form's field, where they differ.
 _FORM_FIELD = {"max_runtime_s": "max_runtime_min"}
 

@@ -26,6 +26,7 @@ from sxwl.cloud.services import billing
 from sxwl.cloud.web import compute_view, money_view
 from sxwl.cloud.web.i18n import DEFAULT_LANGUAGE, LANGUAGES, translate
 from sxwl.protocol.fields import CONTROL_CHARS
+from sxwl.protocol.money import money_text
 
 HERE = Path(__file__).parent
 templates = Jinja2Templates(directory=HERE / "templates")
@@ -77,9 +78,9 @@ def _email_breaks(value: str | None) -> Markup:
 templates.env.filters["dt"] = _format_dt
 templates.env.filters["email"] = _email_breaks
 templates.env.filters["dt_s"] = _format_dt_seconds
-templates.env.filters["yuan"] = money_view.money_text
-# Cards round for people (to the fen); their title, statements and tables keep the exact amount.
-templates.env.filters["yuan_round"] = money_view.rounded_text
+# Every amount on every page reads by the one rule (two places, or two significant digits below a
+# fen), so a small cost never sits beside a total that rounds it away.
+templates.env.filters["yuan"] = money_text
 templates.env.globals["gib"] = compute_view.gib
 
 

@@ -23,6 +23,7 @@ from sxwl.cloud.services import billing, cpods, earnings, ledger, prices
 from sxwl.cloud.web import money_view
 from sxwl.cloud.web.i18n import translate
 from sxwl.cloud.web.kit import Admin, FormErrors, ctx_of, language, read_form, redirect, render
+from sxwl.protocol.money import money_text
 
 router = APIRouter(include_in_schema=False)
 RECENT = 20
@@ -274,4 +275,4 @@ async def payout(request: Request, principal: Admin) -> Response:
 def _over_available(ctx: CloudContext, lang: str, provider_id: str) -> str:
     with ctx.db.session() as session:
         available = ledger.balance(session, ledger.account_key(ledger.PROVIDER_AVAILABLE, provider_id))
-    return translate(lang, "money.error.over_available", available=money_view.money_text(available))
+    return translate(lang, "money.error.over_available", available=money_text(available))

@@ -1,6 +1,7 @@
 """What the money pages show, shaped for templates: the month a page is about, the low-balance
 warning, the estimate on the submit form, and form errors about amounts in the console's language.
-Amounts stay micro-yuan until a template rounds them (the ``yuan`` filter, protocol/money.py)."""
+Amounts stay micro-yuan until a template writes them (the ``yuan`` filter: protocol/money.py's
+``money_text``, the one rule for amounts people read)."""
 
 from __future__ import annotations
 
@@ -19,19 +20,7 @@ from sxwl.cloud.services.billing import Balance
 from sxwl.cloud.services.prices import PriceBook
 from sxwl.cloud.web.i18n import translate
 from sxwl.protocol.jobs import JobFields
-from sxwl.protocol.money import MAX_AMOUNT_YUAN, MAX_PRICE_YUAN, cost, yuan, yuan_text
-
-
-def money_text(micro: int) -> str:
-    """An amount as people read it, exact: never rounded (a 90.5 s job costs 0.362, not 0.36), and
-    with at least the two places of fen."""
-    whole, _, places = format(yuan(micro).normalize(), "f").partition(".")
-    return f"{whole}.{places.ljust(2, '0')}"
-
-
-def rounded_text(micro: int) -> str:
-    """An amount rounded to the fen for a card (0.3258 reads 0.33); the card's title is exact."""
-    return yuan_text(micro)
+from sxwl.protocol.money import MAX_AMOUNT_YUAN, MAX_PRICE_YUAN, cost, money_text
 
 
 @dataclass(frozen=True)

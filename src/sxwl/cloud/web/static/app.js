@@ -233,6 +233,25 @@
 
   document.querySelectorAll("[data-live-src]").forEach(startLive);
 
+  // ---- what a form just did -------------------------------------------------------------------
+  // A form's redirect says what it did in the query (?notice=…, ?created=1). A banner that said it
+  // names those parameters (data-drop-query): the address loses them, so a reload or a bookmark
+  // does not repeat it; and a banner about a state (data-while-state) goes when the page's live
+  // state (data-live-state) moves on.
+  document.querySelectorAll("[data-drop-query]").forEach((banner) => {
+    const here = new URL(window.location.href);
+    banner.dataset.dropQuery.split(" ").forEach((name) => here.searchParams.delete(name));
+    window.history.replaceState(window.history.state, "", here.pathname + here.search + here.hash);
+  });
+  document.querySelectorAll("[data-live-src]").forEach((box) => {
+    box.addEventListener("live:updated", () => {
+      const state = box.querySelector("[data-live-state]");
+      document.querySelectorAll("[data-while-state]").forEach((banner) => {
+        if (state && banner.dataset.whileState !== state.dataset.liveState) banner.remove();
+      });
+    });
+  });
+
   // ---- a job's live log -----------------------------------------------------------------------
   // Polls GET /api/v1/jobs/{id}/logs?offset=N and appends what comes. X-Next-Offset is where to go
   // on; X-Log-Complete says nothing more will come for that attempt. The latest attempt is followed
@@ -366,12 +385,19 @@
   if (jobLog) startLog(jobLog);
 
   // ---- the submit form's estimate -------------------------------------------------------------
-  // Prices are micro-yuan per unit-hour (#estimate's data-prices); amounts are shown exactly, as the
-  // server shows them (web/money_view.py money_text), in BigInt so large jobs do not lose digits.
+  // Prices are micro-yuan per unit-hour (#estimate's data-prices); amounts read by the one rule the
+  // server uses (protocol/money.py money_text: two places, or two significant digits below a fen,
+  // half to even), in BigInt so large jobs do not lose digits.
   const estimate = document.getElementById("estimate");
   const yuanText = (micro) => {
-    const places = (micro % 1000000n).toString().padStart(6, "0").replace(/0+$/, "").padEnd(2, "0");
-    return `${micro / 1000000n}.${places}`;
+    let places = 2;
+    while (micro !== 0n && micro < 10000n && places < 6 && micro * 10n ** BigInt(places) < 10000000n) places += 1;
+    const step = 10n ** BigInt(6 - places);
+    let units = micro / step;
+    const rest = micro % step;
+    if (2n * rest > step || (2n * rest === step && units % 2n === 1n)) units += 1n;
+    const scale = 10n ** BigInt(places);
+    return `${units / scale}.${(units % scale).toString().padStart(places, "0")}`;
   };
   const fill = (pattern, values) => pattern.replace(/\{(\w+)\}/g, (_, key) => values[key] ?? "");
   function updateEstimate() {

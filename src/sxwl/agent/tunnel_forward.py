@@ -1,0 +1,153 @@
+"""A stream the cloud opened, forwarded to a target on the CPod over HTTP/1.1 (docs/tunnel.md).
+
+The target is named by the stream's ``sxwl-target`` header and must be one the agent allows: the
+cloud asks, the agent decides, so no tenant can point the tunnel at an address of its choosing. A
+reset from the cloud closes the target's connection at once, which aborts its request; a target
+that fails mid-answer resets the stream. An Upgrade the target accepts turns the stream into raw
+bytes both ways."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Callable, Sequence
+
+import h11
+
+from sxwl.tunnel.headers import ERROR, TARGET, UPGRADE, UPGRADED, Headers, end_to_end, first, split_target
+from sxwl.tunnel.session import StreamReset, TunnelStream
+
+CONNECT_S = 10.0
+READ_SIZE = 256 * 1024
+
+
+async def forward(stream: TunnelStream, allowed: Callable[[str], bool]) -> None:
+    head = await stream.head()
+    target = first(head, TARGET) or ""
+    address = split_target(target)
+    if address is None or not allowed(target):
+        await _answer(stream, 403, f"the agent does not forward to {target!r}\n")
+        return
+    try:
+        reader, writer = await asyncio.wait_for(asyncio.open_connection(*address), CONNECT_S)
+    except (OSError, TimeoutError) as exc:
+        await _answer(stream, 502, f"the agent could not reach {target}: {exc or type(exc).__name__}\n")
+        return
+    try:
+        await _exchange(stream, head, target, reader, writer)
+    finally:
+        # Closed at once, unread data or not: the target sees its client gone.
+        writer.transport.abort()
+
+
+async def _exchange(
+    stream: TunnelStream,
+    head: Headers,
+    target: str,
+    reader: asyncio.StreamReader,
+    writer: asyncio.StreamWriter,
+) -> None:
+    conn = h11.Connection(h11.CLIENT)
+    upgrade = first(head, UPGRADE)
+    headers = [("host", first(head, ":authority") or target), *end_to_end(head)]
+    has_body = not stream.bodiless
+    if upgrade is not None:
+        headers += [("connection", "upgrade"), ("upgrade", upgrade)]
+    elif has_body and first(headers, "content-length") is None:
+        headers.append(("transfer-encoding", "chunked"))
+    try:
+        request = h11.Request(
+            method=first(head, ":method") or "GET", target=first(head, ":path") or "/", headers=headers
+        )
+        writer.write(conn.send(request) or b"")
+    except h11.LocalProtocolError as exc:
+        await _answer(stream, 400, f"the request cannot be sent over HTTP/1.1: {exc}\n")
+        return
+    if upgrade is not None or not has_body:
+        writer.write(conn.send(h11.EndOfMessage()) or b"")
+    upload = asyncio.create_task(_upload(stream, conn, writer, raw=False, body=has_body and upgrade is None))
+    download = asyncio.create_task(_download(stream, conn, reader, writer))
+    try:
+        done, _ = await asyncio.wait({upload, download}, return_when=asyncio.FIRST_COMPLETED)
+        for task in done:
+            task.result()  # a reset from either side ends both
+    finally:
+        for task in (upload, download):
+            task.cancel()
+        await asyncio.gather(upload, download, return_exceptions=True)
+
+
+async def _upload(
+    stream: TunnelStream, conn: h11.Connection, writer: asyncio.StreamWriter, raw: bool, body: bool
+) -> None:
+    """The request's body (or, after a switch, the client's bytes) to the target; then waits for a
+    reset, so that one arriving while the target thinks is noticed."""
+    if body:
+        while data := await stream.read():
+            writer.write(data if raw else conn.send(h11.Data(data=data)) or b"")
+            await writer.drain()
+        if raw:
+            if writer.can_write_eof():
+                writer.write_eof()
+        else:
+            writer.write(conn.send(h11.EndOfMessage()) or b"")
+            await writer.drain()
+    await stream.until_reset()
+
+
+async def _download(
+    stream: TunnelStream, conn: h11.Connection, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+) -> None:
+    while True:
+        event = conn.next_event()
+        if event is h11.NEED_DATA:
+            conn.receive_data(await reader.read(READ_SIZE))
+        elif isinstance(event, h11.InformationalResponse) and event.status_code == 101:
+            await _switched(stream, conn, event, reader, writer)
+            return
+        elif isinstance(event, h11.Response):
+            await stream.send_head([(":status", str(event.status_code)), *_decoded(event.headers)])
+        elif isinstance(event, h11.Data):
+            await stream.write(bytes(event.data))
+        elif isinstance(event, h11.EndOfMessage):
+            await stream.end()
+            return
+        elif isinstance(event, h11.ConnectionClosed) or event is h11.PAUSED:
+            raise StreamReset("the target closed its connection mid-answer")
+
+
+async def _switched(
+    stream: TunnelStream,
+    conn: h11.Connection,
+    event: h11.InformationalResponse,
+    reader: asyncio.StreamReader,
+    writer: asyncio.StreamWriter,
+) -> None:
+    """Raw bytes both ways until either side closes."""
+    upgraded = [v.decode("latin-1") for n, v in event.headers if n == b"upgrade"]
+    answer = [(":status", "200"), (UPGRADED, upgraded[0] if upgraded else "1"), *_decoded(event.headers)]
+    await stream.send_head(answer)
+    leftover, _ = conn.trailing_data
+    if leftover:
+        await stream.write(bytes(leftover))
+    upload = asyncio.create_task(_upload(stream, conn, writer, raw=True, body=True))
+    try:
+        while data := await reader.read(READ_SIZE):
+            await stream.write(data)
+        await stream.end()
+        with contextlib.suppress(StreamReset):
+            await upload  # the client's side until it ends too
+    finally:
+        upload.cancel()
+        await asyncio.gather(upload, return_exceptions=True)
+
+
+async def _answer(stream: TunnelStream, status: int, message: str) -> None:
+    head = [(":status", str(status)), ("content-type", "text/plain; charset=utf-8"), (ERROR, "1")]
+    await stream.send_head(head)
+    await stream.write(message.encode())
+    await stream.end()
+
+
+def _decoded(headers: Sequence[tuple[bytes, bytes]]) -> Headers:
+    return end_to_end([(name.decode("latin-1"), value.decode("latin-1")) for name, value in headers])
