@@ -17,7 +17,7 @@ from sxwl.cloud.db.engine import Database
 from sxwl.cloud.db.models import CPod, CPodStatus, Role, User
 from sxwl.cloud.errors import AppError
 from sxwl.cloud.security import token_hash
-from sxwl.cloud.services.cpods import CPOD_TOKEN_PREFIX
+from sxwl.cloud.services.cpod_tokens import PREFIX as CPOD_TOKEN_PREFIX
 from tests.conftest import MakeSettings
 from tests.support.postgres import TempPostgres
 

@@ -14,6 +14,7 @@ from sqlalchemy import event, insert, select, update
 from sxwl.cloud.config import Settings
 from sxwl.cloud.context import CloudContext
 from sxwl.cloud.db import migrate
+from sxwl.cloud.db.json_rows import CachedRow
 from sxwl.cloud.db.models import CPod, CPodStatus, Job, JobState, Role, User
 from sxwl.cloud.db.types import utcnow
 from sxwl.cloud.services import heartbeats, scheduler
@@ -312,7 +313,7 @@ def test_a_fine_tune_waits_for_a_cpod_that_takes_fine_tunes(ctx: CloudContext) -
 # ---- the heartbeat's cache ----------------------------------------------------------------------------
 
 
-def stored_cache(client: TestClient, cpod_id: str) -> list[dict[str, Any]]:
+def stored_cache(client: TestClient, cpod_id: str) -> list[CachedRow]:
     with ctx_of(client).db.session() as session:
         return list(session.scalars(select(CPod.cached_inputs).where(CPod.id == cpod_id)).one())
 

@@ -21,7 +21,7 @@ from sxwl.agent.runtimes.base import J, Runtime
 from sxwl.agent.tenant_files import OutputTree
 from sxwl.protocol import AgentJobState, Assignment, AssignmentsReply, JobReport, JobStatus
 from sxwl.protocol.finetune import CHECKPOINT_DIR, CachedInput, JobInput
-from sxwl.protocol.models import REASON_MAX_CHARS
+from sxwl.protocol.models import REASON_MAX_CHARS, attempt_key
 from sxwl.protocol.reasons import TEXT, Reason, english
 
 log = logging.getLogger("sxwl.agent.jobs")
@@ -82,14 +82,12 @@ class JobSync(Generic[J]):
         state: AgentJobState,
         exit_code: int | None = None,
         reason: str | None = None,
-        *,
-        never_ran: bool = False,
     ) -> bool:
         """True when the cloud took the report; a stale attempt is stopped and forgotten."""
         try:
-            reply = await self.client.report(
-                self.token, job.job_id, status(job.attempt, state, exit_code, reason, never_ran=never_ran)
-            )
+            said = status(job.attempt, state, exit_code, reason)
+            said.never_ran = job.never_ran  # set by the runtime once the attempt ended before its command
+            reply = await self.client.report(self.token, job.job_id, said)
         except Stale as exc:
             log.warning(
                 "job %s attempt %d is stale on the cloud (%s); stopping it", job.job_id, job.attempt, exc
@@ -104,7 +102,7 @@ class JobSync(Generic[J]):
 
     async def handle(self, reply: AssignmentsReply) -> None:
         for assignment in reply.assignments:
-            key = f"{assignment.job_id}:{assignment.attempt}"
+            key = attempt_key(assignment.job_id, assignment.attempt)
             if key not in self.runtime.jobs and self.runtime.knows(assignment.job_id, assignment.attempt):
                 continue  # handled before a restart; never start an attempt twice
             if key in self.preparing:
@@ -127,7 +125,7 @@ class JobSync(Generic[J]):
                 job.reported_state = "starting"
             self.runtime.save(job)
         for command in reply.commands:
-            fetching = self.preparing.pop(f"{command.job_id}:{command.attempt}", None)
+            fetching = self.preparing.pop(attempt_key(command.job_id, command.attempt), None)
             if fetching is not None:
                 # Never started: end the fetch, and say so instead of starting the job.
                 fetching.cancel()
@@ -157,7 +155,7 @@ class JobSync(Generic[J]):
         await asyncio.to_thread(self.cache.mark_pending, assignment.job_id, assignment.attempt)
         if not await self._report_unstarted(assignment.job_id, assignment.attempt, "starting", None):
             return
-        key = f"{assignment.job_id}:{assignment.attempt}"
+        key = attempt_key(assignment.job_id, assignment.attempt)
         self.preparing[key] = asyncio.create_task(self._prepare(assignment), name=f"inputs {key}")
 
     async def _report_unstarted(
@@ -184,7 +182,7 @@ class JobSync(Generic[J]):
         return False
 
     async def _prepare(self, assignment: Assignment) -> None:
-        key = f"{assignment.job_id}:{assignment.attempt}"
+        key = attempt_key(assignment.job_id, assignment.attempt)
         try:
             try:
                 inputs: dict[str, Path] = {
@@ -231,7 +229,7 @@ class JobSync(Generic[J]):
             except Unreachable as exc:  # the cloud is away: it must still learn, or the attempt waits
                 log.warning("job %s: the cloud did not take the report (%s)", assignment.job_id, exc)
                 await asyncio.sleep(min(60.0, 2.0**tries))
-        self.preparing.pop(f"{assignment.job_id}:{assignment.attempt}", None)
+        self.preparing.pop(attempt_key(assignment.job_id, assignment.attempt), None)
         assert self.cache is not None
         if told:  # otherwise the marker stays: a restarted agent reports the attempt lost
             self.cache.clear_pending(assignment.job_id, assignment.attempt)
@@ -420,7 +418,7 @@ class JobSync(Generic[J]):
             # Its outputs did not all come back: the user's result is incomplete (as on Kubernetes).
             outcome = "failed" if outcome == "succeeded" else outcome
             reason = "; ".join(r for r in (english(Reason.read(reason)), *job.artifact_problems) if r)
-        await self._report(job, outcome, job.exit_code, reason, never_ran=job.never_ran)
+        await self._report(job, outcome, job.exit_code, reason)
         self._done(job)
 
     def _done(self, job: J) -> None:
@@ -430,9 +428,7 @@ class JobSync(Generic[J]):
             self.grants.revoke(job.job_id, job.attempt)
 
 
-def status(
-    attempt: int, state: AgentJobState, exit_code: int | None, reason: str | None, *, never_ran: bool = False
-) -> JobStatus:
+def status(attempt: int, state: AgentJobState, exit_code: int | None, reason: str | None) -> JobStatus:
     """A report of the attempt's state. A runtime keeps its reason as words or as a stored code
     (protocol/reasons.py): a code goes with its English, so that the cloud words it for each reader
     and an older cloud still has the English."""
@@ -449,5 +445,4 @@ def status(
         reason=words,
         reason_code=said.code if said and coded else None,
         reason_params=params if coded else None,
-        never_ran=never_ran,
     )

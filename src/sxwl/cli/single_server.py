@@ -5,11 +5,11 @@ wake-ups that never cross processes (docs/operations.md, "Several worker process
 from __future__ import annotations
 
 import contextlib
-import fcntl
 from collections.abc import Iterator
 
 from sxwl.cli.client import CliError
 from sxwl.cloud.config import Settings
+from sxwl.cloud.db import locks
 from sxwl.cloud.db.engine import sqlite_path
 
 HOW = "use PostgreSQL (SXWL_DATABASE_URL) for several server processes: docs/operations.md"
@@ -25,18 +25,13 @@ def guard(settings: Settings, workers: int) -> Iterator[None]:
         return
     if workers > 1:
         raise CliError(f"--workers {workers} needs PostgreSQL: SQLite allows one server process; {HOW}", 2)
-    path = sqlite_path(url)
-    if path is None:
-        yield
-        return
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(f"{path}.server-lock", "a") as handle:
+    with contextlib.ExitStack() as held:
         try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            held.enter_context(locks.beside_sqlite(url, "server", wait=False))
         except BlockingIOError:
             raise CliError(
-                f"another sxwl server is running on the SQLite database {path}: SQLite allows one "
-                f"server process; stop that one, or {HOW}",
+                f"another sxwl server is running on the SQLite database {sqlite_path(url)}: SQLite "
+                f"allows one server process; stop that one, or {HOW}",
                 2,
             ) from None
         yield

@@ -6,13 +6,13 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from datetime import timedelta
-from typing import Any
 
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 from sqlalchemy import case, func, select
 
 from sxwl.cloud.context import CloudContext
+from sxwl.cloud.db.json_rows import NodeRow
 from sxwl.cloud.db.models import CPod, CPodStatus, Job, JobState
 from sxwl.cloud.db.types import utcnow
 from sxwl.cloud.services import gpu_summary
@@ -71,7 +71,7 @@ class FleetCollector(Collector):
         )
 
 
-def _gpus(snapshots: Iterable[list[dict[str, Any]]]) -> Iterable[Metric]:
+def _gpus(snapshots: Iterable[list[NodeRow]]) -> Iterable[Metric]:
     # Per product name: the same product with two memory sizes is one label value.
     totals: dict[str, list[int]] = {}
     for nodes in snapshots:

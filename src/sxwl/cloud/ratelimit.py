@@ -9,6 +9,7 @@ from sqlalchemy import ColumnElement, LargeBinary, delete, func, insert, literal
 from sqlalchemy.orm import Session
 
 from sxwl.cloud.config import parse_rate
+from sxwl.cloud.db import locks
 from sxwl.cloud.db.engine import Database
 from sxwl.cloud.db.shared_state import RateEvent
 from sxwl.cloud.db.types import UTCDateTime, utcnow
@@ -16,9 +17,6 @@ from sxwl.cloud.errors import AppError
 from sxwl.cloud.security import SecretBox
 
 _KEY_PURPOSE = b"sxwl rate limit key v1"
-# The first half of the two-key PostgreSQL advisory lock a limited key's events are counted under;
-# one-key advisory locks (the scheduler's) are a separate key space.
-_LOCK_CLASS = 0x52415445  # "RATE"
 
 
 class RateLimiter:
@@ -49,7 +47,7 @@ class RateLimiter:
         with self._db.session(immediate=True) as session:
             if self._postgres:
                 lock = int.from_bytes(digest[:4], "big", signed=True)
-                session.execute(select(func.pg_advisory_xact_lock(_LOCK_CLASS, lock)))
+                session.execute(select(func.pg_advisory_xact_lock(locks.RATE_CLASS, lock)))
             now = utcnow()
             room = select(func.count()).where(_live(digest, now)).scalar_subquery() < self.limit
             event = select(literal(digest, LargeBinary), literal(now + self._span, UTCDateTime())).where(room)

@@ -5,6 +5,7 @@ from sxwl.protocol.models import (
     PROTOCOL_VERSION,
     SHA256_HEADER,
     AgentJobState,
+    ArtifactRecorded,
     ArtifactUpload,
     Assignment,
     AssignmentsReply,
@@ -24,6 +25,8 @@ from sxwl.protocol.models import (
     RegisterReply,
     RegisterRequest,
     UploadTargetReply,
+    attempt_key,
+    split_attempt_key,
 )
 
 __all__ = [
@@ -31,6 +34,7 @@ __all__ = [
     "PROTOCOL_VERSION",
     "SHA256_HEADER",
     "AgentJobState",
+    "ArtifactRecorded",
     "ArtifactUpload",
     "Assignment",
     "AssignmentsReply",
@@ -50,4 +54,6 @@ __all__ = [
     "RegisterReply",
     "RegisterRequest",
     "UploadTargetReply",
+    "attempt_key",
+    "split_attempt_key",
 ]

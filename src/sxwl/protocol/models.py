@@ -62,6 +62,18 @@ class Node(WireIn):
     reason: Text | None = Field(default=None, max_length=500)
 
 
+def attempt_key(job_id: str, attempt: int | str) -> str:
+    """``<job_id>:<attempt>``: how an agent's runtime keys the attempts it holds, and how the cloud
+    stores the attempts a heartbeat listed (``CPod.reported_jobs``)."""
+    return f"{job_id}:{attempt}"
+
+
+def split_attempt_key(key: str) -> tuple[str, int] | None:
+    """The job and attempt of an ``attempt_key``; None for a key that is not one."""
+    job_id, _, attempt = key.rpartition(":")
+    return (job_id, int(attempt)) if job_id and attempt.isascii() and attempt.isdigit() else None
+
+
 class JobReport(WireIn):
     job_id: Text = Field(min_length=1, max_length=64)
     attempt: PosInt32
@@ -233,6 +245,14 @@ class ArtifactUpload(WireIn):
     path: str = Field(min_length=1, max_length=4096)
     size: NonNegInt64
     sha256: str = Field(pattern="^[0-9a-f]{64}$", description="hex, lower case")
+
+
+class ArtifactRecorded(Wire):
+    """What the cloud recorded of an attempt's artifact: the answer of every artifact upload route."""
+
+    path: str
+    size: int
+    sha256: str
 
 
 class UploadTargetReply(Wire):

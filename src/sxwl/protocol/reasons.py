@@ -172,6 +172,7 @@ ENGLISH: dict[str, str] = {
     "job.by": "by {who}",
     "job.cancelled_by": "cancelled by {who}",
     "job.cancelled": "cancelled",
+    "job.exited_while_serving": "it exited (status {status}), but a {kind} serves until it is stopped",
     "job.cancelled_while_lost": "cancelled while its CPod was lost",
     "job.exit_code": "exit code {code}",
     "job.lost_times": "lost {times} times; last: {why}",

@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Generic, Literal, Protocol, TypeVar
 
 from sxwl.agent.tenant_files import OutputTree
-from sxwl.protocol import Assignment, Node
+from sxwl.protocol import Assignment, Node, attempt_key
 
 Outcome = Literal["succeeded", "failed", "cancelled"]
 RECORD_FILE = "job.json"
@@ -49,7 +50,7 @@ class AttemptRecord:
 
     @property
     def key(self) -> str:
-        return f"{self.job_id}:{self.attempt}"
+        return attempt_key(self.job_id, self.attempt)
 
     def grace(self, default: float) -> float:
         """Seconds between SIGTERM and SIGKILL for this attempt's stop."""
@@ -130,7 +131,10 @@ class Runtime(Protocol[J]):
 
 
 class AttemptDirs(Generic[J]):
-    """Each attempt's directory under ``root``, holding its record (``job.json``)."""
+    """Each attempt's directory under ``root``, holding its record (``job.json``), and what every
+    runtime does alike with the records it holds in ``jobs``."""
+
+    jobs: dict[str, J]
 
     def __init__(self, root: Path) -> None:
         self.root = root
@@ -145,3 +149,21 @@ class AttemptDirs(Generic[J]):
         temp = path.with_suffix(".tmp")
         temp.write_text(json.dumps(asdict(job)))
         os.replace(temp, path)  # a crash leaves the old record or the new one, never half of one
+
+    def stop(
+        self, job_id: str, attempt: int, reason: str, cancel: bool, grace_s: float | None = None
+    ) -> J | None:
+        """Records the stop once, saved before anything is signalled (a stopping or ended attempt is
+        left as it is), then begins it; the runtime's supervision finishes it (the grace, the end)."""
+        job = self.jobs.get(attempt_key(job_id, attempt))
+        if job is None or job.outcome is not None or job.stop_at is not None:
+            return job
+        job.stop_reason, job.stop_cancel, job.stop_at = reason, cancel, time.time()
+        job.stop_grace_s = grace_s
+        self.save(job)
+        self.begin_stop(job)
+        return job
+
+    def begin_stop(self, job: J) -> None:
+        """What the runtime does at once for a stop just recorded: nothing, where its supervision
+        pass does all of it (Kubernetes deletes the pods in ``refresh``)."""

@@ -51,7 +51,7 @@ from sxwl.agent.runtimes.kube_status import Seen, exit_code, outcome, settled, s
 from sxwl.agent.runtimes.kube_tenancy import Tenancy
 from sxwl.agent.runtimes.kube_uploads import UploadConfig, secret_manifest
 from sxwl.agent.tenant_files import OutputTree
-from sxwl.protocol import Assignment, Node
+from sxwl.protocol import Assignment, Node, attempt_key
 
 log = logging.getLogger("sxwl.agent.kubernetes")
 # How long past the grace a stopped or failed attempt's pods may take to finish before it ends anyway.
@@ -145,12 +145,12 @@ class KubernetesRuntime(AttemptDirs[KubeJob]):
         return self.tenancy.namespace_for(owner_id)
 
     def knows(self, job_id: str, attempt: int) -> bool:
-        return f"{job_id}:{attempt}" in self.jobs or self.workdir(job_id, attempt).exists()
+        return attempt_key(job_id, attempt) in self.jobs or self.workdir(job_id, attempt).exists()
 
     def start(self, assignment: Assignment, inputs: Mapping[str, Path] | None = None) -> KubeJob:
         """Records the attempt; its Job is created by the next ``refresh``. Refuses (RuntimeError)
         what cannot run as a Kubernetes workload."""
-        key = f"{assignment.job_id}:{assignment.attempt}"
+        key = attempt_key(assignment.job_id, assignment.attempt)
         if key in self.jobs:
             return self.jobs[key]
         problem = fine_tune_refusal(assignment, self.takes_fine_tunes)
@@ -176,18 +176,6 @@ class KubernetesRuntime(AttemptDirs[KubeJob]):
         self.jobs[key] = job
         self.save(job)
         log.info("accepted job %s attempt %d as %s/%s", job.job_id, job.attempt, job.namespace, job.k8s_name)
-        return job
-
-    def stop(
-        self, job_id: str, attempt: int, reason: str, cancel: bool, grace_s: float | None = None
-    ) -> KubeJob | None:
-        """Marks the attempt stopping; ``refresh`` deletes its pods with the grace, then its Job."""
-        job = self.jobs.get(f"{job_id}:{attempt}")
-        if job is None or job.outcome is not None or job.stop_at is not None:
-            return job
-        job.stop_reason, job.stop_cancel, job.stop_at = reason, cancel, time.time()
-        job.stop_grace_s = grace_s
-        self.save(job)
         return job
 
     def poll(self) -> list[KubeJob]:
@@ -278,7 +266,7 @@ class KubernetesRuntime(AttemptDirs[KubeJob]):
         labels = obj.metadata.labels or {}
         if JOB_ID not in labels or ATTEMPT not in labels:
             return None
-        return f"{labels[JOB_ID]}:{labels[ATTEMPT]}"
+        return attempt_key(labels[JOB_ID], labels[ATTEMPT])
 
     def _adopt_cluster(self, k8s_jobs: dict[str, Any]) -> list[KubeJob]:
         lost = []

@@ -33,7 +33,7 @@ from sxwl.agent.runtimes.sandbox import (
 )
 from sxwl.agent.runtimes.sandbox_mounts import CODE_ROOT, JOB_OUTPUT, JOB_WORK
 from sxwl.agent.tenant_files import OutputTree
-from sxwl.protocol import Assignment, Node
+from sxwl.protocol import Assignment, Node, attempt_key
 from sxwl.protocol.finetune import TrainerRun, TrainerSpec
 from sxwl.protocol.reasons import Reason
 
@@ -203,7 +203,7 @@ class LocalRuntime(AttemptDirs[LocalJob]):
         """Starts the attempt once: a second delivery of the same assignment does nothing. Its
         ``inputs`` (cached paths by name) appear in its work dir as ``inputs/<name>``; a fine-tune
         (``assignment.trainer``) runs the agent's trainer on them instead of ``command``."""
-        key = f"{assignment.job_id}:{assignment.attempt}"
+        key = attempt_key(assignment.job_id, assignment.attempt)
         if key in self.jobs:
             return self.jobs[key]
         if self.problem is not None:
@@ -343,18 +343,9 @@ class LocalRuntime(AttemptDirs[LocalJob]):
                 return uid
         raise RuntimeError(f"all {UID_COUNT} sandbox uids are in use")
 
-    def stop(
-        self, job_id: str, attempt: int, reason: str, cancel: bool, grace_s: float | None = None
-    ) -> LocalJob | None:
+    def begin_stop(self, job: LocalJob) -> None:
         """SIGTERM to the job's process group now, SIGKILL after the grace (see ``poll``)."""
-        job = self.jobs.get(f"{job_id}:{attempt}")
-        if job is None or job.outcome is not None or job.stop_at is not None:
-            return job
-        job.stop_reason, job.stop_cancel, job.stop_at = reason, cancel, time.time()
-        job.stop_grace_s = grace_s
-        self.save(job)
         self._signal(job, signal.SIGTERM)
-        return job
 
     def _signal(self, job: LocalJob, sig: signal.Signals) -> None:
         if process_start_time(job.pid) == job.pid_start:

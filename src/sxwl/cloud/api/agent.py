@@ -24,6 +24,7 @@ from sxwl.cloud.errors import AppError, invalid
 from sxwl.cloud.services import (
     attempt_window,
     attempts,
+    cpod_tokens,
     cpods,
     job_logs,
     log_archive,
@@ -46,6 +47,7 @@ from sxwl.protocol import (
     PROTOCOL_HEADER,
     PROTOCOL_VERSION,
     SHA256_HEADER,
+    ArtifactRecorded,
     AssignmentsReply,
     Heartbeat,
     HeartbeatReply,
@@ -176,7 +178,7 @@ async def heartbeat(request: Request) -> Response:
     together with the heartbeats that arrived at the same time (one thread hop and one transaction)."""
     check_protocol(request.headers.get(PROTOCOL_HEADER))
     ctx: CloudContext = request.app.state.ctx
-    token = cpods.require_token(bearer_token(request))
+    token = cpod_tokens.required(bearer_token(request))
     body = await json_body(request, Heartbeat)
     if len(body.nodes) > ctx.settings.heartbeat_max_nodes:
         raise invalid("nodes", f"at most {ctx.settings.heartbeat_max_nodes} nodes per heartbeat")
@@ -229,12 +231,11 @@ def _seconds(name: str, raw: str | None) -> float:
 
 
 def _authenticated(ctx: CloudContext, token: str | None) -> str:
-    token = cpods.require_token(token)
-    query = cpods.token_query(token)
+    query = cpod_tokens.id_query(token := cpod_tokens.required(token))
     cpod_id = None if query is None else ctx.db.scalar(query)
     if cpod_id is None:
         with ctx.db.session() as session:
-            raise cpods.token_error(session, token)
+            raise cpod_tokens.refusal(session, token)
     return cpod_id
 
 
@@ -310,7 +311,7 @@ async def upload_artifact(
     ctx: Ctx,
     attempt: Annotated[PosInt32, Query()],
     sha256: Sha256 = None,
-) -> dict[str, object]:
+) -> ArtifactRecorded:
     """One output file of an attempt this CPod runs (the local runtime's uploads, through JobSync)."""
     return await _put_artifact(
         request,
@@ -337,7 +338,7 @@ async def upload_pod_artifact(
     request: Request,
     ctx: Ctx,
     sha256: Sha256 = None,
-) -> dict[str, object]:
+) -> ArtifactRecorded:
     """One output file of a Kubernetes pod, put by its uploader with the attempt's upload token: only
     this attempt's artifacts, within its upload window (docs/agent.md, "Artifacts from pods")."""
     upload_tokens.check_token(ctx.box, bearer_token(request), job_id, attempt)
@@ -360,7 +361,7 @@ async def _put_artifact(
     path: str,
     sha256: str | None,
     job_of: Callable[[Session], Job],
-) -> dict[str, object]:
+) -> ArtifactRecorded:
     """Streams the body into the store and records it, if ``job_of`` finds the attempt current and
     its upload window open, before the body is read and again when it is recorded. The store writes
     the address once: the same bytes again (a retry after a lost answer) change nothing, other bytes
@@ -422,7 +423,7 @@ async def _put_artifact(
 
     if not repeat:
         await recording(ctx, stored, save)
-    return {"path": clean, "size": size, "sha256": digest}
+    return ArtifactRecorded(path=clean, size=size, sha256=digest)
 
 
 async def recording(ctx: CloudContext, stored: Artifact, save: Callable[[], None]) -> None:

@@ -76,9 +76,9 @@ async def _input(ctx: CloudContext, job_id: str, attempt: int, name: str, job_of
 
 def input_object(job: Job, name: str) -> tuple[Artifact, str]:
     """Where the job's input ``name`` is stored, and its sha256; 404 naming the inputs it has."""
-    entry = next((i for i in job.inputs if i.get("name") == name), None)
+    entry = next((i for i in job.inputs if i["name"] == name), None)
     if entry is None:
-        known = ", ".join(str(i.get("name")) for i in job.inputs) or "none"
+        known = ", ".join(i["name"] for i in job.inputs) or "none"
         raise AppError(404, f"job {job.id} has no input {name} (its inputs: {known})")
     where = entry["object"]
-    return Artifact(str(where["job_id"]), int(where["attempt"]), str(where["path"])), str(entry["sha256"])
+    return Artifact(where["job_id"], where["attempt"], where["path"]), entry["sha256"]

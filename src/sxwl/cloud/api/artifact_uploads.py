@@ -24,7 +24,7 @@ from sxwl.cloud.db.models import Job
 from sxwl.cloud.errors import AppError, invalid
 from sxwl.cloud.services import attempt_window, attempts, storage_quota, upload_tokens
 from sxwl.cloud.storage import AlreadyStored, Artifact, NotStored, StoreUnavailable, clean_artifact_path
-from sxwl.protocol import ArtifactUpload, UploadTargetReply, paths
+from sxwl.protocol import ArtifactRecorded, ArtifactUpload, UploadTargetReply, paths
 from sxwl.protocol.fields import PosInt32
 
 router = APIRouter(prefix=paths.AGENT, tags=["agent"], responses=errors(400, 401, 403, 422))
@@ -54,7 +54,7 @@ async def upload_target(
 @router.post(paths.UPLOAD_DONE, status_code=201, responses=UPLOAD_ERRORS)
 async def upload_done(
     job_id: str, body: ArtifactUpload, cpod: CurrentCPod, ctx: Ctx, attempt: Annotated[PosInt32, Query()]
-) -> dict[str, object]:
+) -> ArtifactRecorded:
     return await _done(ctx, job_id, attempt, body, lambda s: attempts.job_for_agent(s, cpod, job_id, attempt))
 
 
@@ -73,11 +73,14 @@ async def pod_upload_target(
 
 
 @router.post(
-    paths.POD_UPLOAD_DONE, status_code=201, dependencies=[Depends(protocol_header)], responses=UPLOAD_ERRORS
+    paths.POD_UPLOAD_DONE,
+    status_code=201,
+    dependencies=[Depends(protocol_header)],
+    responses=UPLOAD_ERRORS,
 )
 async def pod_upload_done(
     job_id: str, attempt: PosInt32, body: ArtifactUpload, request: Request, ctx: Ctx
-) -> dict[str, object]:
+) -> ArtifactRecorded:
     upload_tokens.check_token(ctx.box, bearer_token(request), job_id, attempt)
     return await _done(ctx, job_id, attempt, body, lambda s: upload_tokens.job_of_token(s, job_id, attempt))
 
@@ -129,9 +132,9 @@ async def _target(
 
 async def _done(
     ctx: CloudContext, job_id: str, attempt: int, body: ArtifactUpload, job_of: JobOf
-) -> dict[str, object]:
+) -> ArtifactRecorded:
     artifact = _artifact(ctx, job_id, attempt, body)
-    recorded = {"path": artifact.path, "size": body.size, "sha256": body.sha256}
+    recorded = ArtifactRecorded(path=artifact.path, size=body.size, sha256=body.sha256)
 
     if (await asyncio.to_thread(_allowed, ctx, job_of, attempt, body, artifact.path)).repeat:
         return recorded

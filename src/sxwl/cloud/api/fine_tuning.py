@@ -84,8 +84,7 @@ def _out(fine_tune: FineTune, job: Job, estimate: fine_tune_estimate.Estimate) -
 def create(body: FineTuneRequest, user: CurrentUser, ctx: Ctx) -> FineTuningJobOut:
     """A fine-tune of ``model`` on the caller's files; 4xx answers name the field that is wrong."""
     with ctx.db.session() as session:
-        fine_tune = fine_tunes.create(ctx, session, owner=session.merge(user), request=body)
-        _, job = fine_tunes.get(session, user, fine_tune.id)
+        fine_tune, job = fine_tunes.create(ctx, session, owner=session.merge(user), request=body)
         return job_out(session, fine_tune, job)
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import sqlite3
+from concurrent.futures import ThreadPoolExecutor
 
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.pool import PoolProxiedConnection
@@ -49,18 +50,22 @@ async def run(ctx: CloudContext) -> None:
 
 
 async def _watch(ctx: CloudContext) -> None:
-    connection = await asyncio.to_thread(ctx.db.engine.raw_connection)
+    # One thread owns the connection: closing it from another while a PRAGMA runs (the task
+    # cancelled at shutdown) crashed the process in SQLite. Its close queues behind the PRAGMA.
+    thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sqlite-watch")
+    loop = asyncio.get_running_loop()
+    connection = await loop.run_in_executor(thread, ctx.db.engine.raw_connection)
     try:
         # The commands' mark first: a command added between it and the version below committed
         # before this process hears, and is found by the re-read that hearing starts with.
         seen = await asyncio.to_thread(dispatch.last_command, ctx)
-        version = await asyncio.to_thread(_data_version, connection)
+        version = await loop.run_in_executor(thread, _data_version, connection)
         ctx.notifier.hearing = True
         ctx.notifier.rouse()
         log.info("watching the database file for other processes' writes", extra={"event": "sqlite_watch_up"})
         while True:
             await asyncio.sleep(WATCH_S)
-            now = await asyncio.to_thread(_data_version, connection)
+            now = await loop.run_in_executor(thread, _data_version, connection)
             if now == version:
                 continue
             # Read after the version: whatever committed before it is in this read, and whatever
@@ -70,7 +75,8 @@ async def _watch(ctx: CloudContext) -> None:
             seen = news.commands_seen
             ctx.notifier.file_changed(news.cpods)
     finally:
-        connection.close()  # back to the pool: no wait on the database
+        thread.submit(connection.close)  # back to the pool, after any PRAGMA still running
+        thread.shutdown(wait=False)
 
 
 def _data_version(connection: PoolProxiedConnection) -> int:

@@ -10,6 +10,7 @@ from typing import Any
 from sqlalchemy import JSON, BigInteger, Float, ForeignKey, Index, Integer, String, UniqueConstraint, text
 from sqlalchemy.orm import Mapped, mapped_column, relationship
 
+from sxwl.cloud.db.json_rows import StoredAt
 from sxwl.cloud.db.models import Base, partial_unique, str_enum
 from sxwl.cloud.db.types import ReasonText, UTCDateTime, utcnow
 from sxwl.protocol.reasons import Reason
@@ -76,7 +77,7 @@ class CatalogModel(Base):
     bytes: Mapped[int] = mapped_column(BigInteger)
     sha256: Mapped[str] = mapped_column(String(64))
     # Where the store keeps the tar: {job_id, attempt, path} of storage.Artifact.
-    object: Mapped[dict[str, Any]] = mapped_column(JSON)
+    object: Mapped[StoredAt] = mapped_column(JSON)
     fine_tune_id: Mapped[str | None] = mapped_column(String(40))
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import fcntl
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -11,13 +10,11 @@ from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
-from sqlalchemy import Engine, text
+from sqlalchemy import Engine
 
-from sxwl.cloud.db.engine import sqlite_path
+from sxwl.cloud.db import locks
 
 MIGRATIONS = Path(__file__).parent / "migrations"
-# The advisory lock's key on PostgreSQL: any fixed number that nothing else in the database takes.
-_LOCK_KEY = 0x5358574C  # "SXWL"
 
 
 def alembic_config(url: str) -> Config:
@@ -43,25 +40,11 @@ def upgrade(engine: Engine) -> bool:
 
 @contextlib.contextmanager
 def _one_upgrade_at_a_time(engine: Engine) -> Iterator[None]:
-    """On PostgreSQL a session-level advisory lock on a connection of its own, held across the
-    whole upgrade whatever transactions Alembic opens; on SQLite a file lock beside the database."""
+    """On PostgreSQL an advisory lock on a connection of its own, held across the whole upgrade
+    whatever transactions Alembic opens; on SQLite a file lock beside the database."""
     if engine.dialect.name == "postgresql":
-        with engine.connect() as lock:
-            lock.execute(text("SELECT pg_advisory_lock(:key)"), {"key": _LOCK_KEY})
-            try:
-                yield
-            finally:
-                lock.execute(text("SELECT pg_advisory_unlock(:key)"), {"key": _LOCK_KEY})
-                lock.commit()
-        return
-    path = sqlite_path(engine.url.render_as_string(hide_password=False))
-    if path is None:
-        yield
-        return
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(f"{path}.migrate-lock", "a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
+        with engine.connect() as connection, locks.advisory(connection, locks.MIGRATE_KEY):
             yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
+        return
+    with locks.beside_sqlite(engine.url.render_as_string(hide_password=False), "migrate"):
+        yield

@@ -24,6 +24,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
+from sxwl.cloud.db.json_rows import CachedRow, NodeRow, StoredInput
 from sxwl.cloud.db.types import ReasonText, UTCDateTime, utcnow
 from sxwl.protocol.reasons import Reason
 
@@ -145,7 +146,7 @@ class CPod(Base):
     last_seq: Mapped[int] = mapped_column(BigInteger, default=0)
     heartbeat_interval_s: Mapped[float] = mapped_column(Float)
     revoked_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
-    nodes: Mapped[list[dict[str, Any]]] = mapped_column(JSON, default=list)
+    nodes: Mapped[list[NodeRow]] = mapped_column(JSON, default=list)
     # The job attempts the agent said it holds in its last heartbeat: "<job_id>:<attempt>".
     reported_jobs: Mapped[list[str]] = mapped_column(JSON, default=list)
     # "isolated", or "none": the agent cannot keep tenants apart, so the CPod takes only the jobs of
@@ -155,7 +156,7 @@ class CPod(Base):
     # GPU time offered is counted up to here (services/offers.py): utilisation is sold ÷ offered.
     offered_until: Mapped[datetime | None] = mapped_column(UTCDateTime())
     # The inputs the agent last reported holding in its cache: [{sha256, size}] (docs/finetune.md).
-    cached_inputs: Mapped[list[dict[str, Any]]] = mapped_column(JSON, server_default=text("'[]'"))
+    cached_inputs: Mapped[list[CachedRow]] = mapped_column(JSON, server_default=text("'[]'"))
     # Whether its agent fetches a fine-tune's inputs and runs the trainer (the local runtime; a
     # Kubernetes one with a trainer image), as it said at its last start.
     takes_fine_tunes: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
@@ -236,7 +237,7 @@ class Job(Base):
     finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
     # What an attempt fetches onto its CPod (protocol.finetune.JobInput, each with "object": where
     # the store keeps it) and, for a fine-tune, the trainer's spec (docs/finetune.md).
-    inputs: Mapped[list[dict[str, Any]]] = mapped_column(JSON, server_default=text("'[]'"))
+    inputs: Mapped[list[StoredInput]] = mapped_column(JSON, server_default=text("'[]'"))
     trainer: Mapped[dict[str, Any] | None] = mapped_column(JSON)
 
     owner: Mapped[User] = relationship()

@@ -22,8 +22,9 @@ from sxwl.cloud.db.models import (
 from sxwl.cloud.db.types import utcnow
 from sxwl.cloud.errors import AppError
 from sxwl.cloud.notify import on_commit
-from sxwl.cloud.services import fine_tune_outputs
 from sxwl.cloud.services.job_events import add_event
+from sxwl.cloud.services.job_kinds import kind_of
+from sxwl.protocol import attempt_key
 from sxwl.protocol.reasons import Reason, english
 
 # What an agent may report after each state; terminal states never change (invariant 4, docs/architecture.md).
@@ -65,8 +66,8 @@ def stop_command(
 
 def finish(job: Job, state: JobState, exit_code: int | None = None, reason: Reason | None = None) -> None:
     session = object_session(job)
-    if job.trainer is not None and session is not None:  # a fine-tune: its adapter decides success
-        state, reason = fine_tune_outputs.at_end(job, session, state, reason)
+    if session is not None and (kind := kind_of(job)) is not None:
+        state, reason = kind.attempt_ended(session, job, state, reason)
     job.state = state
     job.finished_at = utcnow()
     job.exit_code = exit_code
@@ -91,7 +92,7 @@ def close_attempt(
         placed.proven_until = placed.started_at if never_ran else placed.finished_at
         return
     cpod = session.get(CPod, placed.cpod_id) if placed.cpod_id else None
-    if cpod is not None and cpod.last_heartbeat_at and f"{job.id}:{job.attempt}" in cpod.reported_jobs:
+    if cpod is not None and cpod.last_heartbeat_at and attempt_key(job.id, job.attempt) in cpod.reported_jobs:
         placed.proven_until = max(placed.proven_until or cpod.last_heartbeat_at, cpod.last_heartbeat_at)
 
 
@@ -115,8 +116,8 @@ def requeue(session: Session, job: Job, why: Reason) -> None:
         job.node_names = []
         job.reason = Reason.of("queue.requeued", why=why)
         add_event(session, job, "requeued", why)
-        if job.trainer is not None:
-            fine_tune_outputs.requeued(session, job, old_attempt, why)
+        if (kind := kind_of(job)) is not None:
+            kind.requeued(session, job, old_attempt, why)
         on_commit(session).wake_scheduler()
 
 
@@ -181,6 +182,10 @@ def report_status(
     if state in TERMINAL_STATES:
         if job.cancel_requested_at is not None and state in (JobState.FAILED, JobState.CANCELLED):
             state, reason = JobState.CANCELLED, job.cancel_reason or reason or Reason.of("job.cancelled")
+        kind = kind_of(job)
+        if state == JobState.SUCCEEDED and kind is not None and not kind.ends_by_exiting:
+            state = JobState.FAILED
+            reason = reason or Reason.of("job.exited_while_serving", status=exit_code, kind=kind.name)
         if reason is None and state == JobState.FAILED and exit_code is not None:
             reason = Reason.of("job.exit_code", code=exit_code)
         close_attempt(session, job, state.value, reported=True, never_ran=never_ran)
@@ -197,6 +202,8 @@ def report_status(
             placed = session.get(JobAttempt, (job.id, job.attempt))
             if placed is not None:
                 placed.started_at = job.started_at
+            if (kind := kind_of(job)) is not None:
+                kind.attempt_started(session, job)
     add_event(session, job, state.value, reason)
     return job
 
@@ -255,8 +262,8 @@ def record_artifact(session: Session, job: Job, attempt: int, path: str, size: i
             sha256,
             utcnow(),
         )
-    if job.trainer is not None:
-        fine_tune_outputs.artifact_recorded(session, job, attempt, path, size, sha256)
+    if (kind := kind_of(job)) is not None:
+        kind.artifact_recorded(session, job, attempt, path, size, sha256)
 
 
 def _recorded(session: Session, job_id: str, path: str) -> Artifact | None:

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pydantic import TypeAdapter
 
 from sxwl.cloud.db.types import EncodedJSON
-from sxwl.protocol import Heartbeat, Node
+from sxwl.protocol import Heartbeat, Node, attempt_key
 from sxwl.protocol.finetune import CachedInput
 
 NODES = TypeAdapter(list[Node])
@@ -34,7 +34,7 @@ class Beat:
             seq=hb.seq,
             nodes=EncodedJSON(NODES.dump_json(hb.nodes, exclude_none=True).decode()),
             node_count=len(hb.nodes),
-            reported_jobs=[f"{j.job_id}:{j.attempt}" for j in hb.jobs],
+            reported_jobs=[attempt_key(j.job_id, j.attempt) for j in hb.jobs],
             claimed_cpod_id=hb.cpod_id,
             cache=None if hb.cache is None else EncodedJSON(CACHE.dump_json(hb.cache).decode()),
         )

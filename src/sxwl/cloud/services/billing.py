@@ -23,6 +23,7 @@ from sxwl.cloud.services import ledger
 from sxwl.cloud.services.ledger import Posting
 from sxwl.cloud.services.metering import proof
 from sxwl.cloud.services.prices import Rate, price_book
+from sxwl.protocol import attempt_key
 from sxwl.protocol.jobs import JobFields
 from sxwl.protocol.money import cost, yuan_text
 
@@ -182,7 +183,7 @@ def _so_far(placed: JobAttempt, beat: tuple[datetime | None, frozenset[str]] | N
     """``beat``: the last heartbeat of the attempt's CPod and the attempts it listed, if it has one."""
     if placed.started_at is None or placed.rated_done:
         return placed.charged
-    listed = beat is not None and f"{placed.job_id}:{placed.attempt}" in beat[1]
+    listed = beat is not None and attempt_key(placed.job_id, placed.attempt) in beat[1]
     end = proof(placed, beat[0] if beat else None, listed)
     if placed.finished_at is None:
         end = min(end, now)

@@ -25,6 +25,7 @@ from sqlalchemy.orm import Session
 from sxwl.cloud.db.models import ACTIVE_STATES, CPod, CPodStatus, Job
 from sxwl.cloud.services.capacity_marks import Watermark, watermark
 from sxwl.cloud.services.placement import CPodCapacity, NodeCapacity, Pool
+from sxwl.protocol import attempt_key
 
 # Bound parameters per IN list: well under every engine's limit.
 _CHUNK = 1000
@@ -168,7 +169,7 @@ class CapacityCache:
         snapshot = self._snapshots[cpod_id]
         unreported: dict[str, int] = defaultdict(int)
         for job_id, attempt in self._by_cpod.get(cpod_id, ()):
-            if f"{job_id}:{attempt}" not in snapshot.reported:
+            if attempt_key(job_id, attempt) not in snapshot.reported:
                 hold = self._holds[(job_id, attempt)]
                 for name in hold.node_names:
                     unreported[name] += hold.gpus_per_node

@@ -9,7 +9,6 @@ from typing import Any
 from sqlalchemy import (
     ColumnElement,
     Float,
-    Select,
     extract,
     func,
     literal,
@@ -22,17 +21,15 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, defer
 
 from sxwl.cloud.context import CloudContext
-from sxwl.cloud.db.models import AccessKey, CPod, CPodEvent, CPodStatus, Role, SessionKind, User
+from sxwl.cloud.db.models import AccessKey, CPod, CPodEvent, CPodStatus, Role, User
 from sxwl.cloud.db.types import UTCDateTime, utcnow
 from sxwl.cloud.errors import AppError, invalid
 from sxwl.cloud.security import ACCESS_KEY_PREFIX, new_token, token_hash
-from sxwl.cloud.services import accounts, attempts, sessions
+from sxwl.cloud.services import accounts, attempts, cpod_tokens
 from sxwl.cloud.services.gpu_summary import GpuSummary, add_up, summarize
 from sxwl.cloud.services.prices import price_book
 from sxwl.protocol import IsolationReport, RegisterRequest
 from sxwl.protocol.reasons import Reason
-
-CPOD_TOKEN_PREFIX = "sxcp_"  # noqa: S105 - a prefix, not a secret
 
 
 def add_event(
@@ -94,7 +91,7 @@ def register(ctx: CloudContext, access_key: str, req: RegisterRequest) -> tuple[
 
 
 def _register(ctx: CloudContext, session: Session, owner: User, req: RegisterRequest) -> tuple[CPod, str]:
-    token = new_token(CPOD_TOKEN_PREFIX)
+    token = new_token(cpod_tokens.PREFIX)
     interval = clamp_interval(ctx, req.heartbeat_interval_s)
     cpod = session.scalar(
         select(CPod).where(CPod.owner_id == owner.id, CPod.cluster_uid == req.cluster_uid).with_for_update()
@@ -188,54 +185,24 @@ def _normalized(email: str, index: int) -> str:
         raise invalid(f"trusted_accounts[{index}]", str(exc)) from None
 
 
-def _live_with(token: str) -> tuple[ColumnElement[bool], ...] | None:
-    """What selects the live CPod of this token; None for what is not a CPod token at all."""
-    if not token.startswith(CPOD_TOKEN_PREFIX):
-        return None
-    return CPod.token_hash == token_hash(token), CPod.revoked_at.is_(None)
-
-
 def cpod_for_token(session: Session, token: str) -> CPod | None:
     """The CPod of this token, without its node snapshot: authenticating a heartbeat must not read
     and decode the very document the heartbeat replaces."""
-    criteria = _live_with(token)
-    if criteria is None:
+    hashed = cpod_tokens.hash_of(token)
+    if hashed is None:
         return None
-    return session.scalar(select(CPod).options(defer(CPod.nodes, raiseload=True)).where(*criteria))
-
-
-def token_query(token: str) -> Select[str] | None:
-    """The read of the id of this token's live CPod, in one statement and no ORM (what a long-poll
-    renewal needs); None for what is not a CPod token at all."""
-    criteria = _live_with(token)
-    return None if criteria is None else select(CPod.id).where(*criteria)
+    return session.scalar(
+        select(CPod).options(defer(CPod.nodes, raiseload=True)).where(*cpod_tokens.live(hashed))
+    )
 
 
 def authenticate(session: Session, token: str | None) -> CPod:
     """The calling CPod; 401 for no or a revoked token, 403 for a user's token on agent endpoints."""
-    token = require_token(token)
+    token = cpod_tokens.required(token)
     cpod = cpod_for_token(session, token)
     if cpod is None:
-        raise token_error(session, token)
+        raise cpod_tokens.refusal(session, token)
     return cpod
-
-
-def require_token(token: str | None) -> str:
-    if token is None:
-        raise AppError(401, "CPod token required", headers={"WWW-Authenticate": "Bearer"})
-    return token
-
-
-def token_error(session: Session, token: str) -> AppError:
-    """Why ``token``, which belongs to no live CPod, is refused."""
-    if sessions.resolve(session, token, SessionKind.API) is not None:
-        return AppError(403, "agent endpoints take a CPod token, not a user's", code="not_a_cpod")
-    return AppError(
-        401,
-        "CPod token is not valid: the CPod was revoked or registered again elsewhere",
-        code="cpod_revoked",
-        headers={"WWW-Authenticate": "Bearer"},
-    )
 
 
 def sweep_liveness(

@@ -1,6 +1,7 @@
 """What a fine-tune's job leaves behind: checkpoints as they are uploaded (each one becomes the job's
 ``resume`` input, so a requeued attempt continues from it) and, at the job's end, the adapter,
-registered in the model catalogue (docs/finetune.md). Called by attempts.py, in its transaction."""
+registered in the model catalogue (docs/finetune.md). Called through the fine-tune kind's hooks
+(fine_tune_kind.py), in the transaction of the report or upload."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from sxwl.cloud.db.finetune_models import (
     FineTuneEvent,
     ModelKind,
 )
+from sxwl.cloud.db.json_rows import StoredAt, stored_input
 from sxwl.cloud.db.models import Artifact, Job, JobState
 from sxwl.cloud.db.types import utcnow
 from sxwl.cloud.services import fine_tune_events
@@ -67,10 +69,10 @@ def artifact_recorded(session: Session, job: Job, attempt: int, path: str, size:
             )
         )
         fine_tune_events.add(session, fine_tune, Reason.of("ft.checkpoint", step=step), attempt=attempt)
-    resume = JobInput(name="resume", sha256=sha256, size=size, archive=True).model_dump()
-    resume["object"] = {"job_id": job.id, "attempt": attempt, "path": path}
+    entry = JobInput(name="resume", sha256=sha256, size=size, archive=True)
+    resume = stored_input(entry, StoredAt(job_id=job.id, attempt=attempt, path=path))
     # A new list: the JSON column is saved only when it is assigned, not when it is changed in place.
-    job.inputs = [entry for entry in job.inputs if entry.get("name") != "resume"] + [resume]
+    job.inputs = [entry for entry in job.inputs if entry["name"] != "resume"] + [resume]
 
 
 def _logged_at(session: Session, fine_tune_id: str, attempt: int, step: int) -> dict[str, Any]:
@@ -121,8 +123,8 @@ def requeued(session: Session, job: Job, attempt: int, why: Reason) -> None:
     fine_tune = fine_tune_events.of_job(session, job.id)
     if fine_tune is None:
         return
-    resume = next((entry for entry in job.inputs if entry.get("name") == "resume"), None)
-    step = checkpoint_step(str(resume["object"]["path"])) if resume else None
+    resume = next((entry for entry in job.inputs if entry["name"] == "resume"), None)
+    step = checkpoint_step(resume["object"]["path"]) if resume else None
     if step is not None:
         message = Reason.of("ft.requeued_resume", attempt=attempt, why=why, step=step)
     else:
@@ -164,7 +166,7 @@ def at_end(
 def _register(session: Session, fine_tune: FineTune, adapter: Artifact) -> None:
     name = model_name(fine_tune.model_name, fine_tune.suffix, fine_tune.id)
     base = session.get(CatalogModel, fine_tune.model)
-    address: dict[str, Any] = {"job_id": adapter.job_id, "attempt": adapter.attempt, "path": adapter.path}
+    address = StoredAt(job_id=adapter.job_id, attempt=adapter.attempt, path=adapter.path)
     model = session.get(CatalogModel, name)  # an adapter's id is its name
     if model is None:
         model = CatalogModel(id=name, name=name, owner_id=fine_tune.owner_id, kind=ModelKind.ADAPTER)

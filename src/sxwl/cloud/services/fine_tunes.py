@@ -8,7 +8,7 @@ from __future__ import annotations
 import enum
 import secrets
 from dataclasses import dataclass
-from typing import Any, Generic, TypeVar
+from typing import Generic, TypeVar
 
 from sqlalchemy import select, tuple_
 from sqlalchemy.orm import Session
@@ -23,9 +23,12 @@ from sxwl.cloud.db.finetune_models import (
     FineTuneEvent,
     ModelKind,
 )
+from sxwl.cloud.db.json_rows import StoredAt, StoredInput, stored_input
 from sxwl.cloud.db.models import TERMINAL_STATES, Job, JobState, Role, User
 from sxwl.cloud.errors import AppError, invalid
 from sxwl.cloud.services import fine_tune_estimate, fine_tune_events, jobs, model_catalog
+from sxwl.cloud.services.fine_tune_kind import FINE_TUNE
+from sxwl.cloud.services.job_kinds import Workload
 from sxwl.protocol.finetune import FineTuneRequest, JobInput, TrainerSpec
 from sxwl.protocol.jobs import MAX_NAME, JobIn
 from sxwl.protocol.reasons import Reason
@@ -97,19 +100,19 @@ def _file(session: Session, owner: User, field: str, file_id: str) -> DataFile:
     return found
 
 
-def _input(
-    name: str, *, sha256: str, size: int, address: dict[str, Any], archive: bool = False
-) -> dict[str, Any]:
+def _input(name: str, *, sha256: str, size: int, address: StoredAt, archive: bool = False) -> StoredInput:
     entry = JobInput.model_validate({"name": name, "sha256": sha256, "size": size, "archive": archive})
-    return entry.model_dump() | {"object": address}
+    return stored_input(entry, address)
 
 
-def _file_input(name: str, file: DataFile) -> dict[str, Any]:
-    address = {"job_id": FILES_JOB, "attempt": 0, "path": file.id}
+def _file_input(name: str, file: DataFile) -> StoredInput:
+    address = StoredAt(job_id=FILES_JOB, attempt=0, path=file.id)
     return _input(name, sha256=file.sha256, size=file.bytes, address=address)
 
 
-def create(ctx: CloudContext, session: Session, *, owner: User, request: FineTuneRequest) -> FineTune:
+def create(
+    ctx: CloudContext, session: Session, *, owner: User, request: FineTuneRequest
+) -> tuple[FineTune, Job]:
     """Everything is checked before anything is written: a refused request leaves no row behind."""
     model = _model(session, owner, request.model)
     training = _file(session, owner, "training_file", request.training_file)
@@ -148,14 +151,17 @@ def create(ctx: CloudContext, session: Session, *, owner: User, request: FineTun
                 "cap": request.max_cost,
             }
             raise AppError(422, f"max_cost: {over}", details=[detail])
-    job = jobs.submit(ctx, session, owner, spec)  # refuses (402) a balance that cannot pay for it
     trainer = TrainerSpec(hyperparameters=hyper, lora=request.lora, seed=seed)
-    job.trainer = trainer.model_dump(mode="json")
-    job.inputs = [
-        _input("model", sha256=model.sha256, size=model.bytes, address=dict(model.object), archive=True),
-        _file_input("training_file", training),
-        *([_file_input("validation_file", validation)] if validation else []),
-    ]
+    workload = Workload(
+        FINE_TUNE,
+        trainer=trainer.model_dump(mode="json"),
+        inputs=[
+            _input("model", sha256=model.sha256, size=model.bytes, address=model.object, archive=True),
+            _file_input("training_file", training),
+            *([_file_input("validation_file", validation)] if validation else []),
+        ],
+    )
+    job = jobs.submit(ctx, session, owner, spec, workload)  # refuses (402) a balance that cannot pay
     fine_tune = FineTune(
         id=f"ftjob-{secrets.token_hex(12)}",
         owner_id=owner.id,
@@ -178,7 +184,7 @@ def create(ctx: CloudContext, session: Session, *, owner: User, request: FineTun
     fine_tune_events.add(session, fine_tune, Reason.of("ft.files_validated"))
     fine_tune_events.add(session, fine_tune, Reason.of("ft.created", id=fine_tune.id))
     fine_tune_events.add(session, fine_tune, Reason.of("ft.queued"))
-    return fine_tune
+    return fine_tune, job
 
 
 def get(session: Session, user: User, fine_tune_id: str) -> tuple[FineTune, Job]:

@@ -4,9 +4,10 @@ console's compute pages and the submit form's product list all show."""
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
 
 from pydantic import BaseModel, ConfigDict
+
+from sxwl.cloud.db.json_rows import NodeRow
 
 Product = tuple[str, int]  # (product, memory_mib)
 COUNTS = ("total", "allocatable", "used", "available")
@@ -37,7 +38,7 @@ def _summaries(sums: dict[Product, dict[str, int]]) -> list[GpuSummary]:
     return [GpuSummary(product=p, memory_mib=m, **counts) for (p, m), counts in sorted(sums.items())]
 
 
-def summarize(nodes: list[dict[str, Any]]) -> list[GpuSummary]:
+def summarize(nodes: list[NodeRow]) -> list[GpuSummary]:
     """Totals per GPU product over a CPod's nodes (as their snapshot stores them); not-ready nodes
     have nothing allocatable."""
     sums: dict[Product, dict[str, int]] = {}

@@ -16,10 +16,10 @@ from sxwl.cloud.db.types import EncodedJSON, utcnow
 from sxwl.cloud.errors import AppError
 from sxwl.cloud.groupcommit import GroupCommit
 from sxwl.cloud.notify import on_commit
-from sxwl.cloud.security import token_hash
+from sxwl.cloud.services import cpod_tokens
 from sxwl.cloud.services.beat import Beat
-from sxwl.cloud.services.cpods import CPOD_TOKEN_PREFIX, add_event, counted, token_error
-from sxwl.protocol import HeartbeatReply
+from sxwl.cloud.services.cpods import add_event, counted
+from sxwl.protocol import HeartbeatReply, split_attempt_key
 
 _CPODS: Table = CPod.__table__  # type: ignore[assignment]  # a mapped class's table is a Table
 # Conditional on the sequence number: a delayed or replayed heartbeat never overwrites a newer one.
@@ -66,7 +66,7 @@ _HOLDERS = select(
     _CPODS.c.last_seq,
     _CPODS.c.reported_jobs,
     _CPODS.c.last_heartbeat_at,
-).where(_CPODS.c.token_hash.in_(bindparam("hashes", expanding=True)), _CPODS.c.revoked_at.is_(None))
+).where(*cpod_tokens.live(bindparam("hashes", expanding=True)))
 
 
 @dataclass
@@ -97,7 +97,7 @@ def writer(ctx: CloudContext) -> GroupCommit[Beat, HeartbeatReply]:
 def apply(session: Session, beats: Sequence[Beat]) -> list[Outcome]:
     """Authenticates and applies ``beats`` in order; one outcome per beat. Beats of one CPod in one
     batch are applied in turn, exactly as if they had come one by one."""
-    hashes = {b.token: token_hash(b.token) for b in beats if b.token.startswith(CPOD_TOKEN_PREFIX)}
+    hashes = {b.token: hashed for b in beats if (hashed := cpod_tokens.hash_of(b.token)) is not None}
     holders = {
         row.token_hash: _Holder(
             row.id,
@@ -119,7 +119,7 @@ def apply(session: Session, beats: Sequence[Beat]) -> list[Outcome]:
     for beat in beats:
         holder = holders.get(hashes.get(beat.token, ""))
         if holder is None:
-            outcomes.append(token_error(session, beat.token))
+            outcomes.append(cpod_tokens.refusal(session, beat.token))
             continue
         if beat.claimed_cpod_id is not None and beat.claimed_cpod_id != holder.cpod_id:
             outcomes.append(AppError(403, "this token belongs to another CPod", code="wrong_cpod"))
@@ -144,11 +144,8 @@ def apply(session: Session, beats: Sequence[Beat]) -> list[Outcome]:
         wake = wake or holder.status != CPodStatus.ONLINE or beat.reported_jobs != holder.reported_jobs
         if holder.last_heartbeat_at is not None and beat.reported_jobs != holder.reported_jobs:
             for key in set(holder.reported_jobs) - set(beat.reported_jobs):
-                job_id, _, attempt = key.rpartition(":")
-                if attempt.isdigit():
-                    dropped.append(
-                        {"b_job": job_id, "b_attempt": int(attempt), "b_at": holder.last_heartbeat_at}
-                    )
+                if (held := split_attempt_key(key)) is not None:
+                    dropped.append({"b_job": held[0], "b_attempt": held[1], "b_at": holder.last_heartbeat_at})
         if beat.cache is not None:
             caches[holder.cpod_id] = beat.cache
         holder.status, holder.last_seq, holder.reported_jobs = CPodStatus.ONLINE, beat.seq, beat.reported_jobs
@@ -219,6 +216,6 @@ def _recheck(
             continue
         holder = holders[hashes[beat.token]]
         if holder.cpod_id in revoked:
-            outcomes[index] = token_error(session, beat.token)
+            outcomes[index] = cpod_tokens.refusal(session, beat.token)
         elif holder.last_seq != beat.seq:
             outcomes[index] = _reply(holder, accepted=False)

@@ -14,7 +14,7 @@ from sxwl.cloud.config import Settings
 from sxwl.cloud.db.models import TERMINAL_STATES, AttemptLog, Job, LogChunk
 from sxwl.cloud.errors import AppError
 from sxwl.cloud.notify import on_commit
-from sxwl.cloud.services import fine_tune_progress
+from sxwl.cloud.services.job_kinds import kind_of
 from sxwl.cloud.services.log_chunks import read_bytes
 
 
@@ -83,9 +83,9 @@ def append_log(
     state.received += len(fresh)
     if state.kept > kept_before:
         on_commit(session).wake_job(job.id)
-    if fresh and job.trainer is not None:
-        session.flush()
-        fine_tune_progress.absorb(session, job, attempt, state, fresh_at, fresh)
+    if fresh and (kind := kind_of(job)) is not None:
+        session.flush()  # the kind reads the log where it is stored, this append included
+        kind.log_appended(session, job, attempt, state, fresh_at, fresh)
     return Appended(state.received, state.kept - state.archived >= 2 * state.segment_bytes)
 
 

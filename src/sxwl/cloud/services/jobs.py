@@ -17,11 +17,15 @@ from sxwl.cloud.notify import on_commit
 from sxwl.cloud.services import billing
 from sxwl.cloud.services.attempts import finish, stop_command
 from sxwl.cloud.services.job_events import add_event
+from sxwl.cloud.services.job_kinds import Workload, kind_of
 from sxwl.protocol.jobs import JobIn
 from sxwl.protocol.reasons import Reason
 
 
-def submit(ctx: CloudContext, session: Session, owner: User, spec: JobIn) -> Job:
+def submit(
+    ctx: CloudContext, session: Session, owner: User, spec: JobIn, workload: Workload | None = None
+) -> Job:
+    """A new queued job; ``workload``: what a workload kind's job holds besides ``spec``."""
     if owner.role == Role.PROVIDER:
         raise AppError(403, "jobs are submitted by compute users (算力用户); sign up as one to run jobs")
     if spec.priority > 0 and owner.role != Role.ADMIN:
@@ -40,7 +44,12 @@ def submit(ctx: CloudContext, session: Session, owner: User, spec: JobIn) -> Job
         attempt=0,
         node_names=[],
         reason=Reason.of("queue.scheduler"),
+        trainer=workload.trainer if workload else None,
+        inputs=list(workload.inputs) if workload else [],
     )
+    # A kind that would not know its own job (or is not registered) would never hear of it again.
+    if kind_of(job) is not (workload.kind if workload else None):
+        raise RuntimeError(f"job {job.name}: its workload kind is not the registered kind that owns it")
     session.add(job)
     session.flush()
     add_event(session, job, "submitted", Reason.of("job.shape", nodes=spec.nodes, gpus=spec.gpus_per_node))

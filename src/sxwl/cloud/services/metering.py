@@ -25,6 +25,7 @@ from sxwl.cloud.db.types import utcnow
 from sxwl.cloud.services import ledger, metering_writes
 from sxwl.cloud.services.ledger import Posting
 from sxwl.cloud.services.metering_writes import Slices
+from sxwl.protocol import attempt_key
 from sxwl.protocol.money import cost, provider_share
 
 _US = timedelta(microseconds=1)
@@ -137,7 +138,7 @@ def _pass(
     groups: dict[tuple[str | None, str | None], list[int]] = defaultdict(list)
     for row in rows:
         beat, listed_jobs = heartbeats.get(row.cpod_id or "", (None, frozenset()))
-        listed = f"{row.job_id}:{row.attempt}" in listed_jobs
+        listed = attempt_key(row.job_id, row.attempt) in listed_jobs
         closed = row.finished_at is not None
         end = proof(row, beat, listed)
         if not closed:

@@ -45,7 +45,7 @@ def check_name(name: str) -> str:
 def artifact_of(model: CatalogModel) -> Artifact:
     """Where the model's tar lies: a base model's archive, or an adapter's job artifact."""
     address = model.object
-    return Artifact(job_id=str(address["job_id"]), attempt=int(address["attempt"]), path=str(address["path"]))
+    return Artifact(job_id=address["job_id"], attempt=address["attempt"], path=address["path"])
 
 
 def _taken_error(name: str) -> AppError:

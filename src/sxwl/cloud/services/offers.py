@@ -50,6 +50,7 @@ def account_once(ctx: CloudContext, now: datetime | None = None) -> int:
         adds: dict[tuple[str, str, str], int] = defaultdict(int)
         moves: list[dict[str, Any]] = []
         for cpod_id, nodes, last, since in rows:
+            assert last is not None  # the query reads only CPods that beat
             end = min(last, now)
             if since is not None and (online := back_online.get(cpod_id)) is not None:
                 since = max(since, online)

@@ -4,7 +4,6 @@ job with one conditional update (invariant 3, docs/architecture.md), and say why
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import itertools
 from collections import defaultdict
 from collections.abc import Iterator, Sequence
@@ -12,10 +11,12 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Protocol, TypeVar, cast
 
-from sqlalchemy import String, Table, bindparam, insert, select, text, type_coerce, update
+from sqlalchemy import String, Table, bindparam, insert, select, type_coerce, update
 from sqlalchemy.orm import Session
 
 from sxwl.cloud.context import CloudContext
+from sxwl.cloud.db import locks
+from sxwl.cloud.db.json_rows import StoredInput
 from sxwl.cloud.db.models import REASON_CHARS, CPod, Job, JobAttempt, JobEvent, JobState, User
 from sxwl.cloud.db.money_models import PriceResource
 from sxwl.cloud.db.types import utcnow
@@ -50,7 +51,7 @@ class Queued:
     nodes: int
     pinned_cpod_id: str | None
     image: str | None
-    inputs: list[dict[str, Any]]  # protocol.finetune.JobInput, as Job.inputs stores them
+    inputs: list[StoredInput]
     trainer: dict[str, Any] | None
 
 
@@ -100,9 +101,6 @@ def fair_order(queued: Sequence[J], usage: dict[str, int]) -> list[J]:
     return ordered
 
 
-SCHEDULER_LOCK_ID = 0x5857_4C53  # "SXWL": the PostgreSQL advisory lock that one pass holds
-
-
 def schedule_once(ctx: CloudContext) -> list[Assigned]:
     """Passes run one at a time, across threads and replicas: a pass that read capacity before
     another pass committed would hand out the same free GPUs twice."""
@@ -115,16 +113,11 @@ def schedule_once(ctx: CloudContext) -> list[Assigned]:
 def _one_pass_at_a_time(ctx: CloudContext) -> Iterator[None]:
     """A file lock beside a SQLite database; on PostgreSQL the pass's transaction takes an advisory
     lock instead (see ``_pass``)."""
-    database = ctx.db.engine.url.database if ctx.db.engine.dialect.name == "sqlite" else None
-    if not database:
+    if ctx.db.engine.dialect.name != "sqlite":
         yield
         return
-    with open(f"{database}.scheduler-lock", "a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
+    with locks.beside_sqlite(ctx.db.engine.url.render_as_string(hide_password=False), "scheduler"):
+        yield
 
 
 @dataclass
@@ -141,7 +134,7 @@ class _Writes:
 def _pass(ctx: CloudContext, cache: CapacityCache) -> list[Assigned]:
     with ctx.db.session() as session:
         if session.get_bind().dialect.name == "postgresql":
-            session.execute(text("SELECT pg_advisory_xact_lock(:id)"), {"id": SCHEDULER_LOCK_ID})
+            locks.advisory_in_transaction(session.connection(), locks.SCHEDULER_KEY)
         queued = [
             Queued(**row._asdict())
             for row in session.execute(
@@ -239,11 +232,11 @@ def _decide(
     return writes
 
 
-def _input_sizes(inputs: list[dict[str, Any]]) -> tuple[tuple[str, int], ...]:
+def _input_sizes(inputs: list[StoredInput]) -> tuple[tuple[str, int], ...]:
     """(sha256, size) once per content: an input listed under two names is held, or not, once."""
     if not inputs:  # most jobs: nothing more to do
         return ()
-    return tuple(sorted({str(i["sha256"]): int(i["size"]) for i in inputs}.items()))
+    return tuple(sorted({i["sha256"]: i["size"] for i in inputs}.items()))
 
 
 def _unpriced(job: Queued, book: PriceBook) -> Reason | None:

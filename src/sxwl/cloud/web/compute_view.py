@@ -7,11 +7,11 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
 
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
+from sxwl.cloud.db.json_rows import NodeRow
 from sxwl.cloud.db.models import CPod, CPodEvent, CPodStatus, User
 from sxwl.cloud.services import cpods
 from sxwl.cloud.services.gpu_summary import GpuSummary, add_up, summarize
@@ -117,19 +117,19 @@ def event_detail(lang: str, detail: Reason | None) -> str:
     return reason_text(lang, detail) or "—"
 
 
-def node_view(node: dict[str, Any]) -> NodeView:
-    gpu = node.get("gpu") or {}
+def node_view(node: NodeRow) -> NodeView:
+    gpu = node.get("gpu")
     return NodeView(
-        name=str(node.get("name", "")),
-        status=str(node.get("status", "not_ready")),
-        gpu_product=gpu.get("product"),
-        gpu_memory_mib=gpu.get("memory_mib"),
-        gpus_total=int(gpu.get("count", 0)),
-        gpus_allocatable=int(gpu.get("allocatable", 0)),
-        gpus_used=int(gpu.get("used", 0)),
-        cpu_cores=int(node.get("cpu_cores", 0)),
-        memory_mib=int(node.get("memory_mib", 0)),
-        reason=str(node["reason"]) if node.get("reason") else None,
+        name=node.get("name", ""),
+        status=node.get("status", "not_ready"),
+        gpu_product=gpu.get("product") if gpu else None,
+        gpu_memory_mib=gpu.get("memory_mib") if gpu else None,
+        gpus_total=gpu.get("count", 0) if gpu else 0,
+        gpus_allocatable=gpu.get("allocatable", 0) if gpu else 0,
+        gpus_used=gpu.get("used", 0) if gpu else 0,
+        cpu_cores=node.get("cpu_cores", 0),
+        memory_mib=node.get("memory_mib", 0),
+        reason=node.get("reason") or None,
     )
 
 

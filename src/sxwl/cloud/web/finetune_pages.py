@@ -274,7 +274,7 @@ async def create_finetune(request: Request, principal: JobsViewer) -> Response:
         return _form(request, principal, form, errors, 422)
     try:
         with ctx.db.session() as session:
-            fine_tune = fine_tunes.create(ctx, session, owner=session.merge(principal.user), request=body)
+            fine_tune, _ = fine_tunes.create(ctx, session, owner=session.merge(principal.user), request=body)
             fine_tune_id = fine_tune.id
     except AppError as exc:
         # Every refusal is said in place: by its field where it names one, else above the form.

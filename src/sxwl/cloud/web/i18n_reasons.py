@@ -31,6 +31,7 @@ ZH: dict[str, str] = {
     "job.by": "操作人 {who}",
     "job.cancelled_by": "由 {who} 取消",
     "job.cancelled": "已取消",
+    "job.exited_while_serving": "进程已退出（状态 {status}），但 {kind} 应一直运行到被停止",
     "job.cancelled_while_lost": "在其 CPod 失联期间取消",
     "job.exit_code": "退出码 {code}",
     "job.lost_times": "已丢失 {times} 次；最近一次：{why}",
