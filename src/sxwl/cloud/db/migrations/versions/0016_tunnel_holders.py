@@ -3,7 +3,7 @@ process, where the others reach it, renewed while it runs) and ``tunnel_holders`
 holds connections of which CPod). A replica that receives a request for a CPod whose tunnel another
 replica holds relays it there.
 
-Revision ID: 0021
+Revision ID: 0016
 Revises: 0015
 """
 
@@ -12,7 +12,7 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0021"
+revision = "0016"
 down_revision = "0015"
 branch_labels = None
 depends_on = None
