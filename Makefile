@@ -27,6 +27,7 @@ lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
+	$(BIN)/python scripts/check_layers.py
 
 # Two pytest-xdist workers: much of the suite waits on servers, agents and real nodes, so two share
 # a 2-core box well. The Kubernetes tests run first, all on one worker (tests/support/worker_groups.py).

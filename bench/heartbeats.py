@@ -435,9 +435,9 @@ def start_py_spy(py_spy: str, pid: int, duration_s: float, output: Path) -> subp
 
 # Where a sampled frame's file lies, checked in order.
 CATEGORIES = (
-    ("sxwl/cloud/logs.py", "logging (sxwl JSON logs)"),
+    ("sxwl/cloud/kit/logs.py", "logging (sxwl JSON logs)"),
     ("/logging/", "logging (sxwl JSON logs)"),
-    ("sxwl/cloud/middleware.py", "sxwl middleware (metrics, body limit)"),
+    ("sxwl/cloud/edge/middleware.py", "sxwl middleware (metrics, body limit)"),
     ("prometheus_client/", "sxwl middleware (metrics, body limit)"),
     ("sxwl/", "sxwl code"),
     ("sqlalchemy/", "SQLAlchemy"),

@@ -53,7 +53,7 @@ from sxwl.cloud.config import Settings  # noqa: E402
 from sxwl.cloud.context import CloudContext  # noqa: E402
 from sxwl.cloud.db.models import CPod  # noqa: E402
 from sxwl.cloud.db.money_models import UsageLine  # noqa: E402
-from sxwl.cloud.services import metering  # noqa: E402
+from sxwl.cloud.services.money import metering  # noqa: E402
 
 TARGET_S = 1.0  # a pass over 10,000 running attempts
 END = datetime(2026, 6, 1, 12, 0, tzinfo=UTC)

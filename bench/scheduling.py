@@ -76,7 +76,7 @@ from sxwl.cloud.config import Settings  # noqa: E402
 from sxwl.cloud.context import CloudContext  # noqa: E402
 from sxwl.cloud.db.engine import make_engine  # noqa: E402
 from sxwl.cloud.db.models import Job, JobAttempt, JobState  # noqa: E402
-from sxwl.cloud.services import scheduler  # noqa: E402
+from sxwl.cloud.services.scheduling import scheduler  # noqa: E402
 
 ENGINES = ("sqlite", "postgresql")
 

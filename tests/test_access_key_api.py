@@ -7,7 +7,7 @@ from sqlalchemy import select
 
 from sxwl.cloud.context import CloudContext
 from sxwl.cloud.db.models import AccessKey
-from sxwl.cloud.security import token_hash
+from sxwl.cloud.kit.security import token_hash
 from tests.conftest import login, register
 
 

@@ -11,7 +11,7 @@ from fastapi.testclient import TestClient
 
 from sxwl.cloud.context import CloudContext
 from sxwl.cloud.db.models import Role
-from sxwl.cloud.services import accounts
+from sxwl.cloud.services.accounts import accounts
 from tests.conftest import login, register
 
 

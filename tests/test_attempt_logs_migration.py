@@ -14,7 +14,7 @@ from sqlalchemy.orm import Session
 from sxwl.cloud.db import migrate
 from sxwl.cloud.db.engine import make_engine
 from sxwl.cloud.db.models import AttemptLog, Job, JobState, LogChunk, Role, User
-from sxwl.cloud.services import job_logs
+from sxwl.cloud.services.jobs import job_logs
 from tests.support.cloud import test_settings as settings_for
 
 USER, JOB = "u" * 32, "j" * 32

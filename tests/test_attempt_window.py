@@ -1,4 +1,4 @@
-"""Writes end when the attempt ends (services/attempt_window.py), for every credential: the CPod token
+"""Writes end when the attempt ends (services/jobs/attempt_window.py), for every credential: the CPod token
 on the agent's routes (through the agent's own client) and the attempt's upload token on the pods'
 routes (through the pod uploader run as a real process), against a cloud served on a real socket
 with the local artifact store (SQLite and PostgreSQL). An ended attempt reads no input; past the
@@ -25,7 +25,7 @@ from sxwl.agent.client import Rejected
 from sxwl.cloud.db.finetune_models import CatalogModel
 from sxwl.cloud.db.models import JobAttempt
 from sxwl.cloud.db.types import utcnow
-from sxwl.cloud.services.attempt_window import UPLOAD_AFTER_END_S
+from sxwl.cloud.services.jobs.attempt_window import UPLOAD_AFTER_END_S
 from sxwl.cloud.storage import AlreadyStored, Artifact
 from sxwl.cloud.storage.local import LocalArtifactStore
 from sxwl.protocol import PROTOCOL_HEADER, SHA256_HEADER, paths

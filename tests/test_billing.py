@@ -15,7 +15,8 @@ from sqlalchemy import select
 
 from sxwl.cloud.db.models import JobAttempt
 from sxwl.cloud.db.money_models import LedgerTransaction, UsageLine
-from sxwl.cloud.services import cpods, ledger
+from sxwl.cloud.services.fleet import cpods
+from sxwl.cloud.services.money import ledger
 from sxwl.protocol.money import provider_share
 from tests.support.billing_api import BILLING, PRODUCT, Money
 from tests.support.clock import TestClock

@@ -12,7 +12,7 @@ from fastapi.testclient import TestClient
 from sqlalchemy import select
 
 from sxwl.cloud.db.money_models import LedgerTransaction, PriceChange
-from sxwl.cloud.services import earnings, ledger
+from sxwl.cloud.services.money import earnings, ledger
 from tests.conftest import login, register
 from tests.support.billing_api import BILLING, PRODUCT, Money
 from tests.support.clock import TestClock

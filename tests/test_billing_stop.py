@@ -8,7 +8,8 @@ from collections.abc import Callable, Iterator
 import pytest
 from fastapi.testclient import TestClient
 
-from sxwl.cloud.services import balance_stop, scheduler
+from sxwl.cloud.services.jobs import balance_stop
+from sxwl.cloud.services.scheduling import scheduler
 from tests.support.billing_api import BILLING, Money
 from tests.support.clock import TestClock
 

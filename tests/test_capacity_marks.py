@@ -1,5 +1,5 @@
 """The capacity cache reads only the CPods that writes marked since its last pass
-(services/capacity_marks.py, migration 0012), on SQLite and PostgreSQL: whoever writes (plain SQL
+(services/scheduling/capacity_marks.py, migration 0012), on SQLite and PostgreSQL: whoever writes (plain SQL
 included) is seen, an unchanged CPod is not read again, a write that commits after a pass is read by
 the next one even when a later transaction committed first, and a deleted CPod leaves the pool."""
 
@@ -15,8 +15,8 @@ from sxwl.cloud.db import migrate
 from sxwl.cloud.db.engine import Database
 from sxwl.cloud.db.models import CPod, CPodStatus, Role, User
 from sxwl.cloud.db.types import utcnow
-from sxwl.cloud.services.capacity import CapacityCache
-from sxwl.cloud.services.placement import Pool
+from sxwl.cloud.services.scheduling.capacity import CapacityCache
+from sxwl.cloud.services.scheduling.placement import Pool
 from tests.support.cpods import gpu_node
 
 PROVIDER = "p" * 32

@@ -18,7 +18,8 @@ import pytest
 from sxwl.cli import demo_money, server
 from sxwl.cloud.context import CloudContext
 from sxwl.cloud.db.money_models import PriceResource
-from sxwl.cloud.services import accounts, ledger, prices
+from sxwl.cloud.services.accounts import accounts
+from sxwl.cloud.services.money import ledger, prices
 from sxwl.protocol.money import MICRO
 from tests.support.agent import eventually
 from tests.support.cloud import CloudProcess

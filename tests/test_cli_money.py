@@ -14,7 +14,7 @@ import httpx
 import pytest
 from sqlalchemy import create_engine, text
 
-from sxwl.cloud.services import ledger
+from sxwl.cloud.services.money import ledger
 from sxwl.protocol.money import money_text
 from tests.support.agent import eventually
 from tests.test_cli import sxwl

@@ -19,7 +19,7 @@ from playwright.sync_api import Browser, BrowserContext, Page, ViewportSize, exp
 
 from sxwl.cloud.app import create_app
 from sxwl.cloud.db.types import utcnow
-from sxwl.cloud.services import earnings
+from sxwl.cloud.services.money import earnings
 from tests.support import cloud as cloud_support
 from tests.support.browser import fits_width, new_context, register_in_form, screenshot, sign_in
 from tests.support.served import Served

@@ -12,9 +12,9 @@ from fastapi.testclient import TestClient
 from sxwl.cloud.context import CloudContext
 from sxwl.cloud.db.models import Role
 from sxwl.cloud.db.types import utcnow
-from sxwl.cloud.services import accounts
-from sxwl.cloud.services.cpods import counted, sweep_liveness
-from sxwl.cloud.web.compute_view import ago, event_detail, gib
+from sxwl.cloud.services.accounts import accounts
+from sxwl.cloud.services.fleet.cpods import counted, sweep_liveness
+from sxwl.cloud.web.compute.view import ago, event_detail, gib
 from sxwl.protocol.reasons import Reason
 from tests.test_console_forms import csrf, register_form
 

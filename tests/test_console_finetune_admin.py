@@ -8,7 +8,7 @@ import re
 
 from fastapi.testclient import TestClient
 
-from sxwl.cloud.web import finetune_view
+from sxwl.cloud.web.finetune import view as finetune_view
 from tests.test_console_billing import admin_browser
 from tests.test_console_compute import form_login
 from tests.test_fine_tunes_api import FineTunes

@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from sxwl.cloud.web import jobs_view
 from sxwl.cloud.web.i18n import MESSAGES
+from sxwl.cloud.web.jobs import view as jobs_view
 from sxwl.protocol.reasons import Reason, english
 from tests.conftest import login, register
 from tests.support.agent import eventually

@@ -12,7 +12,7 @@ from fastapi.testclient import TestClient
 
 from sxwl.cloud.context import CloudContext
 from sxwl.cloud.db.types import utcnow
-from sxwl.cloud.services import cpods
+from sxwl.cloud.services.fleet import cpods
 from tests.conftest import login, register
 from tests.support.cpods import access_key, beat, gpu_node, register_cpod
 from tests.test_admin_api import make_admin

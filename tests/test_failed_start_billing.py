@@ -15,7 +15,7 @@ from sqlalchemy.orm import Session
 from sxwl.agent.runtimes.local import LocalRuntime
 from sxwl.cloud.db.models import JobAttempt
 from sxwl.cloud.db.money_models import UsageLine
-from sxwl.cloud.services import ledger
+from sxwl.cloud.services.money import ledger
 from sxwl.protocol.models import Assignment
 from tests.support.agent import eventually
 from tests.support.browser import api_token, create_admin

@@ -15,7 +15,7 @@ from sxwl.cloud.app import create_app
 from sxwl.cloud.context import CloudContext
 from sxwl.cloud.db.finetune_models import DataFile
 from sxwl.cloud.errors import AppError
-from sxwl.cloud.services import datasets
+from sxwl.cloud.services.finetune import datasets
 from tests.conftest import MakeSettings, login, register
 from tests.support.seaweedfs import SeaweedFS
 from tests.test_s3_artifacts import s3_settings

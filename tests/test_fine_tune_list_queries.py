@@ -7,10 +7,10 @@ from __future__ import annotations
 
 from fastapi.testclient import TestClient
 
-from sxwl.cloud.api import fine_tuning
+from sxwl.cloud.api.openai import fine_tuning
 from sxwl.cloud.db.models import User
 from sxwl.cloud.db.types import utcnow
-from sxwl.cloud.web import finetune_view
+from sxwl.cloud.web.finetune import view as finetune_view
 from tests.test_fine_tunes_api import URL, FineTunes
 from tests.test_job_list_queries import statements
 

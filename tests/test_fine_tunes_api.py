@@ -16,7 +16,7 @@ from sqlalchemy import func, select
 from sxwl.cloud.db.finetune_models import CatalogModel, FileStatus, FineTune, ModelKind
 from sxwl.cloud.db.models import Job
 from sxwl.cloud.db.types import utcnow
-from sxwl.cloud.services import cpods as cpod_service
+from sxwl.cloud.services.fleet import cpods as cpod_service
 from sxwl.protocol.finetune import Progress, checkpoint_artifact, progress_line
 from tests.conftest import login, register
 from tests.support.agent import eventually

@@ -15,9 +15,9 @@ from sqlalchemy import event, select, text, update
 
 from sxwl.cloud.db.models import CPod, CPodEvent
 from sxwl.cloud.errors import AppError
-from sxwl.cloud.groupcommit import GroupCommit
-from sxwl.cloud.services import heartbeats
-from sxwl.cloud.services.beat import Beat
+from sxwl.cloud.kit.groupcommit import GroupCommit
+from sxwl.cloud.services.fleet import heartbeats
+from sxwl.cloud.services.fleet.beat import Beat
 from sxwl.protocol import Heartbeat, HeartbeatReply
 from tests.conftest import login
 from tests.support.cpods import beat, gpu_node, register_cpod

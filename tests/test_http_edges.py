@@ -20,10 +20,10 @@ from pydantic import ValidationError
 from sqlalchemy import text
 
 from sxwl.cloud.app import API_PREFIX, API_ROUTERS, create_app
-from sxwl.cloud.body_rules import BodyRules
 from sxwl.cloud.config import Settings
 from sxwl.cloud.context import CloudContext
-from sxwl.cloud.logs import JsonFormatter
+from sxwl.cloud.edge.body_rules import BodyRules
+from sxwl.cloud.kit.logs import JsonFormatter
 from sxwl.ctl import cloud as ctl_cloud
 from sxwl.protocol import paths
 from tests.conftest import MakeSettings

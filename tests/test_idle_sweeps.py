@@ -18,7 +18,8 @@ from sxwl.cloud.context import CloudContext
 from sxwl.cloud.db import migrate
 from sxwl.cloud.db.models import CPod, CPodEvent, CPodStatus, Role, User
 from sxwl.cloud.db.money_models import GpuOffer
-from sxwl.cloud.services import cpods, offers
+from sxwl.cloud.services.fleet import cpods
+from sxwl.cloud.services.money import offers
 from tests.conftest import MakeSettings
 from tests.support.cpods import gpu_node
 

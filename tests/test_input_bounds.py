@@ -12,9 +12,9 @@ from urllib.parse import quote
 import pytest
 from fastapi.testclient import TestClient
 
-from sxwl.cloud.groupcommit import GroupCommit
-from sxwl.cloud.services import heartbeats
-from sxwl.cloud.services.beat import Beat
+from sxwl.cloud.kit.groupcommit import GroupCommit
+from sxwl.cloud.services.fleet import heartbeats
+from sxwl.cloud.services.fleet.beat import Beat
 from sxwl.cloud.web.i18n import MESSAGES
 from sxwl.protocol import Heartbeat, HeartbeatReply
 from tests.support.cpods import gpu_node, register_cpod

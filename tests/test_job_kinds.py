@@ -1,4 +1,4 @@
-"""Workload kinds (services/job_kinds.py): a kind registered by the test hears every event of its
+"""Workload kinds (services/jobs/job_kinds.py): a kind registered by the test hears every event of its
 jobs' attempts, driven through the agent's real routes, and the jobs modules name no kind."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import pytest
 from sqlalchemy.orm import Session
 
 from sxwl.cloud.db.models import AttemptLog, Job, JobState, User
-from sxwl.cloud.services import job_kinds, jobs
-from sxwl.cloud.services.job_kinds import Kind, Workload
+from sxwl.cloud.services.jobs import job_kinds, jobs
+from sxwl.cloud.services.jobs.job_kinds import Kind, Workload
 from sxwl.protocol.jobs import JobIn
 from sxwl.protocol.reasons import Reason, english
 from tests.support.agent import eventually
@@ -20,8 +20,6 @@ from tests.test_cpods_api import ctx_of
 from tests.test_jobs_api import PRODUCT, Setup, setup  # noqa: F401 (the fixture)
 
 SERVICES = Path(__file__).parents[1] / "src" / "sxwl" / "cloud" / "services"
-# The job system: the state machine, its logs and history, the attempt's credentials.
-JOBS_MODULES = ("jobs", "attempts", "job_logs", "job_events", "job_kinds", "attempt_window", "upload_tokens")
 
 
 class Probe(Kind):
@@ -133,10 +131,9 @@ def test_a_workload_of_a_kind_that_is_not_registered_is_refused(setup: Setup) ->
         submit_probe(setup, Probe())
 
 
-def _imports(module: str) -> set[str]:
-    tree = ast.parse((SERVICES / f"{module}.py").read_text())
+def _imports(path: Path) -> set[str]:
     found: set[str] = set()
-    for node in ast.walk(tree):
+    for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
             found |= {alias.name for alias in node.names}
         elif isinstance(node, ast.ImportFrom) and node.module:
@@ -145,28 +142,37 @@ def _imports(module: str) -> set[str]:
     return found
 
 
+def _module_path(module: str) -> Path | None:
+    relative = module.removeprefix("sxwl.cloud.services.").replace(".", "/")
+    for path in (SERVICES / f"{relative}.py", SERVICES / relative / "__init__.py"):
+        if path.is_file():
+            return path
+    return None
+
+
 def test_the_jobs_modules_import_no_kind() -> None:
     """Statically, through every module of ours they import: a kind is installed from outside
     (services/__init__.py), so adding one touches no jobs module."""
     kinds = {
-        f"sxwl.cloud.services.{path.stem}"
-        for path in SERVICES.glob("*.py")
+        "sxwl.cloud.services." + ".".join(path.relative_to(SERVICES).with_suffix("").parts)
+        for path in SERVICES.rglob("*.py")
         if any(
             isinstance(node, ast.ClassDef) and any(getattr(b, "id", None) == "Kind" for b in node.bases)
             for node in ast.walk(ast.parse(path.read_text()))
         )
     }
-    assert "sxwl.cloud.services.fine_tune_kind" in kinds
-    fine_tune_modules = {f"sxwl.cloud.services.{path.stem}" for path in SERVICES.glob("fine_tune*.py")}
+    assert "sxwl.cloud.services.finetune.fine_tune_kind" in kinds
     seen: set[str] = set()
-    todo = [f"sxwl.cloud.services.{name}" for name in JOBS_MODULES]
+    todo = [f"sxwl.cloud.services.jobs.{path.stem}" for path in (SERVICES / "jobs").glob("*.py")]
     while todo:
         module = todo.pop()
         if module in seen:
             continue
         seen.add(module)
-        stem = module.removeprefix("sxwl.cloud.services.")
-        if "." not in stem and (SERVICES / f"{stem}.py").exists():
-            todo += [name for name in _imports(stem) if name.startswith("sxwl.cloud.services.")]
-    assert not seen & (kinds | fine_tune_modules), sorted(seen & (kinds | fine_tune_modules))
-    assert "sxwl.cloud.services.attempts" in seen and "sxwl.cloud.services.job_kinds" in seen
+        path = _module_path(module)
+        if path is not None and module.startswith("sxwl.cloud.services."):
+            todo += [name for name in _imports(path) if name.startswith("sxwl.cloud.services.")]
+    reached = {module for module in seen if _module_path(module) is not None}
+    assert not reached & kinds, sorted(reached & kinds)
+    assert not {m for m in reached if m.startswith("sxwl.cloud.services.finetune")}
+    assert "sxwl.cloud.services.jobs.attempts" in reached and "sxwl.cloud.services.jobs.job_kinds" in reached

@@ -13,8 +13,8 @@ from sxwl.cloud.api import jobs as jobs_api
 from sxwl.cloud.context import CloudContext
 from sxwl.cloud.db.models import Role, User
 from sxwl.cloud.db.types import utcnow
-from sxwl.cloud.services import jobs
-from sxwl.cloud.web import jobs_view
+from sxwl.cloud.services.jobs import jobs
+from sxwl.cloud.web.jobs import view as jobs_view
 from sxwl.protocol.jobs import JobIn
 from tests.test_cpods_api import ctx_of
 

@@ -12,9 +12,9 @@ from sqlalchemy import update
 
 from sxwl.cloud.context import CloudContext
 from sxwl.cloud.db.models import Job
-from sxwl.cloud.services import cpods as cpod_service
-from sxwl.cloud.services import scheduler
-from sxwl.cloud.services.log_chunks import MAX_CHUNKS
+from sxwl.cloud.services.fleet import cpods as cpod_service
+from sxwl.cloud.services.jobs.log_chunks import MAX_CHUNKS
+from sxwl.cloud.services.scheduling import scheduler
 from tests.conftest import login, register
 from tests.support.agent import eventually
 from tests.support.cpods import A100, access_key, beat, gpu_node, register_cpod

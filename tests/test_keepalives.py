@@ -1,5 +1,5 @@
 """The replica's one task that writes the keep-alive newlines of streamed long-polls
-(cloud/keepalives.py): on its own, with recording sends, and under uvicorn, where a CPod that goes
+(cloud/edge/keepalives.py): on its own, with recording sends, and under uvicorn, where a CPod that goes
 away in the middle of a hold releases its waiter and gets no more newlines."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from starlette.types import Message
 
 from sxwl.cloud.app import create_app
 from sxwl.cloud.context import CloudContext
-from sxwl.cloud.keepalives import KEEPALIVE, Keepalives
+from sxwl.cloud.edge.keepalives import KEEPALIVE, Keepalives
 from tests.conftest import MakeSettings
 from tests.support.agent import eventually
 from tests.support.replicas import RawCPod

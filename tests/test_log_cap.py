@@ -17,7 +17,7 @@ from sqlalchemy import func, select
 
 from sxwl.cloud.app import create_app
 from sxwl.cloud.db.models import AttemptLog, LogChunk
-from sxwl.cloud.services.job_logs import drop_line
+from sxwl.cloud.services.jobs.job_logs import drop_line
 from sxwl.protocol.finetune import Progress, progress_line
 from tests.conftest import MakeSettings
 from tests.support.seaweedfs import BUCKET, SeaweedFS

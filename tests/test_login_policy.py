@@ -9,7 +9,7 @@ from fastapi.testclient import TestClient
 from sqlalchemy import select
 
 from sxwl.cloud.db.models import AuthSession, SessionKind
-from sxwl.cloud.security import token_hash
+from sxwl.cloud.kit.security import token_hash
 from tests.conftest import login, register
 from tests.test_console_forms import csrf, register_form
 from tests.test_cpods_api import ctx_of

@@ -10,14 +10,14 @@ import psycopg
 import pytest
 from sqlalchemy import func, insert, literal, select, update
 
-from sxwl.cloud.api.agent import _authenticated
+from sxwl.cloud.api.agent.routes import _authenticated
 from sxwl.cloud.context import CloudContext
 from sxwl.cloud.db import migrate
 from sxwl.cloud.db.engine import Database
 from sxwl.cloud.db.models import CPod, CPodStatus, Role, User
 from sxwl.cloud.errors import AppError
-from sxwl.cloud.security import token_hash
-from sxwl.cloud.services.cpod_tokens import PREFIX as CPOD_TOKEN_PREFIX
+from sxwl.cloud.kit.security import token_hash
+from sxwl.cloud.services.fleet.cpod_tokens import PREFIX as CPOD_TOKEN_PREFIX
 from tests.conftest import MakeSettings
 from tests.support.postgres import TempPostgres
 

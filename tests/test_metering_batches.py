@@ -16,7 +16,7 @@ from sxwl.cloud.db import migrate
 from sxwl.cloud.db.models import CPod, CPodStatus, Job, JobAttempt, Role, User
 from sxwl.cloud.db.money_models import LedgerTransaction, UsageLine
 from sxwl.cloud.db.types import utcnow
-from sxwl.cloud.services import ledger, metering
+from sxwl.cloud.services.money import ledger, metering
 from sxwl.protocol.money import cost, provider_share
 from tests.conftest import MakeSettings
 

@@ -23,7 +23,7 @@ from typing import Any
 from sqlalchemy import func, select
 
 from sxwl.cloud.db.money_models import LedgerTransaction
-from sxwl.cloud.services import earnings, ledger, metering
+from sxwl.cloud.services.money import earnings, ledger, metering
 from tests.support.metering import Seeded, context, meter_loop, problems, seed, usage_slices
 
 END = datetime(2026, 6, 1, 12, 0, tzinfo=UTC)

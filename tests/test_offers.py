@@ -14,7 +14,7 @@ from sxwl.cloud.db import migrate
 from sxwl.cloud.db.models import CPod, CPodEvent, CPodStatus, Role, User
 from sxwl.cloud.db.money_models import GpuOffer
 from sxwl.cloud.db.types import utcnow
-from sxwl.cloud.services import offers
+from sxwl.cloud.services.money import offers
 from tests.conftest import MakeSettings
 from tests.support.cpods import A100, gpu_node
 

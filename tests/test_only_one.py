@@ -23,8 +23,11 @@ from sxwl.cloud.db import migrate
 from sxwl.cloud.db.engine import make_engine
 from sxwl.cloud.db.models import AccessKey, Artifact, CPod, CPodStatus, Job, JobAttempt, JobState, Role, User
 from sxwl.cloud.db.types import UTCDateTime, utcnow
-from sxwl.cloud.security import token_hash
-from sxwl.cloud.services import access_keys, attempts, cpods, scheduler
+from sxwl.cloud.kit.security import token_hash
+from sxwl.cloud.services.accounts import access_keys
+from sxwl.cloud.services.fleet import cpods
+from sxwl.cloud.services.jobs import attempts
+from sxwl.cloud.services.scheduling import scheduler
 from tests.conftest import MakeSettings, login, register
 from tests.support.cpods import A100, access_key, beat, gpu_node
 

@@ -7,7 +7,7 @@ import logging
 import pytest
 from fastapi.testclient import TestClient
 
-from sxwl.cloud.logs import JsonFormatter
+from sxwl.cloud.kit.logs import JsonFormatter
 from tests.conftest import login, register
 from tests.support.cloud import METRICS_AUTH
 

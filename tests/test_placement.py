@@ -8,8 +8,15 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sxwl.cloud.services.placement import CPodCapacity, Need, NodeCapacity, Placement, Pool, why_not
-from sxwl.cloud.services.scheduler import fair_order
+from sxwl.cloud.services.scheduling.placement import (
+    CPodCapacity,
+    Need,
+    NodeCapacity,
+    Placement,
+    Pool,
+    why_not,
+)
+from sxwl.cloud.services.scheduling.scheduler import fair_order
 from sxwl.protocol.reasons import english
 
 A100 = "NVIDIA-A100-SXM4-80GB"

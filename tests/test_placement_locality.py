@@ -17,9 +17,17 @@ from sxwl.cloud.db import migrate
 from sxwl.cloud.db.json_rows import CachedRow
 from sxwl.cloud.db.models import CPod, CPodStatus, Job, JobState, Role, User
 from sxwl.cloud.db.types import utcnow
-from sxwl.cloud.services import heartbeats, scheduler
-from sxwl.cloud.services.beat import Beat
-from sxwl.cloud.services.placement import CPodCapacity, Need, NodeCapacity, Placement, Pool, why_not
+from sxwl.cloud.services.fleet import heartbeats
+from sxwl.cloud.services.fleet.beat import Beat
+from sxwl.cloud.services.scheduling import scheduler
+from sxwl.cloud.services.scheduling.placement import (
+    CPodCapacity,
+    Need,
+    NodeCapacity,
+    Placement,
+    Pool,
+    why_not,
+)
 from sxwl.protocol import Heartbeat, HeartbeatReply
 from sxwl.protocol.reasons import english
 from tests.conftest import MakeSettings

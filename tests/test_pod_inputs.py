@@ -33,7 +33,7 @@ from sxwl.agent import pod_fetcher
 from sxwl.cloud.app import create_app
 from sxwl.cloud.config import Settings
 from sxwl.cloud.db.types import utcnow
-from sxwl.cloud.services import cpods as cpod_service
+from sxwl.cloud.services.fleet import cpods as cpod_service
 from sxwl.cloud.storage import Artifact
 from sxwl.protocol import PROTOCOL_HEADER, SHA256_HEADER, paths
 from sxwl.protocol.finetune import checkpoint_artifact

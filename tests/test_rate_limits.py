@@ -11,14 +11,14 @@ from alembic import command
 from fastapi.testclient import TestClient
 from sqlalchemy import func, inspect, select
 
-from sxwl.cloud import ratelimit
 from sxwl.cloud.app import create_app
 from sxwl.cloud.db import migrate
 from sxwl.cloud.db.engine import Database
 from sxwl.cloud.db.shared_state import RateEvent
 from sxwl.cloud.errors import AppError
-from sxwl.cloud.security import SecretBox
-from sxwl.cloud.services import key_check
+from sxwl.cloud.kit import ratelimit
+from sxwl.cloud.kit.security import SecretBox
+from sxwl.cloud.services.accounts import key_check
 from tests.conftest import MakeSettings, login, register
 from tests.support.clock import TestClock
 from tests.test_cpods_api import ctx_of

@@ -12,7 +12,7 @@ from fastapi.testclient import TestClient
 from sqlalchemy import Engine, create_engine, text
 
 from sxwl.cloud.db import migrate
-from sxwl.cloud.services.readiness import Readiness, Verdict
+from sxwl.cloud.db.readiness import Readiness, Verdict
 from tests.support.net import free_port
 
 

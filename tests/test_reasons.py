@@ -17,8 +17,8 @@ from sqlalchemy import select, text
 from sxwl.agent.jobsync import status
 from sxwl.agent.runtimes.sandbox import EXEC_SHIM
 from sxwl.cloud.db.models import Job
-from sxwl.cloud.web import jobs_view
-from sxwl.cloud.web.i18n_reasons import ZH
+from sxwl.cloud.web.i18n.reasons import ZH
+from sxwl.cloud.web.jobs import view as jobs_view
 from sxwl.protocol.reasons import ENGLISH, Reason, english, fields
 from tests.support.billing_api import BILLING, PRODUCT, Money
 from tests.support.clock import TestClock

@@ -19,7 +19,7 @@ import pytest
 from sxwl.cloud.background import listener
 from sxwl.cloud.context import CloudContext
 from sxwl.cloud.db import migrate
-from sxwl.cloud.notify import on_commit
+from sxwl.cloud.kit.notify import on_commit
 from tests.support.agent import eventually
 from tests.support.cloud import test_settings as settings_for  # not collected as a test
 from tests.support.postgres import TempPostgres

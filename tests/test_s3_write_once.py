@@ -15,7 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from sxwl.cloud.services.attempt_window import UPLOAD_AFTER_END_S
+from sxwl.cloud.services.jobs.attempt_window import UPLOAD_AFTER_END_S
 from sxwl.cloud.storage import AlreadyStored, Artifact
 from tests.conftest import MakeSettings
 from tests.support.seaweedfs import BUCKET, SeaweedFS

@@ -14,7 +14,7 @@ from sxwl.cloud.context import CloudContext
 from sxwl.cloud.db import migrate
 from sxwl.cloud.db.models import CPod, CPodStatus, Job, JobAttempt, JobEvent, JobState, Role, User
 from sxwl.cloud.db.types import utcnow
-from sxwl.cloud.services import scheduler
+from sxwl.cloud.services.scheduling import scheduler
 from sxwl.protocol.reasons import english
 from tests.conftest import MakeSettings
 from tests.support.cpods import A100, gpu_node

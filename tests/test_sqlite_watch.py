@@ -17,7 +17,8 @@ import httpx
 import pytest
 
 from sxwl.cloud.db.engine import Database
-from sxwl.cloud.services import accounts, jobs
+from sxwl.cloud.services.accounts import accounts
+from sxwl.cloud.services.jobs import jobs
 from tests.support.agent import eventually
 from tests.support.cloud import CloudProcess, Provider
 from tests.support.net import free_port

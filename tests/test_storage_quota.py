@@ -17,7 +17,7 @@ from sqlalchemy import func, select
 
 from sxwl.cloud.db.finetune_models import DataFile
 from sxwl.cloud.db.models import Artifact
-from sxwl.cloud.web.i18n_storage import STORAGE_MESSAGES
+from sxwl.cloud.web.i18n.storage import STORAGE_MESSAGES
 from tests.conftest import login, register
 from tests.support.agent import AgentProcess, eventually
 from tests.support.cloud import CloudProcess, Provider

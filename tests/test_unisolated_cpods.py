@@ -10,7 +10,7 @@ import httpx
 import pytest
 from fastapi.testclient import TestClient
 
-from sxwl.cloud.services import scheduler
+from sxwl.cloud.services.scheduling import scheduler
 from tests.conftest import login, register
 from tests.support.agent import eventually
 from tests.support.cpods import access_key, beat, gpu_node, register_cpod

@@ -22,10 +22,10 @@ from sqlalchemy import select as sql_select
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from sxwl.cloud.app import create_app
-from sxwl.cloud.body_rules import BodyRules, body_rule
 from sxwl.cloud.context import CloudContext
 from sxwl.cloud.db.finetune_models import CatalogModel, DataFile
 from sxwl.cloud.db.models import Artifact
+from sxwl.cloud.edge.body_rules import BodyRules, body_rule
 from tests.conftest import MakeSettings
 from tests.support.cloud import test_settings as settings_for
 from tests.support.served import Served

@@ -17,8 +17,8 @@ from sxwl.cloud.db.engine import make_engine
 from sxwl.cloud.db.models import CPodStatus, Job, Role, User
 from sxwl.cloud.db.money_models import UsageLine
 from sxwl.cloud.db.types import UTCDateTime
-from sxwl.cloud.services import billing, ledger
-from sxwl.cloud.services.ledger import account_key
+from sxwl.cloud.services.money import billing, ledger
+from sxwl.cloud.services.money.ledger import account_key
 from sxwl.protocol.money import provider_share
 
 USER, PROVIDER, CPOD, JOB = "u" * 32, "p" * 32, "c" * 32, "j" * 32

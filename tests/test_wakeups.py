@@ -15,7 +15,7 @@ from sxwl.cloud.context import CloudContext
 from sxwl.cloud.db import migrate
 from sxwl.cloud.db.engine import Database
 from sxwl.cloud.db.models import Role, User
-from sxwl.cloud.notify import Notifier, on_commit
+from sxwl.cloud.kit.notify import Notifier, on_commit
 from tests.conftest import MakeSettings
 from tests.test_jobs_api import Setup
 

@@ -11,7 +11,8 @@ from sqlalchemy import func, select
 
 from sxwl.cloud.context import CloudContext
 from sxwl.cloud.db.money_models import LedgerTransaction
-from sxwl.cloud.services import ledger, metering, scheduler
+from sxwl.cloud.services.money import ledger, metering
+from sxwl.cloud.services.scheduling import scheduler
 from tests.conftest import login, register
 from tests.support.clock import TestClock
 from tests.support.cpods import A100, access_key, beat, gpu_node, register_cpod

@@ -1,6 +1,6 @@
 """Test setup for fine-tunes: files and catalogue models put straight into the artifact store and
-the database, as services/datasets.py and services/model_catalog.py would after an upload (those
-have their own tests). Only what the fine-tune tests need to start from."""
+the database, as services/finetune/datasets.py and services/catalog/model_catalog.py would after an
+upload (those have their own tests). Only what the fine-tune tests need to start from."""
 
 from __future__ import annotations
 

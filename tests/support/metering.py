@@ -22,7 +22,7 @@ from sxwl.cloud.context import CloudContext
 from sxwl.cloud.db.migrate import upgrade
 from sxwl.cloud.db.models import CPod, CPodStatus, Job, JobAttempt, JobState, Role, User
 from sxwl.cloud.db.money_models import UsageLine
-from sxwl.cloud.services import billing, earnings, ledger, metering
+from sxwl.cloud.services.money import billing, earnings, ledger, metering
 from sxwl.protocol.money import cost, provider_share
 from tests.support.cloud import test_settings
 

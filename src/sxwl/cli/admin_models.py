@@ -14,7 +14,7 @@ import typer
 from sxwl.cli.client import CliError
 from sxwl.cli.cloud_settings import settings_for
 from sxwl.cli.output import out
-from sxwl.cloud.services.model_archive import pack_directory
+from sxwl.cloud.services.catalog.model_archive import pack_directory
 
 DataDir = Annotated[
     Path, typer.Option("--data-dir", envvar="SXWL_DATA_DIR", help="Where the database and keys live.")
@@ -25,7 +25,7 @@ def _register(data_dir: Path, name: str, archive: Path) -> str:
     from sxwl.cloud.context import CloudContext
     from sxwl.cloud.db import migrate
     from sxwl.cloud.errors import AppError
-    from sxwl.cloud.services import model_catalog
+    from sxwl.cloud.services.catalog import model_catalog
 
     ctx = CloudContext.from_settings(settings_for(data_dir))
     migrate.upgrade(ctx.db.engine)

@@ -22,7 +22,8 @@ from sxwl.cloud.db import migrate
 from sxwl.cloud.db.models import Role, User
 from sxwl.cloud.db.money_models import PriceResource
 from sxwl.cloud.errors import AppError
-from sxwl.cloud.services import accounts, billing, earnings, ledger, prices
+from sxwl.cloud.services.accounts import accounts
+from sxwl.cloud.services.money import billing, earnings, ledger, prices
 from sxwl.protocol.money import (
     MAX_AMOUNT_YUAN,
     MAX_PRICE_YUAN,

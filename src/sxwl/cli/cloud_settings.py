@@ -6,8 +6,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from sxwl.cloud import logs
 from sxwl.cloud.config import Settings
+from sxwl.cloud.kit import logs
 
 
 def settings_for(

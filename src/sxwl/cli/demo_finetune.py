@@ -23,8 +23,9 @@ from sqlalchemy import select
 from sxwl.cloud.context import CloudContext
 from sxwl.cloud.db.finetune_models import CatalogModel, DataFile
 from sxwl.cloud.db.models import User
-from sxwl.cloud.services import datasets, model_catalog
-from sxwl.cloud.services.model_archive import pack_directory
+from sxwl.cloud.services.catalog import model_catalog
+from sxwl.cloud.services.catalog.model_archive import pack_directory
+from sxwl.cloud.services.finetune import datasets
 
 DEMO_MODEL = "tiny-llama"
 DEMO_DATASET = "sample-translate.jsonl"

@@ -10,7 +10,7 @@ from sqlalchemy.orm import Session
 from sxwl.agent.inventory.nvml import NvmlReader
 from sxwl.cloud.db.models import User
 from sxwl.cloud.db.money_models import PriceChange, PriceResource
-from sxwl.cloud.services import billing, ledger, prices
+from sxwl.cloud.services.money import billing, ledger, prices
 from sxwl.protocol.money import MICRO
 
 DEMO_GPU_PRICE = prices.Rate(price_per_hour=2 * MICRO, fee_bp=1000)  # 2.00 CNY per GPU-hour, fee 10 %

@@ -15,7 +15,7 @@ from sxwl.cli import admin_models, admin_money, billing, client, finetune, jobs
 from sxwl.cli.client import CliError, Credentials
 from sxwl.cli.cloud_settings import settings_for
 from sxwl.cli.output import err, listing, out, show
-from sxwl.cloud.logs import LogFormat
+from sxwl.cloud.kit.logs import LogFormat
 
 app = typer.Typer(
     help="算想云 (sxwl): the cloud server and its command-line client.",
@@ -166,7 +166,7 @@ def create_user(
     from sxwl.cloud.db import migrate
     from sxwl.cloud.db.models import Role
     from sxwl.cloud.errors import AppError
-    from sxwl.cloud.services import accounts
+    from sxwl.cloud.services.accounts import accounts
 
     if role not in {r.value for r in Role}:
         raise CliError(f"--role: expected admin, provider or user, got {role!r}", exit_code=2)
@@ -201,7 +201,7 @@ def set_gpu_limit(
     """Cap the GPUs one user's jobs may hold at once (also PATCH /api/v1/admin/users/{id}/limits)."""
     from sxwl.cloud.context import CloudContext
     from sxwl.cloud.db import migrate
-    from sxwl.cloud.services import accounts
+    from sxwl.cloud.services.accounts import accounts
 
     ctx = CloudContext.from_settings(settings_for(data_dir))
     migrate.upgrade(ctx.db.engine)

@@ -23,14 +23,15 @@ from sqlalchemy.orm import Session
 
 from sxwl.cli import demo_finetune, demo_money, single_server
 from sxwl.cli.supervisor import Supervisor, Worker
-from sxwl.cloud import logs
 from sxwl.cloud.app import create_app
 from sxwl.cloud.config import Settings
 from sxwl.cloud.context import CloudContext
 from sxwl.cloud.db import migrate
 from sxwl.cloud.db.models import Job, Role, User
-from sxwl.cloud.head_deadline import protocol_with_head_timeout
-from sxwl.cloud.services import access_keys, accounts, jobs
+from sxwl.cloud.edge.head_deadline import protocol_with_head_timeout
+from sxwl.cloud.kit import logs
+from sxwl.cloud.services.accounts import access_keys, accounts
+from sxwl.cloud.services.jobs import jobs
 from sxwl.protocol.jobs import JobIn
 from sxwl.protocol.money import yuan_text
 
@@ -106,7 +107,7 @@ def uvicorn_config(app: FastAPI, settings: Settings, host: str, port: int) -> uv
         host=host,
         port=port,
         log_config=None,
-        # Our middleware logs each request (cloud/logs.py); uvicorn would still build the arguments
+        # Our middleware logs each request (cloud/kit/logs.py); uvicorn would still build the arguments
         # of every access-log line, its disabled logger notwithstanding.
         access_log=False,
         timeout_graceful_shutdown=5,

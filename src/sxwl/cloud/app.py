@@ -15,30 +15,23 @@ from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
 import sxwl
-from sxwl.cloud import error_handlers, errors, logs, metrics_route, web
-from sxwl.cloud.api import (
-    admin,
-    agent,
-    agent_inputs,
-    artifact_uploads,
-    auth,
-    billing,
-    cpods,
-    files,
-    fine_tuning,
-    jobs,
-    me,
-    models,
-    tunnel,
-)
+from sxwl.cloud import errors, web
+from sxwl.cloud.api import admin, auth, billing, cpods, jobs, me, metrics_route
+from sxwl.cloud.api.agent import artifact_uploads, tunnel
+from sxwl.cloud.api.agent import inputs as agent_inputs
+from sxwl.cloud.api.agent import routes as agent
 from sxwl.cloud.api.deps import plain_parameters
+from sxwl.cloud.api.openai import files, fine_tuning, models
 from sxwl.cloud.background import listener, liveness, metering, rate_events, scheduling, sqlite_watch
-from sxwl.cloud.body_rules import BodyRules
 from sxwl.cloud.config import Settings
 from sxwl.cloud.context import CloudContext
-from sxwl.cloud.db import migrate
-from sxwl.cloud.middleware import BodyLimit, HttpMetrics, RequestContext
-from sxwl.cloud.services import heartbeats, key_check, readiness
+from sxwl.cloud.db import migrate, readiness
+from sxwl.cloud.edge import error_handlers
+from sxwl.cloud.edge.body_rules import BodyRules
+from sxwl.cloud.edge.middleware import BodyLimit, HttpMetrics, RequestContext
+from sxwl.cloud.kit import logs
+from sxwl.cloud.services.accounts import key_check
+from sxwl.cloud.services.fleet import heartbeats
 from sxwl.protocol import paths
 
 log = logging.getLogger("sxwl.cloud")

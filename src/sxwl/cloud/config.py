@@ -11,7 +11,7 @@ from typing import Literal
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from sxwl.cloud.logs import LogFormat
+from sxwl.cloud.kit.logs import LogFormat
 
 # A rate's window becomes a timedelta: NaN, infinity and the far future must fail here, at start-up.
 _MAX_WINDOW_S = 366 * 86400

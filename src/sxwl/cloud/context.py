@@ -6,13 +6,13 @@ from dataclasses import dataclass, field
 
 from sxwl.cloud.config import Settings
 from sxwl.cloud.db.engine import Database
-from sxwl.cloud.groupcommit import GroupCommit
-from sxwl.cloud.keepalives import Keepalives
-from sxwl.cloud.notify import Notifier
-from sxwl.cloud.ratelimit import RateLimiter
-from sxwl.cloud.security import Passwords, SecretBox
-from sxwl.cloud.services.beat import Beat
-from sxwl.cloud.services.capacity import CapacityCache
+from sxwl.cloud.edge.keepalives import Keepalives
+from sxwl.cloud.kit.groupcommit import GroupCommit
+from sxwl.cloud.kit.notify import Notifier
+from sxwl.cloud.kit.ratelimit import RateLimiter
+from sxwl.cloud.kit.security import Passwords, SecretBox
+from sxwl.cloud.services.fleet.beat import Beat
+from sxwl.cloud.services.scheduling.capacity import CapacityCache
 from sxwl.cloud.storage import ArtifactStore
 from sxwl.cloud.storage.select import artifact_store
 from sxwl.cloud.tunnel.hub import Tunnels
@@ -35,13 +35,13 @@ class CloudContext:
     box: SecretBox
     limiters: Limiters = field(init=False)
     notifier: Notifier = field(default_factory=Notifier)
-    keepalives: Keepalives = field(init=False)  # of the streamed long-polls (cloud/keepalives.py)
+    keepalives: Keepalives = field(init=False)  # of the streamed long-polls (cloud/edge/keepalives.py)
     artifacts: ArtifactStore = field(init=False)
-    # Free GPUs kept between scheduling passes (services/capacity.py): only facts that never change
+    # Free GPUs kept between scheduling passes (services/scheduling/capacity.py): only facts that never change
     # under their key, checked against the database every pass.
     capacity: CapacityCache = field(default_factory=CapacityCache)
     # Heartbeats that arrive together share a transaction; set by ``create_app``, because the
-    # writer's logic (services/heartbeats.py) itself needs this context.
+    # writer's logic (services/fleet/heartbeats.py) itself needs this context.
     heartbeats: GroupCommit[Beat, HeartbeatReply] = field(init=False)
     # The agents' tunnels this process holds, and relays to those other replicas hold (docs/tunnel.md).
     tunnels: Tunnels = field(init=False)

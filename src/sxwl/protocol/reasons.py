@@ -1,7 +1,7 @@
 """Reasons and events as codes: why a job waits, fails or is cancelled, and what happened to a job
 or a fine-tune, kept as a code and its parameters (as dstack keeps ``JobTerminationReason``), so that
 each surface words it in its own language from the code: the API in English (``english``), the
-console in the reader's (web/i18n_reasons.py). Nothing parses a sentence back.
+console in the reader's (web/i18n/reasons.py). Nothing parses a sentence back.
 
 Rows written before the codes hold English sentences; they read back as the code ``text`` and are
 shown as they were stored. An agent's own words (a runtime's error) are ``text`` too, unless the
@@ -186,7 +186,7 @@ ENGLISH: dict[str, str] = {
     "agent.command_not_found": "command not found: {program}",
     "agent.command_not_found_but": "command not found: {program} (on PATH: {found})",
     "agent.max_runtime": "max runtime of {seconds} s exceeded",
-    # a CPod's events (services/cpods.py, heartbeats.py)
+    # a CPod's events (services/fleet/cpods.py, heartbeats.py)
     "cpod.agent": "{runtime} agent {version}",
     "cpod.again": "registered again (new agent token); {runtime} agent {version}",
     "cpod.again_revoked": "registered again after revocation; {runtime} agent {version}",
@@ -200,7 +200,7 @@ ENGLISH: dict[str, str] = {
     "cpod.missed": "{n} heartbeats missed",
     "cpod.missed_one": "1 heartbeat missed",
     "cpod.renamed": "{old} → {new}",
-    # a dataset line's problems (services/dataset_checks.py)
+    # a dataset line's problems (services/finetune/dataset_checks.py)
     "data.messages": "`messages` must be a non-empty list of {{role, content}} objects",
     "data.message": "{where}: must be an object with `role` and `content`",
     "data.no_role": "{where}: missing `role`",

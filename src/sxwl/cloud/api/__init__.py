@@ -1,3 +1,3 @@
-"""The HTTP API: REST v1 under /api/v1 (users, admins, providers, and the agents' protocol) and the
-OpenAI-compatible fine-tuning API under /v1. Thin routers: each opens the request's unit of work
-(``ctx.db.session()``) and calls the services, which hold the logic and the SQL."""
+"""The REST API: thin routers over the services (parse, call one service, shape the reply). Each
+router module is named for its domain; ``agent/`` holds what CPods call and ``openai/`` the
+OpenAI-compatible ``/v1``. Routers never touch HTTP-free rules themselves: those live in services."""

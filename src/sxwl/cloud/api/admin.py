@@ -10,7 +10,7 @@ from sxwl.cloud.api.deps import Ctx, CurrentAdmin
 from sxwl.cloud.api.responses import SIGNED_IN, WITH_BODY, errors
 from sxwl.cloud.api.schemas import AdminCreateUserIn, UserLimitsIn, UserOut, UserPageOut
 from sxwl.cloud.db.models import Role
-from sxwl.cloud.services import accounts
+from sxwl.cloud.services.accounts import accounts
 from sxwl.protocol.fields import PosInt32
 
 router = APIRouter(prefix="/admin", tags=["admin"], responses=SIGNED_IN)

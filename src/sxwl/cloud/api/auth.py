@@ -10,7 +10,7 @@ from sxwl.cloud.api.responses import WITH_BODY, errors, no_store
 from sxwl.cloud.api.schemas import LoginIn, RegisterIn, TokenOut, UserOut
 from sxwl.cloud.context import CloudContext
 from sxwl.cloud.db.models import Role, SessionKind, User
-from sxwl.cloud.services import accounts, sessions
+from sxwl.cloud.services.accounts import accounts, sessions
 
 router = APIRouter(prefix="/auth", tags=["auth"], responses=WITH_BODY)
 

@@ -1,5 +1,5 @@
 """Money: a user's balance and statements, a provider's earnings, an admin's prices, top-ups and
-payouts. Thin: the services hold the rules (services/billing.py, earnings.py, prices.py)."""
+payouts. Thin: the services hold the rules (services/money/billing.py, earnings.py, prices.py)."""
 
 from __future__ import annotations
 
@@ -29,8 +29,8 @@ from sxwl.cloud.db.models import Role, User
 from sxwl.cloud.db.money_models import LedgerTransaction, PriceResource
 from sxwl.cloud.db.types import utcnow
 from sxwl.cloud.errors import AppError, invalid
-from sxwl.cloud.services import billing, earnings, prices
-from sxwl.cloud.services.billing import StatementRow
+from sxwl.cloud.services.money import billing, earnings, prices
+from sxwl.cloud.services.money.billing import StatementRow
 from sxwl.protocol.money import percent_text
 
 router = APIRouter(tags=["money"], responses=SIGNED_IN)

@@ -8,8 +8,8 @@ from sxwl.cloud.api.deps import Ctx, CurrentUser
 from sxwl.cloud.api.responses import SIGNED_IN, WITH_BODY, errors
 from sxwl.cloud.api.schemas import CPodEventOut, CPodOut, CPodRenameIn, InputCacheOut
 from sxwl.cloud.db.models import CPod
-from sxwl.cloud.services import cpods
-from sxwl.cloud.services.gpu_summary import GpuAvailability, GpuSummary, summarize
+from sxwl.cloud.services.fleet import cpods
+from sxwl.cloud.services.money.gpu_summary import GpuAvailability, GpuSummary, summarize
 from sxwl.protocol import Node
 from sxwl.protocol.reasons import english
 

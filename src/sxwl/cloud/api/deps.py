@@ -15,7 +15,7 @@ from pydantic import BaseModel, ValidationError
 from sxwl.cloud.context import CloudContext
 from sxwl.cloud.db.models import AuthSession, Role, SessionKind, User
 from sxwl.cloud.errors import AppError, invalid
-from sxwl.cloud.services import sessions
+from sxwl.cloud.services.accounts import sessions
 from sxwl.protocol.fields import refuse_nul
 
 SESSION_COOKIE = "sxwl_session"

@@ -15,7 +15,8 @@ from sxwl.cloud.api.responses import SIGNED_IN, WITH_BODY, errors
 from sxwl.cloud.api.schemas import ArtifactOut, JobEventOut, JobOut, JobPageOut
 from sxwl.cloud.db.models import Job, JobState
 from sxwl.cloud.errors import AppError, invalid
-from sxwl.cloud.services import billing, job_events, job_logs, jobs, log_archive
+from sxwl.cloud.services.jobs import job_events, job_logs, jobs, log_archive
+from sxwl.cloud.services.money import billing
 from sxwl.cloud.storage import Artifact, StoreUnavailable, clean_artifact_path
 from sxwl.protocol.fields import NonNegInt64, PosInt32
 from sxwl.protocol.jobs import JobIn

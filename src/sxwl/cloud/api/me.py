@@ -8,7 +8,8 @@ from fastapi import APIRouter, Depends, Response
 from sxwl.cloud.api.deps import Ctx, CurrentUser
 from sxwl.cloud.api.responses import SIGNED_IN, WITH_BODY, no_store
 from sxwl.cloud.api.schemas import AccessKeyOut, AccessKeyRecordOut, PasswordChangeIn, StorageOut, UserOut
-from sxwl.cloud.services import access_keys, accounts, storage_quota
+from sxwl.cloud.services.accounts import access_keys, accounts
+from sxwl.cloud.services.catalog import storage_quota
 
 router = APIRouter(prefix="/me", tags=["account"], responses=SIGNED_IN)
 

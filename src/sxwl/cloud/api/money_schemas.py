@@ -8,7 +8,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-from sxwl.cloud.services.billing import Charge, StatementRow
+from sxwl.cloud.services.money.billing import Charge, StatementRow
 from sxwl.protocol.fields import Name, Strict, Text
 from sxwl.protocol.money import FeePercent, YuanAmount, YuanPrice, yuan
 

@@ -7,8 +7,8 @@ from typing import Literal
 
 from pydantic import AliasChoices, AliasPath, BaseModel, ConfigDict, Field, field_validator
 
-from sxwl.cloud.services.accounts import MAX_PASSWORD, MIN_PASSWORD, normalize_email
-from sxwl.cloud.services.gpu_summary import GpuSummary
+from sxwl.cloud.services.accounts.accounts import MAX_PASSWORD, MIN_PASSWORD, normalize_email
+from sxwl.cloud.services.money.gpu_summary import GpuSummary
 from sxwl.protocol import Isolation, Node
 from sxwl.protocol.fields import Name, Strict, Text
 from sxwl.protocol.jobs import JobFields

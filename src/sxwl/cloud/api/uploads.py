@@ -19,7 +19,7 @@ from starlette.formparsers import MultiPartException, MultiPartParser
 from sxwl.cloud.api.deps import Ctx, CurrentUser
 from sxwl.cloud.context import CloudContext
 from sxwl.cloud.errors import AppError, invalid
-from sxwl.cloud.services import storage_quota
+from sxwl.cloud.services.catalog import storage_quota
 
 # The multipart envelope around the file (boundaries, part headers, the small fields).
 MULTIPART_SLACK = 1024 * 1024

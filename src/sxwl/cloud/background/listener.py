@@ -19,7 +19,7 @@ from psycopg.conninfo import make_conninfo
 from sqlalchemy import URL
 
 from sxwl.cloud.context import CloudContext
-from sxwl.cloud.notify import CHANNEL
+from sxwl.cloud.kit.notify import CHANNEL
 
 log = logging.getLogger("sxwl.listener")
 

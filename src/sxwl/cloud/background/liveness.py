@@ -7,7 +7,7 @@ import logging
 
 from sxwl.cloud.context import CloudContext
 from sxwl.cloud.db.types import utcnow
-from sxwl.cloud.services import cpods
+from sxwl.cloud.services.fleet import cpods
 
 log = logging.getLogger("sxwl.liveness")
 

@@ -8,7 +8,8 @@ import logging
 import time
 
 from sxwl.cloud.context import CloudContext
-from sxwl.cloud.services import balance_stop, earnings, metering, offers
+from sxwl.cloud.services.jobs import balance_stop
+from sxwl.cloud.services.money import earnings, metering, offers
 
 log = logging.getLogger("sxwl.metering")
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from sxwl.cloud import ratelimit
 from sxwl.cloud.context import CloudContext
+from sxwl.cloud.kit import ratelimit
 
 log = logging.getLogger("sxwl.ratelimit")
 

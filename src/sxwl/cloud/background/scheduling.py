@@ -6,9 +6,9 @@ import asyncio
 import contextlib
 import logging
 
-from sxwl.cloud import metrics
 from sxwl.cloud.context import CloudContext
-from sxwl.cloud.services import scheduler
+from sxwl.cloud.kit import metrics
+from sxwl.cloud.services.scheduling import scheduler
 
 log = logging.getLogger("sxwl.scheduler")
 

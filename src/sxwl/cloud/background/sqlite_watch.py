@@ -6,7 +6,7 @@ price), or any tool that opens it. Instead of every held long-poll re-reading ea
 that, this task asks SQLite once a second, on a connection of its own, whether any other
 connection has committed since (``PRAGMA data_version``: it changes only then, and costs no read of
 the database). When it has, one read finds what such a write can have given the held long-polls
-(services/dispatch.py, ``news``) and wakes only those, with the scheduler and the job followers.
+(services/scheduling/dispatch.py, ``news``) and wakes only those, with the scheduler and the job followers.
 While the watch runs, waiters rest until woken or the backstop (docs/replicas.md, "SQLite"); when
 it fails, they go back to re-reading every second until it runs again."""
 
@@ -21,7 +21,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.pool import PoolProxiedConnection
 
 from sxwl.cloud.context import CloudContext
-from sxwl.cloud.services import dispatch
+from sxwl.cloud.services.scheduling import dispatch
 
 log = logging.getLogger("sxwl.sqlite_watch")
 

@@ -153,14 +153,14 @@ class CPod(Base):
     # its provider and of the accounts in trusted_owner_ids (docs/agent.md, "Isolation").
     isolation: Mapped[str] = mapped_column(String(16), default="isolated")
     trusted_owner_ids: Mapped[list[str]] = mapped_column(JSON, default=list)
-    # GPU time offered is counted up to here (services/offers.py): utilisation is sold ÷ offered.
+    # GPU time offered is counted up to here (services/money/offers.py): utilisation is sold ÷ offered.
     offered_until: Mapped[datetime | None] = mapped_column(UTCDateTime())
     # The inputs the agent last reported holding in its cache: [{sha256, size}] (docs/finetune.md).
     cached_inputs: Mapped[list[CachedRow]] = mapped_column(JSON, server_default=text("'[]'"))
     # Whether its agent fetches a fine-tune's inputs and runs the trainer (the local runtime; a
     # Kubernetes one with a trainer image), as it said at its last start.
     takes_fine_tunes: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
-    # Set by triggers on every write of a column the scheduler reads (services/capacity_marks.py),
+    # Set by triggers on every write of a column the scheduler reads (services/scheduling/capacity_marks.py),
     # never by the code: a scheduling pass reads only the CPods marked since its last one.
     capacity_mark: Mapped[int] = mapped_column(BigInteger, server_default=text("0"), index=True)
 

@@ -33,7 +33,7 @@ class RateEvent(Base):
 class KeyCheck(Base):
     """A keyed hash of nothing under a key derived from SXWL_SECRET_KEY, written by the first replica
     that starts: one started with another key would fail every upload token, accessKey and rate-limit
-    key the others made, so it refuses to start (services/key_check.py)."""
+    key the others made, so it refuses to start (services/accounts/key_check.py)."""
 
     __tablename__ = "key_checks"
     purpose: Mapped[str] = mapped_column(String(64), primary_key=True)

@@ -1,9 +1,14 @@
-"""Business logic of the cloud, free of HTTP and FastAPI: routers, the console, the background
-loops and the CLI call these functions, and only these touch the models. The workload kinds built on
-jobs are installed here, so every process that runs services runs their hooks
-(services/job_kinds.py); the jobs modules themselves name no kind."""
+"""The cloud's behaviour, one package per domain, free of HTTP: no FastAPI, no Request, no status
+codes beyond the ``AppError`` a refusal raises (the edge renders it). Routers, pages, the background
+loops and the CLI call these; only these touch the database models and the artifact store.
 
-from sxwl.cloud.services import job_kinds
-from sxwl.cloud.services.fine_tune_kind import FINE_TUNE
+Domains, lowest first; a domain imports only itself and those before it (`make lint` checks,
+scripts/check_layers.py): accounts, money, catalog, jobs, fleet, scheduling, finetune.
+
+The workload kinds built on jobs are installed here, so that every process that runs services runs
+their hooks (services/jobs/job_kinds.py); the jobs domain itself names no kind."""
+
+from sxwl.cloud.services.finetune.fine_tune_kind import FINE_TUNE
+from sxwl.cloud.services.jobs import job_kinds
 
 job_kinds.register(FINE_TUNE)

@@ -22,7 +22,7 @@ from sqlalchemy import delete, select, update
 from sxwl.cloud.db.engine import Database
 from sxwl.cloud.db.tunnel_models import TunnelHolder, TunnelReplica
 from sxwl.cloud.db.types import utcnow
-from sxwl.cloud.security import SecretBox
+from sxwl.cloud.kit.security import SecretBox
 from sxwl.cloud.tunnel import relay
 from sxwl.tunnel.headers import CPOD, Headers
 from sxwl.tunnel.session import PING_S, Session, StreamReset, Transport, TunnelStream

@@ -7,19 +7,17 @@ from fastapi import Depends, FastAPI
 from fastapi.staticfiles import StaticFiles
 
 from sxwl.cloud.api.deps import plain_parameters
-from sxwl.cloud.web import (
-    account_pages,
-    admin_pages,
-    auth_pages,
-    billing_pages,
-    compute_pages,
-    downloads,
-    finetune_pages,
-    jobs_pages,
-    models_pages,
-    money_admin_pages,
-)
+from sxwl.cloud.web.account import pages as account_pages
+from sxwl.cloud.web.admin import money_pages as money_admin_pages
+from sxwl.cloud.web.admin import pages as admin_pages
+from sxwl.cloud.web.auth import pages as auth_pages
+from sxwl.cloud.web.compute import downloads
+from sxwl.cloud.web.compute import pages as compute_pages
+from sxwl.cloud.web.finetune import pages as finetune_pages
+from sxwl.cloud.web.jobs import pages as jobs_pages
 from sxwl.cloud.web.kit import HERE, PageRefused, error_page, page_refused
+from sxwl.cloud.web.models import pages as models_pages
+from sxwl.cloud.web.money import pages as billing_pages
 
 # Console routers with routes that take more than the default body (a dataset's upload), each with
 # its prefix, for the app's BodyRules (app.py).

@@ -22,9 +22,10 @@ from sxwl.cloud.api.deps import CSRF_COOKIE, Principal, console_principal
 from sxwl.cloud.context import CloudContext
 from sxwl.cloud.db.models import Role
 from sxwl.cloud.errors import AppError
-from sxwl.cloud.services import billing
-from sxwl.cloud.web import compute_view, money_view
+from sxwl.cloud.services.money import billing
+from sxwl.cloud.web.compute import view as compute_view
 from sxwl.cloud.web.i18n import DEFAULT_LANGUAGE, LANGUAGES, translate
+from sxwl.cloud.web.money import view as money_view
 from sxwl.protocol.fields import CONTROL_CHARS
 from sxwl.protocol.money import money_text
 

@@ -1,0 +1,1 @@
+"""Users, sessions and accessKeys: who is calling. Imports no other domain."""

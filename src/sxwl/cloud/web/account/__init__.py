@@ -1,0 +1,1 @@
+"""The account page: the user's accessKey, balance and storage."""

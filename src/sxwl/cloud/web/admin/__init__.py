@@ -1,0 +1,1 @@
+"""Pages only admins see: users, and the money settings (prices, fees, top-ups, payouts)."""

@@ -1,0 +1,1 @@
+"""Sign-up, sign-in and sign-out pages."""

@@ -1,0 +1,1 @@
+"""算力详情: the CPods, their GPUs and what runs on them."""

@@ -1,0 +1,1 @@
+"""The fine-tune pages: the form, the list, a fine-tune's live page and its loss chart."""

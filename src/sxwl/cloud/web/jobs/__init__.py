@@ -1,0 +1,1 @@
+"""The job pages: the form, the list and a job's live page."""

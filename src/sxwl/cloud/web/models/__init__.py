@@ -1,0 +1,1 @@
+"""The Models page: the user's base models and fine-tuned adapters."""

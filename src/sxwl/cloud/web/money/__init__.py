@@ -1,0 +1,1 @@
+"""The user's statement and the provider's earnings pages."""
