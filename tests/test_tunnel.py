@@ -22,6 +22,7 @@ from sxwl.cloud.tunnel.hub import NoTunnel
 from sxwl.tunnel.session import STREAM_WINDOW, StreamReset
 from tests.support.agent import AgentProcess, eventually, simulated_agent
 from tests.support.cloud import test_settings as cloud_settings
+from tests.support.threads import run_on_thread
 from tests.support.tunnel import InProcessCloud, StallingProxy, Target, provider_key, request
 
 PRODUCT = "SIM-GPU"
@@ -270,18 +271,18 @@ def test_a_wrong_cpod_token_is_refused(rig: Rig) -> None:
                 pass
         return caught.value.response.status_code, bytes(caught.value.response.body or b"")
 
-    status, body = asyncio.run(refused({"Authorization": "Bearer not-a-token"}))
+    status, body = run_on_thread(refused({"Authorization": "Bearer not-a-token"}))
     assert status == 401 and b"cpod_revoked" in body
-    assert asyncio.run(refused({}))[0] == 401
+    assert run_on_thread(refused({}))[0] == 401
     account = {"email": "someone@example.com", "password": "correct horse", "role": "user"}
     httpx.post(f"{rig.cloud.url}/api/v1/auth/register", json=account).raise_for_status()
     credentials = {"email": account["email"], "password": account["password"]}
     login = httpx.post(f"{rig.cloud.url}/api/v1/auth/login", json=credentials).json()["access_token"]
-    status, body = asyncio.run(refused({"Authorization": f"Bearer {login}"}))
+    status, body = run_on_thread(refused({"Authorization": f"Bearer {login}"}))
     assert status == 403 and b"not_a_cpod" in body  # a user's token is no CPod's
     # The CPod's real token counts only in the header: in the URL it is no credential.
     token = json.loads((rig.root / "agent" / "cpod.json").read_text())["cpod_token"]
-    assert asyncio.run(refused({}, f"{url}?token={token}&access_token={token}"))[0] == 401
+    assert run_on_thread(refused({}, f"{url}?token={token}&access_token={token}"))[0] == 401
     assert rig.cloud.connections(rig.cpod) == 2
 
 

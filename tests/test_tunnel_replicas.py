@@ -20,6 +20,7 @@ from tests.support.cloud import test_settings as cloud_settings
 from tests.support.net import free_port
 from tests.support.postgres import TempPostgres
 from tests.support.replicas import Balancer
+from tests.support.threads import run_on_thread
 from tests.support.tunnel import InProcessCloud, Target, provider_key, request
 
 
@@ -110,7 +111,7 @@ def test_the_relay_route_refuses_whoever_is_not_a_replica(tmp_path: Path) -> Non
     try:
         stale = f"1000.{'0' * 64}"
         for headers in ({}, {relay.RELAY_HEADER: "x"}, {relay.RELAY_HEADER: stale}):
-            assert asyncio.run(status(headers)) == 403
-        assert asyncio.run(status({relay.RELAY_HEADER: cloud.tunnels.relay_token()})) == 101
+            assert run_on_thread(status(headers)) == 403
+        assert run_on_thread(status({relay.RELAY_HEADER: cloud.tunnels.relay_token()})) == 101
     finally:
         cloud.stop()

@@ -1,5 +1,6 @@
-"""The server-rendered web console: ``kit`` (rendering, errors, who may see a page) and one module of
-pages per area, assembled here."""
+"""The server-rendered web console: ``kit`` (rendering, errors, who may see a page), one package of
+pages per area (their routes in ``pages``, what they show in ``view``), the texts in ``i18n``,
+assembled here."""
 
 from __future__ import annotations
 

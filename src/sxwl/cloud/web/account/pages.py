@@ -63,7 +63,8 @@ def _account(
         status=status,
         key_history=history,
         artifact_served=ctx.settings.artifact_file is not None,
-        artifact_names_cloud=bool(ctx.settings.public_url),
+        # The served artifact names the cloud only where its operator set the public URL.
+        artifact_names_cloud=ctx.settings.artifact_file is not None and bool(ctx.settings.public_url),
         cloud_url=ctx.settings.public_url.rstrip("/") or str(request.base_url).rstrip("/"),
         storage=storage,
         size=jobs_view.size,
