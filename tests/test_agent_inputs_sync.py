@@ -150,7 +150,13 @@ def test_an_attempt_left_fetching_by_a_restart_is_reported_lost(
 
     with_sync(cloud, tmp_path / "state", body)
     assert cloud.reports == [
-        {"attempt": 3, "state": "lost", "reason": "the agent restarted while fetching the job's inputs"}
+        {
+            "attempt": 3,
+            "state": "lost",
+            "reason": "the agent restarted while fetching the job's inputs",
+            "reason_code": "agent.restarted_fetching",
+            "reason_params": {},
+        }
     ]
     eventually(lambda: not list((tmp_path / "state" / "cache" / ".pending").iterdir()), what="marker gone")
 
@@ -189,6 +195,10 @@ def test_a_kubernetes_cpod_without_trainer_images_refuses_a_fine_tune(
                 "could not start: this CPod runs no fine-tunes: its agent needs --trainer-image"
                 " and --uploader-image"
             ),
+            "reason_code": "agent.could_not_start",
+            "reason_params": {
+                "error": "this CPod runs no fine-tunes: its agent needs --trainer-image and --uploader-image"
+            },
         }
     ]
     assert not any("/inputs/" in path for path, _ in cloud.seen)

@@ -11,11 +11,12 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import select, text
 
-from sxwl.agent.jobsync import status
 from sxwl.agent.runtimes.sandbox import EXEC_SHIM
+from sxwl.agent.status_report import could_not_start, status
 from sxwl.cloud.db.models import Job
 from sxwl.cloud.web.i18n.reasons import ZH
 from sxwl.cloud.web.jobs import view as jobs_view
@@ -155,3 +156,36 @@ def test_command_not_found_names_the_interpreters_on_path(tmp_path: Path) -> Non
     # A code this cloud does not know (a newer agent's) is kept as the agent's words.
     newer = Reason.from_wire("agent.something_new", {}, "something new happened")
     assert newer == Reason.text("something new happened")
+
+
+@pytest.mark.parametrize(
+    ("stored", "code", "english_words", "chinese"),
+    [
+        (
+            Reason.of("agent.out_of_memory", mib=256).stored,
+            "agent.out_of_memory",
+            "out of memory: the job reached its memory limit of 256 MiB",
+            "内存不足：任务达到了 256 MiB 的内存上限",
+        ),
+        (
+            could_not_start(RuntimeError("no such image")),
+            "agent.could_not_start",
+            "could not start: no such image",
+            "无法启动：no such image",
+        ),
+        (
+            Reason.of("agent.processes_gone").stored,
+            "agent.processes_gone",
+            "the job's processes were gone when the agent restarted",
+            "代理重启时任务的进程已不在",
+        ),
+    ],
+)
+def test_the_agents_own_reasons_travel_as_codes(
+    stored: str, code: str, english_words: str, chinese: str
+) -> None:
+    """What the agent says of an attempt (out of memory, could not start, lost in a restart) keeps
+    its English for an older cloud and its code for the console's Chinese."""
+    report = status(1, "failed", None, stored)
+    assert (report.reason, report.reason_code) == (english_words, code)
+    assert jobs_view.reason("zh", report.said()) == chinese

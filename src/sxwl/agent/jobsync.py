@@ -18,11 +18,12 @@ from sxwl.agent.client import CloudClient, LogGap, Rejected, Stale, Unreachable
 from sxwl.agent.input_grants import InputGrants
 from sxwl.agent.inputs import InputCache, InputError
 from sxwl.agent.runtimes.base import J, Runtime
+from sxwl.agent.status_report import status
 from sxwl.agent.tenant_files import OutputTree
 from sxwl.protocol import AgentJobState, Assignment, AssignmentsReply, JobReport, JobStatus
 from sxwl.protocol.finetune import CHECKPOINT_DIR, CachedInput, JobInput
-from sxwl.protocol.models import REASON_MAX_CHARS, attempt_key
-from sxwl.protocol.reasons import TEXT, Reason, english
+from sxwl.protocol.models import attempt_key
+from sxwl.protocol.reasons import Reason, english
 
 log = logging.getLogger("sxwl.agent.jobs")
 LOG_CHUNK = 256 * 1024
@@ -86,7 +87,9 @@ class JobSync(Generic[J]):
         """True when the cloud took the report; a stale attempt is stopped and forgotten."""
         try:
             said = status(job.attempt, state, exit_code, reason)
-            said.never_ran = job.never_ran  # set by the runtime once the attempt ended before its command
+            said.never_ran = (
+                job.never_ran or None
+            )  # set by the runtime once the attempt ended before its command
             reply = await self.client.report(self.token, job.job_id, said)
         except Stale as exc:
             log.warning(
@@ -117,7 +120,12 @@ class JobSync(Generic[J]):
                 await self.client.report(
                     self.token,
                     assignment.job_id,
-                    JobStatus(attempt=assignment.attempt, state="failed", reason=f"could not start: {exc}"),
+                    status(
+                        assignment.attempt,
+                        "failed",
+                        None,
+                        Reason.of("agent.could_not_start", error=str(exc)).stored,
+                    ),
                 )
                 continue
             job.artifact_max_bytes = assignment.artifact_max_bytes
@@ -257,12 +265,10 @@ class JobSync(Generic[J]):
             return
         for pending in await asyncio.to_thread(self.cache.left_pending):
             if not self.runtime.knows(pending.job_id, pending.attempt):
-                reason = "the agent restarted while fetching the job's inputs"
+                reason = Reason.of("agent.restarted_fetching").stored
                 with contextlib.suppress(Stale, Rejected):
                     await self.client.report(
-                        self.token,
-                        pending.job_id,
-                        JobStatus(attempt=pending.attempt, state="lost", reason=reason),
+                        self.token, pending.job_id, status(pending.attempt, "lost", None, reason)
                     )
             self.cache.clear_pending(pending.job_id, pending.attempt)
 
@@ -273,7 +279,7 @@ class JobSync(Generic[J]):
         while self.lost:
             job = self.lost[0]
             try:
-                reason = job.lost_reason or "the job's processes were gone when the agent restarted"
+                reason = job.lost_reason or Reason.of("agent.processes_gone").stored
                 await self._report(job, "lost", reason=reason)
             except Rejected as exc:
                 log.warning("lost report for %s refused: %s", job.job_id, exc)
@@ -412,7 +418,7 @@ class JobSync(Generic[J]):
         if reason is None and job.exit_code:
             reason = Reason.of("job.exit_code", code=job.exit_code).stored
         if job.exit_code is None and job.stop_reason is None:
-            reason = "the job's process ended without an exit status"
+            reason = Reason.of("agent.no_exit_status").stored
         outcome = job.outcome
         if job.artifact_problems:
             # Its outputs did not all come back: the user's result is incomplete (as on Kubernetes).
@@ -426,23 +432,3 @@ class JobSync(Generic[J]):
         self.runtime.done(job)
         if self.grants is not None:
             self.grants.revoke(job.job_id, job.attempt)
-
-
-def status(attempt: int, state: AgentJobState, exit_code: int | None, reason: str | None) -> JobStatus:
-    """A report of the attempt's state. A runtime keeps its reason as words or as a stored code
-    (protocol/reasons.py): a code goes with its English, so that the cloud words it for each reader
-    and an older cloud still has the English."""
-    said = Reason.read(reason)
-    words = english(said)
-    if words is not None and len(words) > REASON_MAX_CHARS:  # several ranks' upload errors, say
-        words = words[: REASON_MAX_CHARS - 1] + "…"
-    params = {k: v for k, v in said.params.items() if v is None or isinstance(v, str | int)} if said else {}
-    coded = said is not None and said.code != TEXT and len(params) == len(said.params)
-    return JobStatus(
-        attempt=attempt,
-        state=state,
-        exit_code=exit_code,
-        reason=words,
-        reason_code=said.code if said and coded else None,
-        reason_params=params if coded else None,
-    )

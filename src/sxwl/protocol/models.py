@@ -217,7 +217,7 @@ class JobStatus(WireIn):
     reason: Text | None = Field(default=None, max_length=REASON_MAX_CHARS)
     # The attempt ended before its command ran (command not found, a sandbox that could not start):
     # it costs nothing, whatever it reported before (docs/billing.md). Older agents leave it out.
-    never_ran: bool = False
+    never_ran: bool | None = None  # None: not said (an older agent), as False
     # The reason as a code and its parameters (protocol/reasons.py), so that the cloud words it in each
     # reader's language; ``reason`` stays the English, for a cloud that does not know the code.
     reason_code: Text | None = Field(default=None, max_length=64)

@@ -186,6 +186,13 @@ ENGLISH: dict[str, str] = {
     "agent.command_not_found": "command not found: {program}",
     "agent.command_not_found_but": "command not found: {program} (on PATH: {found})",
     "agent.max_runtime": "max runtime of {seconds} s exceeded",
+    "agent.out_of_memory": "out of memory: the job reached its memory limit of {mib} MiB",
+    "agent.no_exit_status": "the job's process ended without an exit status",
+    "agent.could_not_start": "could not start: {error}",
+    "agent.restarted_fetching": "the agent restarted while fetching the job's inputs",
+    "agent.processes_gone": "the job's processes were gone when the agent restarted",
+    "agent.kube_job_gone": "its Kubernetes Job was gone when the agent restarted",
+    "agent.pod_deleted": "a pod of the job was deleted before it finished",
     # a CPod's events (services/fleet/cpods.py, heartbeats.py)
     "cpod.agent": "{runtime} agent {version}",
     "cpod.again": "registered again (new agent token); {runtime} agent {version}",

@@ -52,6 +52,7 @@ from sxwl.agent.runtimes.kube_tenancy import Tenancy
 from sxwl.agent.runtimes.kube_uploads import UploadConfig, secret_manifest
 from sxwl.agent.tenant_files import OutputTree
 from sxwl.protocol import Assignment, Node, attempt_key
+from sxwl.protocol.reasons import Reason
 
 log = logging.getLogger("sxwl.agent.kubernetes")
 # How long past the grace a stopped or failed attempt's pods may take to finish before it ends anyway.
@@ -272,7 +273,7 @@ class KubernetesRuntime(AttemptDirs[KubeJob]):
         lost = []
         for key, job in list(self.jobs.items()):
             if job.created and key not in k8s_jobs and job.outcome is None:
-                job.lost_reason = "its Kubernetes Job was gone when the agent restarted"
+                job.lost_reason = Reason.of("agent.kube_job_gone").stored
                 job.reported = True
                 self.save(job)
                 del self.jobs[key]

@@ -390,7 +390,7 @@ class LocalRuntime(AttemptDirs[LocalJob]):
         cgroup = self.cgroup_name(job.job_id, job.attempt)
         if job.stop_reason is None and code != 0 and self.cgroups.oom_kills(cgroup):
             limit = self.setup.bounds.memory_bytes or 0
-            job.stop_reason = f"out of memory: the job reached its memory limit of {limit / 2**20:.0f} MiB"
+            job.stop_reason = Reason.of("agent.out_of_memory", mib=round(limit / 2**20)).stored
         if not self.cgroups.remove(cgroup):
             self.cgroups_left.add(cgroup)
         if job.stop_reason is not None:

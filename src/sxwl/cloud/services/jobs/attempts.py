@@ -164,7 +164,7 @@ def report_status(
     exit_code: int | None,
     reason: Reason | None,
     *,
-    never_ran: bool = False,
+    never_ran: bool | None = False,
 ) -> Job:
     job = job_for_agent(session, cpod, job_id, attempt)
     if job.state == state:
@@ -188,7 +188,7 @@ def report_status(
             reason = reason or Reason.of("job.exited_while_serving", status=exit_code, kind=kind.name)
         if reason is None and state == JobState.FAILED and exit_code is not None:
             reason = Reason.of("job.exit_code", code=exit_code)
-        close_attempt(session, job, state.value, reported=True, never_ran=never_ran)
+        close_attempt(session, job, state.value, reported=True, never_ran=bool(never_ran))
         finish(job, state, exit_code, reason)
         state, reason = job.state, job.reason
         on_commit(session).wake_scheduler()
