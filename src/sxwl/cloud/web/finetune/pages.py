@@ -44,7 +44,6 @@ from sxwl.protocol.jobs import MAX_GPUS_PER_NODE
 
 router = APIRouter(include_in_schema=False)
 
-LIST_REFRESH_MS = 5000
 DETAIL_REFRESH_MS = 3000
 FINISHED_REFRESH_MS = 30_000
 CLI_EXAMPLE = "sxwl files upload train.jsonl\nsxwl finetune create --model <model> --training-file file-…"
@@ -97,15 +96,8 @@ def _list_values(request: Request, principal: Principal) -> dict[str, Any]:
 
 @router.get("/finetune")
 def finetune_list_page(request: Request, principal: JobsViewer) -> Response:
-    query = request.url.query
-    return render(
-        request,
-        "finetune_list.html",
-        principal,
-        fragment_src="/finetune/fragment" + (f"?{query}" if query else ""),
-        refresh_ms=LIST_REFRESH_MS,
-        **_list_values(request, principal),
-    )
+    values = _list_values(request, principal)
+    return live_detail.list_page(request, principal, "finetune_list.html", "/finetune/fragment", values)
 
 
 @router.get("/finetune/fragment")

@@ -130,3 +130,22 @@ def add_routes(router: APIRouter, kind: DetailKind) -> None:
     router.add_api_route(f"{kind.path}/{{item_id}}", detail_page, methods=["GET"])
     router.add_api_route(f"{kind.path}/{{item_id}}/fragment", detail_fragment, methods=["GET"])
     router.add_api_route(f"{kind.path}/{{item_id}}/cancel", detail_cancel, methods=["POST"])
+
+
+# How often a list page fetches its live fragment, in milliseconds.
+LIST_REFRESH_MS = 5000
+
+
+def list_page(
+    request: Request, principal: Principal, template: str, fragment_path: str, values: dict[str, Any]
+) -> Response:
+    """A list page (jobs, fine-tunes) that fetches its live fragment, with the page's own query."""
+    query = request.url.query
+    return render(
+        request,
+        template,
+        principal,
+        fragment_src=fragment_path + (f"?{query}" if query else ""),
+        refresh_ms=LIST_REFRESH_MS,
+        **values,
+    )

@@ -37,8 +37,7 @@ from sxwl.protocol.jobs import MAX_GPUS_PER_NODE, MAX_NODES
 
 router = APIRouter(include_in_schema=False)
 
-# How often the pages fetch their live fragment, in milliseconds (the log has its own, faster poll).
-LIST_REFRESH_MS = 5000
+# How often a job's page fetches its live fragment, in milliseconds (the log has its own, faster poll).
 JOB_REFRESH_MS = 3000
 FINISHED_JOB_REFRESH_MS = 30_000
 CLI_EXAMPLE = "sxwl jobs submit --gpus 1 -- python3 train.py"
@@ -107,15 +106,8 @@ def _list_values(request: Request, principal: Principal) -> dict[str, Any]:
 
 @router.get("/jobs")
 def jobs_page(request: Request, principal: JobsViewer) -> Response:
-    values = _list_values(request, principal)
-    query = request.url.query
-    return render(
-        request,
-        "jobs.html",
-        principal,
-        fragment_src="/jobs/fragment" + (f"?{query}" if query else ""),
-        refresh_ms=LIST_REFRESH_MS,
-        **values,
+    return live_detail.list_page(
+        request, principal, "jobs.html", "/jobs/fragment", _list_values(request, principal)
     )
 
 
