@@ -193,7 +193,8 @@ def test_a_failed_job_with_many_upload_errors_reaches_the_cloud_with_a_bounded_r
         job = world.wait_state(job_id, "failed", timeout=60)
         assert job["exit_code"] == 3
         assert job["reason"].startswith("exit code 3; artifact part-0.bin refused: larger than 10 bytes; ")
-        assert len(job["reason"]) == 500 and job["reason"].endswith("…")
+        # Cut to what the reason's column holds (500 characters, its code's JSON included).
+        assert 400 < len(job["reason"]) < 500 and job["reason"].endswith("…")
     finally:
         world.close()
 

@@ -46,16 +46,18 @@ class Reason:
         return {"code": self.code, "params": params}
 
     def stored_within(self, limit: int) -> str:
-        """``stored`` in at most ``limit`` characters: its longest words are shortened until it fits
-        (an agent's message can be as long as the column)."""
-        if len(self.stored) <= limit:
-            return self.stored
-        keep = limit // 2
-        while keep > 8:
-            shorter = self._shortened(keep).stored
-            if len(shorter) <= limit:
-                return shorter
-            keep //= 2
+        """``stored`` in at most ``limit`` characters: its longest words are shortened by what is
+        over, so the words keep as much as the column holds (an agent's message can be as long as
+        the column)."""
+        fitted = self
+        for _ in range(8):  # JSON's escapes can make one cut a little short: cut again
+            over = len(fitted.stored) - limit
+            if over <= 0:
+                return fitted.stored
+            longest = fitted._longest()
+            if longest <= 8:
+                break
+            fitted = fitted._shortened(max(longest - over - 1, 8))
         return Reason(self.code).stored
 
     def _shortened(self, keep: int) -> Reason:
@@ -67,6 +69,16 @@ class Reason:
             return value
 
         return Reason(self.code, {k: short(v) for k, v in self.params.items()})
+
+    def _longest(self) -> int:
+        return (
+            max(
+                (v._longest() if isinstance(v, Reason) else len(v) if isinstance(v, str) else 0)
+                for v in self.params.values()
+            )
+            if self.params
+            else 0
+        )
 
     @classmethod
     def read(cls, stored: str | None) -> Reason | None:
