@@ -44,8 +44,6 @@ from sxwl.protocol.jobs import MAX_GPUS_PER_NODE
 
 router = APIRouter(include_in_schema=False)
 
-DETAIL_REFRESH_MS = 3000
-FINISHED_REFRESH_MS = 30_000
 CLI_EXAMPLE = "sxwl files upload train.jsonl\nsxwl finetune create --model <model> --training-file file-…"
 
 
@@ -327,8 +325,6 @@ FINE_TUNE_PAGE = live_detail.DetailKind(
     finished=lambda lang, v: translate(
         lang, "ft.cancel_conflict", status=finetune_view.status_name(lang, v["live_state"])
     ),
-    refresh_ms=DETAIL_REFRESH_MS,
-    finished_refresh_ms=FINISHED_REFRESH_MS,
 )
 
 live_detail.add_routes(router, FINE_TUNE_PAGE)

@@ -49,8 +49,10 @@ class DetailKind:
     banner: Callable[[str, Request, Values], str | None]
     # The sentence for a cancel refused because the item has finished.
     finished: Callable[[str, Values], str]
-    refresh_ms: int
-    finished_refresh_ms: int  # a finished item changes little more: look rarely
+    # How often the page fetches its live fragment, in milliseconds (a job's log has its own, faster
+    # poll); a finished item changes little more: look rarely.
+    refresh_ms: int = 3000
+    finished_refresh_ms: int = 30_000
 
 
 def _values(kind: DetailKind, request: Request, principal: Principal, item_id: str) -> Values | AppError:

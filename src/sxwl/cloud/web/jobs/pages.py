@@ -37,9 +37,6 @@ from sxwl.protocol.jobs import MAX_GPUS_PER_NODE, MAX_NODES
 
 router = APIRouter(include_in_schema=False)
 
-# How often a job's page fetches its live fragment, in milliseconds (the log has its own, faster poll).
-JOB_REFRESH_MS = 3000
-FINISHED_JOB_REFRESH_MS = 30_000
 CLI_EXAMPLE = "sxwl jobs submit --gpus 1 -- python3 train.py"
 
 
@@ -231,8 +228,6 @@ JOB_PAGE = live_detail.DetailKind(
     finished=lambda lang, v: translate(
         lang, "job.cancel_conflict", state=jobs_view.state_name(lang, v["live_state"])
     ),
-    refresh_ms=JOB_REFRESH_MS,
-    finished_refresh_ms=FINISHED_JOB_REFRESH_MS,
 )
 
 live_detail.add_routes(router, JOB_PAGE)
