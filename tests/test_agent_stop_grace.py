@@ -7,14 +7,12 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-import httpx
 import pytest
 
 from sxwl.agent.runtimes.local import LocalJob, LocalRuntime
 from sxwl.protocol.models import Assignment
 from tests.support.agent import eventually
-from tests.support.browser import api_token, create_admin
-from tests.test_jobs_process import PRODUCT, World
+from tests.test_jobs_process import World
 
 AGENT_GRACE_S = 0.5
 # Saves a checkpoint on SIGTERM, then keeps running until it is killed.
@@ -78,16 +76,7 @@ def test_an_exhausted_balance_stops_a_job_with_the_clouds_grace(
         SXWL_BALANCE_STOP_GRACE_S="4",
     )
     try:
-        monkeypatch.setenv("SXWL_DATABASE_URL", db_url)  # for the CLI that makes the admin
-        create_admin(world.root / "cloud", "admin@example.com")
-        admin = {"Authorization": f"Bearer {api_token(world.url, 'admin@example.com')}"}
-        price = {"product": PRODUCT, "price_per_hour_yuan": "3600", "fee_percent": "10"}
-        httpx.put(
-            f"{world.url}/api/v1/admin/prices", headers=admin, json={"prices": [price]}
-        ).raise_for_status()
-        me = httpx.get(f"{world.url}/api/v1/me", headers=world.user).json()
-        top_up = {"user_id": me["id"], "amount_yuan": "20", "note": "test"}
-        httpx.post(f"{world.url}/api/v1/admin/top-ups", headers=admin, json=top_up).raise_for_status()
+        world.price_and_top_up(monkeypatch, "20")
         # Both submitted before any CPod is up: a first job already metered would leave too little
         # for the second's first 20 s (a race that a busy machine lost).
         jobs = [world.submit(TICKS_ON_TERM, max_runtime_s=20) for _ in range(2)]

@@ -18,8 +18,7 @@ from sxwl.cloud.db.money_models import UsageLine
 from sxwl.cloud.services.money import ledger
 from sxwl.protocol.models import Assignment
 from tests.support.agent import eventually
-from tests.support.browser import api_token, create_admin
-from tests.test_jobs_process import PRODUCT, World
+from tests.test_jobs_process import World
 
 
 def test_a_command_that_is_not_found_costs_nothing(
@@ -27,16 +26,7 @@ def test_a_command_that_is_not_found_costs_nothing(
 ) -> None:
     world = World(tmp_path, db_url, SXWL_BILLING_ENABLED="true", SXWL_METERING_INTERVAL_S="0.2")
     try:
-        monkeypatch.setenv("SXWL_DATABASE_URL", db_url)  # for the CLI that makes the admin
-        create_admin(world.root / "cloud", "admin@example.com")
-        admin = {"Authorization": f"Bearer {api_token(world.url, 'admin@example.com')}"}
-        price = {"product": PRODUCT, "price_per_hour_yuan": "3600", "fee_percent": "10"}
-        httpx.put(
-            f"{world.url}/api/v1/admin/prices", headers=admin, json={"prices": [price]}
-        ).raise_for_status()
-        me = httpx.get(f"{world.url}/api/v1/me", headers=world.user).json()
-        top_up = {"user_id": me["id"], "amount_yuan": "100", "note": "test"}
-        httpx.post(f"{world.url}/api/v1/admin/top-ups", headers=admin, json=top_up).raise_for_status()
+        world.price_and_top_up(monkeypatch, "100")
         world.agent()
         world.online()
         job_id = world.submit(["no-such-command-sxwl", "--now"], max_runtime_s=60)

@@ -14,6 +14,7 @@ import httpx
 import pytest
 
 from tests.support.agent import AgentProcess, eventually, simulated_agent
+from tests.support.browser import api_token, create_admin
 from tests.support.cloud import CloudProcess
 from tests.support.net import free_port
 
@@ -51,6 +52,19 @@ class World:
             f"{self.url}/api/v1/auth/login", json={"email": email, "password": "correct horse"}
         ).json()["access_token"]
         return {"Authorization": f"Bearer {token}"}
+
+    def price_and_top_up(self, monkeypatch: pytest.MonkeyPatch, amount_yuan: str) -> None:
+        """An admin prices PRODUCT at 1 CNY a GPU-second (fee 10%) and tops the user up."""
+        monkeypatch.setenv("SXWL_DATABASE_URL", self.env["SXWL_DATABASE_URL"])  # for the admin's CLI
+        create_admin(self.root / "cloud", "admin@example.com")
+        admin = {"Authorization": f"Bearer {api_token(self.url, 'admin@example.com')}"}
+        price = {"product": PRODUCT, "price_per_hour_yuan": "3600", "fee_percent": "10"}
+        httpx.put(
+            f"{self.url}/api/v1/admin/prices", headers=admin, json={"prices": [price]}
+        ).raise_for_status()
+        me = httpx.get(f"{self.url}/api/v1/me", headers=self.user).json()
+        top_up = {"user_id": me["id"], "amount_yuan": amount_yuan, "note": "test"}
+        httpx.post(f"{self.url}/api/v1/admin/top-ups", headers=admin, json=top_up).raise_for_status()
 
     def agent(
         self,
