@@ -126,7 +126,7 @@ def test_a_hundred_streams_open_at_once_on_each_connection_and_all_abort_their_r
 
 
 def test_a_slow_reader_stalls_only_its_own_stream(rig: Rig) -> None:
-    async def run() -> tuple[float, list[int]]:
+    async def run() -> list[int]:
         # Unread answers of 64 MiB on both connections: each stream buffers at most its window.
         stalled = [
             await service.open_stream(
@@ -135,17 +135,16 @@ def test_a_slow_reader_stalls_only_its_own_stream(rig: Rig) -> None:
             for _ in range(4)
         ]
         await asyncio.sleep(1.0)
-        started = time.monotonic()
+        # Another stream on the same connections still carries all of its answer (a stalled one
+        # would not end before the rig's call gives up).
         status, data = await rig.fetch("/bytes?n=8388608")
-        took = time.monotonic() - started
         assert status == 200 and len(data) == 8 * 1024 * 1024
         buffered = [sum(len(c) for c, _ in s._stream._chunks) for s in stalled]
         for reply in stalled:
             reply.close()
-        return took, buffered
+        return buffered
 
-    took, buffered = rig.cloud.call(run)
-    assert took < 10
+    buffered = rig.cloud.call(run)
     assert all(0 < size <= STREAM_WINDOW for size in buffered), buffered
 
 
@@ -213,16 +212,14 @@ def test_the_agent_forwards_only_to_targets_it_allows(rig: Rig) -> None:
 
 
 def test_keepalive_pings_are_answered_on_every_connection(rig: Rig) -> None:
-    async def run() -> list[float]:
-        times = []
+    async def run() -> int:
+        answered = 0
         for session in rig.cloud.tunnels.held[rig.cpod]:
-            started = time.monotonic()
-            await session.ping()
-            times.append(time.monotonic() - started)
-        return times
+            await session.ping()  # TimeoutError when the agent does not answer
+            answered += 1
+        return answered
 
-    times = rig.cloud.call(run)
-    assert len(times) == 2 and max(times) < 2
+    assert rig.cloud.call(run) == 2
 
 
 WS_HEADERS = [
