@@ -12,7 +12,6 @@ import hashlib
 import io
 import json
 import re
-import shutil
 import tarfile
 import threading
 from dataclasses import dataclass
@@ -115,28 +114,31 @@ def served(settings: Settings) -> Served:
         f"{source.resolve()}|{info.st_size}|{info.st_mtime_ns}|{info.st_ino}|{cloud}".encode()
     ).hexdigest()[:20]
     folder = settings.data_dir / "downloads"
-    target = folder / f"3k-artifact-{key}.tgz"
+    # Without a URL to write in, the operator's file is served itself: only its sha256 is kept.
+    target = folder / f"3k-artifact-{key}.tgz" if cloud else source
     meta = folder / f"3k-artifact-{key}.json"
     with _making:
         if not meta.is_file():
             folder.mkdir(parents=True, exist_ok=True)
-            partial = folder / f".{target.name}.{threading.get_ident()}.partial"
-            try:
-                if cloud:
-                    version = _rewrite(source, partial, cloud)
-                else:
-                    version = _version_of(source)
-                    shutil.copyfile(source, partial)
-                with partial.open("rb") as handle:
-                    digest = hashlib.file_digest(handle, "sha256").hexdigest()
-                size = partial.stat().st_size
-                partial.replace(target)
-            finally:
-                partial.unlink(missing_ok=True)
+            version = _made(source, target, cloud) if cloud else _version_of(source)
+            with target.open("rb") as handle:
+                digest = hashlib.file_digest(handle, "sha256").hexdigest()
+            size = target.stat().st_size
             meta.write_text(json.dumps({"sha256": digest, "size": size, "version": version, "cloud": cloud}))
             _evict(folder)
         recorded = json.loads(meta.read_text())
     return Served(target, str(recorded["sha256"]), int(recorded["size"]), str(recorded["version"]), cloud)
+
+
+def _made(source: Path, target: Path, cloud: str) -> str:
+    """``target``: source with ``cloud`` in its manifest, written whole or not at all."""
+    partial = target.with_name(f".{target.name}.{threading.get_ident()}.partial")
+    try:
+        version = _rewrite(source, partial, cloud)
+        partial.replace(target)
+    finally:
+        partial.unlink(missing_ok=True)
+    return version
 
 
 def _evict(folder: Path) -> None:
