@@ -1,8 +1,8 @@
 """What a killed test session leaves of its real nodes is cleared by the next one
 (tests/support/k8s_leftovers.py): its recorded process groups, the processes in its nodes' network
 namespaces and cgroups, the namespaces, veths and cgroup roots. Here a "killed session" is made by
-hand with node index 3, which no session's `RealNodes` uses (they use 0 and 1), and a pids file of
-the test's own, so the session's real nodes are never touched. In the Kubernetes group so that it
+hand with node index 3, which no session's `RealNodes` uses (they use 0 and 1), and pids and roots
+files of the test's own, so the session's real nodes are never touched. In the Kubernetes group so that it
 never runs while a `HostRestorer` on another worker compares the host."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.k8s_host import CGROUP_ROOT
-from tests.support.k8s_leftovers import clear_leftovers, kubelet_only_tables, record_spawned
+from tests.support.k8s_leftovers import clear_leftovers, kubelet_only_tables, record_root, record_spawned
 from tests.support.k8s_node_net import NodeNet, create_cgroup_root, create_network
 
 pytestmark = pytest.mark.k8s
@@ -39,7 +39,20 @@ def _v1_hierarchies() -> list[Path]:
 
 
 def test_a_killed_sessions_nodes_are_cleared_and_nothing_else(tmp_path: Path) -> None:
-    pids_file = tmp_path / "pids"
+    pids_file, roots_file = tmp_path / "pids", tmp_path / "roots"
+
+    def clear() -> list[str]:
+        return clear_leftovers([NET], pids_file=pids_file, roots_file=roots_file, firewall=False)
+
+    # The killed session's nodes' folder: a store, and a volume its kubelet left mounted.
+    root = tmp_path / "killed session" / "real-nodes"
+    (root / "real-3" / "containerd").mkdir(parents=True)
+    (root / "real-3" / "containerd" / "blob").write_bytes(b"x" * 4096)
+    volume = root / "real-3" / "kubelet" / "pods" / "p" / "volumes" / "token"
+    volume.mkdir(parents=True)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(volume)], check=True)
+    (volume / "token").write_text("secret")
+    record_root(root, roots_file=roots_file)
     forwarding = IP_FORWARD.read_text()
     create_network(NET)
     create_cgroup_root(NET)
@@ -54,7 +67,7 @@ def test_a_killed_sessions_nodes_are_cleared_and_nothing_else(tmp_path: Path) ->
     with pids_file.open("a") as out:
         out.write(f"{bystander.pid} 1\n")
     try:
-        cleared = clear_leftovers([NET], pids_file=pids_file, firewall=False)
+        cleared = clear()
 
         assert all(_dead(p) for p in (kubelet, shim, pod))
         assert bystander.poll() is None
@@ -66,16 +79,21 @@ def test_a_killed_sessions_nodes_are_cleared_and_nothing_else(tmp_path: Path) ->
         assert link.returncode != 0
         assert NET.pod_subnet not in subprocess.run(["ip", "route"], capture_output=True, text=True).stdout
         assert not any((h / NET.cgroup_root).exists() for h in _v1_hierarchies())
-        assert not pids_file.exists()
+        assert f"folder {root} (0.0 GiB)" in cleared
+        assert not root.exists() and root.parent.is_dir()
+        findmnt = subprocess.run(["findmnt", "--mountpoint", str(volume)], capture_output=True, check=False)
+        assert findmnt.returncode == 1  # the volume was unmounted, not removed through
+        assert not pids_file.exists() and not roots_file.exists()
         # A clean host: nothing to clear, and a new node of the same index starts.
-        assert clear_leftovers([NET], pids_file=pids_file, firewall=False) == []
+        assert clear() == []
         create_network(NET)
     finally:
         bystander.kill()
         for process in (kubelet, shim, pod):
             process.kill()
         subprocess.run(["ip", "netns", "delete", NET.netns], capture_output=True, check=False)
-        clear_leftovers([NET], pids_file=pids_file, firewall=False)
+        subprocess.run(["umount", str(volume)], capture_output=True, check=False)
+        clear()
         IP_FORWARD.write_text(forwarding)
 
 

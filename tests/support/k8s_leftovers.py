@@ -2,8 +2,10 @@
 cleared by the next session before it starts its own (docs/k8s-testing.md, "Real nodes").
 
 A killed session cannot run `RealNodes.stop()`: its kubelets, containerds and CoreDNS live on in
-their own process groups, its pods in the nodes' cgroups, and its network namespaces, veths and
-cgroup roots keep the fixed names the next start needs. The next session clears them only while it
+their own process groups, its pods in the nodes' cgroups, its network namespaces, veths and
+cgroup roots keep the fixed names the next start needs, and its nodes' folder (about 17 GB of image
+stores) stays in pytest's temp dir, which pytest keeps for three sessions: enough killed sessions
+fill the disk. The next session clears them only while it
 holds the host-wide lock, so nothing it removes belongs to a session that is still running.
 
 Processes are recorded by pid and start time when spawned, so a pid the kernel reused since is left
@@ -24,6 +26,7 @@ from tests.support.k8s_host import CGROUP_ROOT
 from tests.support.k8s_node_net import NodeNet
 
 PIDS_FILE = Path("/tmp/sxwl-test-real-nodes.pids")
+ROOTS_FILE = Path("/tmp/sxwl-test-real-nodes.roots")
 
 
 def _start_time(pid: int) -> str | None:
@@ -43,15 +46,28 @@ def record_spawned(pid: int, *, pids_file: Path = PIDS_FILE) -> None:
             out.write(f"{pid} {started}\n")
 
 
-def forget_spawned(*, pids_file: Path = PIDS_FILE) -> None:
-    """After a clean stop nothing is left to clear."""
+def record_root(root: Path, *, roots_file: Path = ROOTS_FILE) -> None:
+    """Notes the folder the running session's nodes keep their stores in."""
+    with roots_file.open("a") as out:
+        out.write(f"{root.resolve()}\n")
+
+
+def forget_spawned(*, pids_file: Path = PIDS_FILE, roots_file: Path = ROOTS_FILE) -> None:
+    """After a clean stop nothing is left to clear (the folder is its owner's to remove)."""
     pids_file.unlink(missing_ok=True)
+    roots_file.unlink(missing_ok=True)
 
 
-def clear_leftovers(nets: list[NodeNet], *, pids_file: Path = PIDS_FILE, firewall: bool = True) -> list[str]:
-    """Stops a killed session's processes and removes its namespaces, links, cgroup roots and (with
-    `firewall`) its kubelets' nft tables; returns what it cleared, one line each (empty on a clean
-    host). Call it holding the lock."""
+def clear_leftovers(
+    nets: list[NodeNet],
+    *,
+    pids_file: Path = PIDS_FILE,
+    roots_file: Path = ROOTS_FILE,
+    firewall: bool = True,
+) -> list[str]:
+    """Stops a killed session's processes and removes its namespaces, links, cgroup roots, its
+    nodes' folders and (with `firewall`) its kubelets' nft tables; returns what it cleared, one line
+    each (empty on a clean host). Call it holding the lock."""
     cleared = _kill_recorded(pids_file)
     for net in nets:
         cleared += _kill_cgroup(net.cgroup_root)
@@ -60,10 +76,38 @@ def clear_leftovers(nets: list[NodeNet], *, pids_file: Path = PIDS_FILE, firewal
             _ip("link", "delete", net.host_link)
             cleared.append(f"link {net.host_link}")
         cleared += _remove_cgroup(net.cgroup_root)
+    cleared += _remove_roots(roots_file)
     if firewall:
         cleared += _delete_kubelet_tables()
-    forget_spawned(pids_file=pids_file)
+    forget_spawned(pids_file=pids_file, roots_file=roots_file)
     return cleared
+
+
+def _remove_roots(roots_file: Path) -> list[str]:
+    """Removes the recorded folders, first unmounting what the killed containerds and kubelets left
+    mounted inside them (containers' root filesystems, pods' volumes), deepest first, so that
+    nothing is removed through a mount."""
+    if not roots_file.exists():
+        return []
+    cleared = []
+    for root in {Path(line) for line in roots_file.read_text().splitlines() if line.strip()}:
+        for mount in sorted(_mounts_under(root), key=lambda m: -len(m.parts)):
+            subprocess.run(["umount", "--lazy", str(mount)], capture_output=True, check=False, timeout=30)
+        if root.is_dir() and not _mounts_under(root):
+            size = sum(f.lstat().st_size for f in root.rglob("*") if f.is_file() and not f.is_symlink())
+            shutil.rmtree(root, ignore_errors=True)
+            cleared.append(f"folder {root} ({size / 2**30:.1f} GiB)")
+    return cleared
+
+
+def _mounts_under(root: Path) -> list[Path]:
+    """Mount points at or below `root` (field 5 of /proc/self/mountinfo, octal escapes decoded)."""
+    points = []
+    for line in Path("/proc/self/mountinfo").read_text().splitlines():
+        point = Path(line.split()[4].encode().decode("unicode_escape"))
+        if point == root or root in point.parents:
+            points.append(point)
+    return points
 
 
 def _kill_recorded(pids_file: Path) -> list[str]:

@@ -38,7 +38,7 @@ from typing import IO, Any
 from tests.support.k8s import K8sCluster, StartError, stop_group
 from tests.support.k8s_host import HostRestorer, HostState
 from tests.support.k8s_images import PAUSE_IMAGE, base_layouts, import_layout, layout_with_files
-from tests.support.k8s_leftovers import clear_leftovers, forget_spawned, record_spawned
+from tests.support.k8s_leftovers import clear_leftovers, forget_spawned, record_root, record_spawned
 from tests.support.k8s_node_config import (
     REAL_LABEL,
     REAL_TAINT,
@@ -185,6 +185,7 @@ class RealNodes:
             logger.warning(
                 "cleared what a killed test session left of its real nodes: %s", "; ".join(cleared)
             )
+        record_root(self.root)
         for ref, layout in base_layouts().items():
             self._layouts.setdefault(ref, layout)
         self.host_before = HostState.capture()
