@@ -196,9 +196,9 @@ def test_a_kubernetes_cpod_without_trainer_images_refuses_a_fine_tune(
                 " and --uploader-image"
             ),
             "reason_code": "agent.could_not_start",
-            "reason_params": {
-                "error": "this CPod runs no fine-tunes: its agent needs --trainer-image and --uploader-image"
-            },
+            "reason_params": {},
+            # The refusal's own code: the console words it in each language.
+            "reason_parts": {"error": '{"code":"kube.no_fine_tunes","params":{}}'},
         }
     ]
     assert not any("/inputs/" in path for path, _ in cloud.seen)

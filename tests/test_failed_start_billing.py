@@ -12,11 +12,13 @@ import pytest
 from sqlalchemy import create_engine, select
 from sqlalchemy.orm import Session
 
+from sxwl.agent import not_found
 from sxwl.agent.runtimes.local import LocalRuntime
 from sxwl.cloud.db.models import JobAttempt
 from sxwl.cloud.db.money_models import UsageLine
 from sxwl.cloud.services.money import ledger
 from sxwl.protocol.models import Assignment
+from sxwl.protocol.reasons import Reason
 from tests.support.agent import eventually
 from tests.test_jobs_process import World
 
@@ -61,20 +63,74 @@ def test_a_command_that_is_not_found_costs_nothing(
 
 
 @pytest.mark.parametrize(
-    ("command", "never_ran"),
-    [(["no-such-command-sxwl", "--now"], True), (["/bin/sh", "-c", "exit 127"], False)],
+    ("command", "never_ran", "said"),
+    [
+        (
+            ["no-such-command-sxwl", "--now"],
+            True,
+            Reason.of("agent.command_not_found", program="no-such-command-sxwl"),
+        ),
+        (
+            "no-such-command-sxwl --now",
+            True,
+            Reason.of("agent.command_not_found", program="no-such-command-sxwl"),
+        ),
+        (
+            "python train.py",
+            True,
+            Reason.of("agent.command_not_found_but", program="python", found="python3"),
+        ),
+        (["/bin/sh", "-c", "exit 127"], False, None),
+        ("echo started; no-such-command-sxwl", False, None),
+    ],
 )
 def test_the_local_runtime_tells_a_command_that_never_ran(
-    tmp_path: Path, command: list[str], never_ran: bool
+    tmp_path: Path, command: list[str] | str, never_ran: bool, said: Reason | None
 ) -> None:
-    """What the agent reports as ``never_ran``: its sandbox could not run the command at all, not a
-    command that ran and exited 127 (as a shell does for a program it cannot find)."""
+    """What the agent reports as ``never_ran``: its sandbox could not run the command at all, or its
+    shell could not find it and nothing else ran (agent/not_found.py); not a command that ran and
+    exited 127. The job's PATH has python3 but no python."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "python3").write_text("#!/bin/sh\n")
+    (bin_dir / "python3").chmod(0o755)
     runtime = LocalRuntime(tmp_path / "state", [])
     runtime.accepted_owners = None  # this test's own job: run it where it cannot be isolated too
     job = runtime.start(
-        Assignment(job_id="j1", attempt=1, name="t", owner_id="u", command=command, gpus_per_node=0, nodes=1)
+        Assignment(
+            job_id="j1",
+            attempt=1,
+            name="t",
+            owner_id="u",
+            command=command,
+            env={"PATH": f"{bin_dir}:/usr/bin:/bin"},
+            gpus_per_node=0,
+            nodes=1,
+        )
     )
     eventually(lambda: bool(runtime.poll()), timeout=30, what="the job to end")
     assert (job.outcome, job.exit_code, job.never_ran) == ("failed", 127, never_ran)
-    if never_ran:
-        assert job.stop_reason is not None and "no-such-command-sxwl" in job.stop_reason
+    got = Reason.read(job.stop_reason)
+    if said is not None and "found" in said.params:  # this machine's own python3.x may follow
+        assert got is not None and str(got.params["found"]).startswith(str(said.params["found"]))
+        got = Reason(got.code, {**got.params, "found": said.params["found"]})
+    assert got == said
+
+
+@pytest.mark.parametrize(
+    ("output", "status", "elapsed_s", "program"),
+    [
+        ("/bin/sh: 1: python: not found\n", 127, 0.1, "python"),  # dash
+        ("/bin/sh: line 1: python: command not found\n", 127, 0.1, "python"),  # bash
+        ("/bin/sh: python: not found\n", 127, 0.1, "python"),  # busybox
+        ("sxwl-wrapper: 9: ./train.sh: not found\n", 127, 2.0, "./train.sh"),  # the Kubernetes wrapper
+        ("/bin/sh: 1: python: not found\n", 127, 11.0, None),  # it ran a while first
+        ("/bin/sh: 1: python: not found\n", 1, 0.1, None),
+        ("loading\n/bin/sh: 1: python: not found\n", 127, 0.1, None),  # something ran first
+        ("usage: train.py [-h]\n", 127, 0.1, None),  # a program's own exit 127
+    ],
+)
+def test_a_shells_not_found_is_told_by_its_evidence(
+    output: str, status: int, elapsed_s: float, program: str | None
+) -> None:
+    assert not_found.shell_not_found(output, status, elapsed_s) == program

@@ -47,6 +47,7 @@ from sxwl.protocol.finetune import (
     parse_progress,
     progress_line,
 )
+from sxwl.protocol.reasons import english
 from tests.support.threads import run_on_thread
 
 TOKEN = "sxup_" + "t" * 43
@@ -226,7 +227,8 @@ def test_a_pod_whose_inputs_did_not_arrive_fails_with_the_fetchers_words(
     failed = V1JobCondition(type="Failed", status="True", reason="BackoffLimitExceeded", message="limit")
     item = V1Job(metadata=V1ObjectMeta(name="sxwl-j1-2"), status=V1JobStatus(conditions=[failed]))
     seen = outcome(record(), item, [_failed_pod(ended)])
-    assert seen is not None and seen.outcome == "failed" and seen.reason == says
+    assert seen is not None and seen.outcome == "failed" and english(seen.reason) == says
+    assert seen.never_ran  # the main container waited for its inputs: the user's command never ran
 
 
 def test_a_trainer_image_without_an_uploader_image_stops_the_agent(tmp_path: Path) -> None:

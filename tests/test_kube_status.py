@@ -1,30 +1,55 @@
-"""Which rank a failed multi-node attempt blames: the one that failed on its own, not the ranks the Job
-controller stopped after it (their SIGTERM exit came later, and may be the lower rank)."""
+"""How a Kubernetes attempt's pods read as its end: which rank a failed multi-node attempt blames (the
+one that failed on its own, not the ranks the Job controller stopped after it: their SIGTERM exit
+came later, and may be the lower rank), its reasons as codes in both languages, and whether the
+user's command never ran (a container that never started, a shell that could not find the command),
+which costs nothing."""
 
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
 from kubernetes_asyncio.client import (
+    V1Container,
     V1ContainerState,
+    V1ContainerStateRunning,
     V1ContainerStateTerminated,
+    V1ContainerStateWaiting,
     V1ContainerStatus,
     V1Job,
     V1JobCondition,
     V1JobStatus,
     V1ObjectMeta,
     V1Pod,
+    V1PodSpec,
     V1PodStatus,
 )
 
 from sxwl.agent.runtimes.kube_objects import COMPLETION_INDEX, CONTAINER, KubeJob
-from sxwl.agent.runtimes.kube_status import outcome
+from sxwl.agent.runtimes.kube_status import never_started, outcome, start_problem
+from sxwl.agent.status_report import status
+from sxwl.cloud.web.i18n.reasons import reason_text
+from sxwl.protocol.models import JobStatus
+from sxwl.protocol.reasons import Reason, english
 
 T0 = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
 
 
-def pod(index: int, code: int, finished: datetime, *, deleted: bool) -> V1Pod:
-    ended = V1ContainerStateTerminated(exit_code=code, finished_at=finished, reason="Error")
+def pod(
+    index: int,
+    code: int,
+    finished: datetime,
+    *,
+    deleted: bool,
+    reason: str = "Error",
+    message: str | None = None,
+    ran_s: float = 60.0,
+) -> V1Pod:
+    """A pod whose main container ran ``ran_s`` and ended with ``code``; ``message``: its status's
+    termination message (the tail of its log, FallbackToLogsOnError)."""
+    began = finished - timedelta(seconds=ran_s)
+    ended = V1ContainerStateTerminated(
+        exit_code=code, started_at=began, finished_at=finished, reason=reason, message=message
+    )
     status = V1ContainerStatus(
         name=CONTAINER,
         image="i",
@@ -67,15 +92,17 @@ def test_the_rank_that_failed_on_its_own_is_blamed_not_the_one_stopped_after_it(
     seen = outcome(record, item, pods)
     assert seen is not None
     assert (seen.outcome, seen.exit_code) == ("failed", 5)
-    assert seen.reason == "rank 1 failed: exit code 5; the other ranks were stopped"
+    assert english(seen.reason) == "rank 1 failed: exit code 5; the other ranks were stopped"
+    assert reason_text("zh", seen.reason) == "第 1 号节点（rank）失败：退出码 5；其余节点已停止"
+    assert not seen.never_ran
 
 
 def test_of_two_ranks_that_failed_on_their_own_the_first_to_end_is_blamed() -> None:
     record, item = job()
     pods = [pod(0, 3, T0 + timedelta(seconds=2), deleted=False), pod(1, 7, T0, deleted=False)]
     seen = outcome(record, item, pods)
-    assert seen is not None and seen.exit_code == 7 and seen.reason is not None
-    assert seen.reason.startswith("rank 1 failed: exit code 7")
+    assert seen is not None and seen.exit_code == 7
+    assert str(english(seen.reason)).startswith("rank 1 failed: exit code 7")
     # At the same moment, the lower rank.
     pods = [pod(0, 3, T0, deleted=False), pod(1, 7, T0, deleted=False)]
     seen = outcome(record, item, pods)
@@ -88,11 +115,97 @@ def test_a_pod_deleted_under_a_job_is_the_cause_whether_or_not_it_is_still_seen(
     # Still in the watch cache, with the SIGTERM exit its deletion caused.
     seen = outcome(record, item, [pod(0, 143, T0, deleted=True)])
     assert seen is not None and seen.exit_code == 143
-    assert seen.reason == "a pod of the job was deleted before it finished"
+    assert seen.reason == Reason.of("agent.pod_deleted") and not seen.never_ran
     # Already gone from it.
     seen = outcome(record, item, [])
-    assert seen is not None and seen.reason == "a pod of the job was deleted before it finished"
+    assert seen is not None and seen.reason == Reason.of("agent.pod_deleted") and not seen.never_ran
     # A rank that failed on its own is still the cause when the Job controller then deletes the rest.
     record.nodes = 2
     seen = outcome(record, item, [pod(0, 143, T0, deleted=True), pod(1, 5, T0, deleted=False)])
-    assert seen is not None and seen.reason == "rank 1 failed: exit code 5; the other ranks were stopped"
+    assert (
+        english(seen.reason if seen else None) == "rank 1 failed: exit code 5; the other ranks were stopped"
+    )
+
+
+NOT_FOUND = "/bin/sh: 1: python: not found"  # dash, as /bin/sh -c says it
+
+
+def test_a_shell_that_could_not_find_the_command_is_a_start_that_never_ran() -> None:
+    record, item = job()
+    record.nodes = 1
+    seen = outcome(record, item, [pod(0, 127, T0, deleted=False, message=NOT_FOUND + "\n", ran_s=0.0)])
+    assert seen is not None and (seen.exit_code, seen.never_ran) == (127, True)
+    assert seen.reason == Reason.of("agent.command_not_found", program="python")
+    assert reason_text("zh", seen.reason) == "找不到命令：python"
+    # The same exit after output of its own, or after running a minute: the user's program ran.
+    for ran in (
+        pod(0, 127, T0, deleted=False, message="step 1\n" + NOT_FOUND, ran_s=1.0),
+        pod(0, 127, T0, deleted=False, message=NOT_FOUND, ran_s=60.0),
+        pod(0, 127, T0, deleted=False, message="exiting 127 on purpose", ran_s=0.0),
+    ):
+        seen = outcome(record, item, [ran])
+        assert seen is not None and seen.reason == Reason.of("job.exit_code", code=127), ran
+        assert not seen.never_ran
+
+
+def test_a_rank_whose_shell_could_not_find_the_command_names_it_in_both_languages() -> None:
+    record, item = job()
+    bash = "/bin/sh: line 1: torchrun: command not found"
+    seen = outcome(
+        record, item, [pod(0, 143, T0, deleted=True), pod(1, 127, T0, deleted=False, message=bash, ran_s=2)]
+    )
+    assert seen is not None and seen.never_ran
+    said = "rank 1 failed: command not found: torchrun; the other ranks were stopped"
+    assert english(seen.reason) == said
+    assert reason_text("zh", seen.reason) == "第 1 号节点（rank）失败：找不到命令：torchrun；其余节点已停止"
+    # On the wire: the nested cause travels as its code, so the cloud words it in each language.
+    report = JobStatus.model_validate_json(
+        status(1, "failed", 127, seen.reason.stored if seen.reason else None).model_dump_json()
+    )
+    assert report.reason == said and report.said() == seen.reason
+    # An older cloud ignores reason_parts: without them the report is its English words.
+    assert report.model_copy(update={"reason_parts": None}).said() == Reason.text(said)
+
+
+def waiting(name: str, reason: str, message: str | None, image: str = "i") -> V1ContainerStatus:
+    state = V1ContainerState(waiting=V1ContainerStateWaiting(reason=reason, message=message))
+    return V1ContainerStatus(name=name, image=image, image_id="", ready=False, restart_count=0, state=state)
+
+
+def running(name: str) -> V1ContainerStatus:
+    state = V1ContainerState(running=V1ContainerStateRunning(started_at=T0))
+    return V1ContainerStatus(name=name, image="i", image_id="", ready=True, restart_count=0, state=state)
+
+
+def pending(*statuses: V1ContainerStatus, command: list[str] | None = None) -> V1Pod:
+    spec = V1PodSpec(containers=[V1Container(name=CONTAINER, command=command or ["/bin/sh", "-c", "x"])])
+    return V1Pod(
+        metadata=V1ObjectMeta(name="p0"),
+        spec=spec,
+        status=V1PodStatus(phase="Pending", container_statuses=list(statuses)),
+    )
+
+
+def test_a_start_that_fails_before_the_command_says_why_and_never_ran() -> None:
+    pull = pending(waiting(CONTAINER, "ErrImagePull", "not found", image="nosuch:1"))
+    assert start_problem([pull]) == Reason.of(
+        "kube.image_pull_said", image="nosuch:1", why="ErrImagePull", detail="not found"
+    )
+    assert reason_text("zh", start_problem([pull])) == "无法拉取镜像 nosuch:1（ErrImagePull）：not found"
+    assert never_started([pull])
+    invalid = pending(waiting(CONTAINER, "InvalidImageName", None, image="Bad//Name"))
+    assert english(start_problem([invalid])) == "could not pull Bad//Name (InvalidImageName)"
+    # A list command whose program is not in the image: the container runtime's StartError.
+    exec_failed = 'exec: "pythn": executable file not found in $PATH: unknown'
+    missing = pending(waiting(CONTAINER, "StartError", exec_failed), command=["pythn", "train.py"])
+    assert start_problem([missing]) == Reason.of("agent.command_not_found", program="pythn")
+    no_shell = pending(waiting(CONTAINER, "RunContainerError", 'exec: "/bin/sh": no such file or directory'))
+    assert english(start_problem([no_shell])) == (
+        'the container could not start (RunContainerError): exec: "/bin/sh": no such file or directory'
+    )
+    assert never_started([missing, no_shell])
+    # The main container runs while the uploader's image cannot be pulled: its command did run.
+    half = pending(running(CONTAINER), waiting("uploader", "ImagePullBackOff", None, image="up:1"))
+    assert english(start_problem([half])) == "could not pull up:1 (ImagePullBackOff)"
+    assert not never_started([half])
+    assert not never_started([])  # no pod seen: nothing says it never ran

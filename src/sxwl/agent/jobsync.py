@@ -18,9 +18,9 @@ from sxwl.agent.client import CloudClient, LogGap, Rejected, Stale, Unreachable
 from sxwl.agent.input_grants import InputGrants
 from sxwl.agent.inputs import InputCache, InputError
 from sxwl.agent.runtimes.base import J, Runtime
-from sxwl.agent.status_report import status
+from sxwl.agent.status_report import could_not_start, status
 from sxwl.agent.tenant_files import OutputTree
-from sxwl.protocol import AgentJobState, Assignment, AssignmentsReply, JobReport, JobStatus
+from sxwl.protocol import AgentJobState, Assignment, AssignmentsReply, JobReport
 from sxwl.protocol.finetune import CHECKPOINT_DIR, CachedInput, JobInput
 from sxwl.protocol.models import attempt_key
 from sxwl.protocol.reasons import Reason, english
@@ -124,7 +124,7 @@ class JobSync(Generic[J]):
                         assignment.attempt,
                         "failed",
                         None,
-                        Reason.of("agent.could_not_start", error=str(exc)).stored,
+                        could_not_start(exc),
                     ),
                 )
                 continue
@@ -172,9 +172,7 @@ class JobSync(Generic[J]):
         """A report for an attempt that has no runtime record (yet). True only for a ``starting``
         the cloud took without asking for a stop: then the attempt is to be prepared."""
         try:
-            reply = await self.client.report(
-                self.token, job_id, JobStatus(attempt=attempt, state=state, reason=reason)
-            )
+            reply = await self.client.report(self.token, job_id, status(attempt, state, None, reason))
         except Stale as exc:
             log.warning("job %s attempt %d is stale on the cloud (%s); not starting it", job_id, attempt, exc)
             reply = None
@@ -206,7 +204,7 @@ class JobSync(Generic[J]):
                 job = self.runtime.start(assignment, inputs)
             except (RuntimeError, OSError) as exc:
                 log.error("cannot start job %s: %s", assignment.job_id, exc)
-                await self._end_preparing(assignment, "failed", f"could not start: {exc}")
+                await self._end_preparing(assignment, "failed", could_not_start(exc))
                 return
             job.reported_state = "starting"
             job.artifact_max_bytes = assignment.artifact_max_bytes

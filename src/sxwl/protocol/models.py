@@ -5,7 +5,7 @@ field named, and an agent never sends one."""
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import AliasChoices, Field, field_validator, model_validator
 
@@ -222,10 +222,14 @@ class JobStatus(WireIn):
     # reader's language; ``reason`` stays the English, for a cloud that does not know the code.
     reason_code: Text | None = Field(default=None, max_length=64)
     reason_params: dict[Text, Text | Int64 | None] | None = Field(default=None, max_length=16)
+    # The parameters that are reasons themselves (a failed rank's cause), each as its stored JSON.
+    reason_parts: dict[Text, Annotated[Text, Field(max_length=REASON_MAX_CHARS)]] | None = Field(
+        default=None, max_length=16
+    )
 
     def said(self) -> Reason | None:
         """The reason as the cloud keeps it: its code if the cloud knows it, else its words."""
-        return Reason.from_wire(self.reason_code, self.reason_params or {}, self.reason)
+        return Reason.from_wire(self.reason_code, self.reason_params or {}, self.reason, self.reason_parts)
 
 
 class JobStatusReply(Wire):

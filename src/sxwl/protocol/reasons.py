@@ -94,16 +94,33 @@ class Reason:
 
     @classmethod
     def from_wire(
-        cls, code: str | None, params: Mapping[str, str | int | float | None], words: str | None
+        cls,
+        code: str | None,
+        params: Mapping[str, str | int | float | None],
+        words: str | None,
+        parts: Mapping[str, str] | None = None,
     ) -> Reason | None:
         """What an agent reported: its code when this cloud knows it and has every parameter its
-        English names, else its words (None: it gave no reason)."""
+        English names, else its words (None: it gave no reason). ``parts``: the parameters that are
+        reasons themselves (a failed rank's cause, say), each as its ``stored`` JSON; one this cloud
+        cannot read whole makes the report its words."""
         if words is None:
             return None
-        template = ENGLISH.get(code or "")
-        if code is None or template is None or not set(fields(template)) <= set(params):
-            return cls.text(words)
-        return cls(code, dict(params))
+        nested = {name: cls.read(value) for name, value in (parts or {}).items()}
+        said = cls(code or TEXT, {**params, **nested})
+        return said if code is not None and code != TEXT and said.known() else cls.text(words)
+
+    def known(self) -> bool:
+        """Every code in it (nested ones too) is this module's, with every parameter its English
+        names: what this cloud can word in each language."""
+        if self.code == TEXT:
+            return isinstance(self.params.get("text"), str)
+        template = ENGLISH.get(self.code)
+        return (
+            template is not None
+            and set(fields(template)) <= set(self.params)
+            and all(v.known() for v in self.params.values() if isinstance(v, Reason))
+        )
 
 
 def from_plain(plain: Mapping[str, object]) -> Reason:
@@ -205,6 +222,29 @@ ENGLISH: dict[str, str] = {
     "agent.processes_gone": "the job's processes were gone when the agent restarted",
     "agent.kube_job_gone": "its Kubernetes Job was gone when the agent restarted",
     "agent.pod_deleted": "a pod of the job was deleted before it finished",
+    "agent.and": "{first}; {then}",
+    # a Kubernetes CPod's reasons (agent/runtimes/kube_status.py and its neighbours)
+    "kube.rank_failed": "rank {rank} failed: {what}; the other ranks were stopped",
+    "kube.oom_killed": "out of memory (OOMKilled, exit code {code})",
+    "kube.image_pull": "could not pull {image} ({why})",
+    "kube.image_pull_said": "could not pull {image} ({why}): {detail}",
+    "kube.not_started": "the container could not start ({why})",
+    "kube.not_started_said": "the container could not start ({why}): {detail}",
+    "kube.job_failed": "the Kubernetes Job failed ({why})",
+    "kube.job_failed_said": "the Kubernetes Job failed ({why}): {detail}",
+    "kube.job_deleted": "its Kubernetes Job was deleted outside the agent",
+    "kube.not_created": "could not create the Kubernetes Job: {error}",
+    "kube.no_secret": "could not create the upload token's Secret: {error}",
+    "kube.unschedulable": "unschedulable for more than {seconds} s: {detail}",
+    "kube.no_image": "the job has no container image; a Kubernetes CPod runs every job as a container",
+    "kube.no_fine_tunes": "this CPod runs no fine-tunes: its agent needs --trainer-image and "
+    "--uploader-image",
+    "kube.no_upload_token": "the cloud sent no upload token, which the pod needs to fetch its inputs",
+    "kube.inputs": "inputs not fetched: {error}",
+    "kube.fetcher_failed": "inputs not fetched: the fetcher failed ({detail})",
+    "kube.uploads": "artifacts not uploaded: {error}",
+    "kube.uploader_failed": "artifacts not uploaded: the uploader failed ({detail})",
+    "kube.more_ranks": "{first}; and {more} more ranks",
     # a CPod's events (services/fleet/cpods.py, heartbeats.py)
     "cpod.agent": "{runtime} agent {version}",
     "cpod.again": "registered again (new agent token); {runtime} agent {version}",

@@ -35,6 +35,7 @@ from sxwl.agent.runtimes.kube_uploads import (
 from sxwl.agent.runtimes.kube_wrapper import OUTPUT_DIR, SHARED_DIR
 from sxwl.protocol import Assignment
 from sxwl.protocol.finetune import TrainerRun, TrainerSpec
+from sxwl.protocol.reasons import Reason
 
 INPUTS = "inputs"
 INPUTS_VOLUME = "sxwl-inputs"
@@ -50,14 +51,14 @@ INPUTS_RESOURCES = {"requests": {"cpu": "100m", "memory": "64Mi"}, "limits": {"m
 TRAINER_ENV = {"HF_HUB_OFFLINE": "1", "HF_HOME": f"{SHARED_DIR}/hf-home", "TOKENIZERS_PARALLELISM": "false"}
 
 
-def fine_tune_refusal(assignment: Assignment, takes_fine_tunes: bool) -> str | None:
+def fine_tune_refusal(assignment: Assignment, takes_fine_tunes: bool) -> Reason | None:
     """Why this runtime cannot start the attempt's pod, if it is a fine-tune's it cannot run."""
     if not assignment.inputs and assignment.trainer is None:
         return None
     if not takes_fine_tunes:
-        return "this CPod runs no fine-tunes: its agent needs --trainer-image and --uploader-image"
+        return Reason.of("kube.no_fine_tunes")
     if assignment.upload_token is None:
-        return "the cloud sent no upload token, which the pod needs to fetch its inputs"
+        return Reason.of("kube.no_upload_token")
     return None
 
 
@@ -124,9 +125,9 @@ def init_container(job: KubeJob, assignment: Assignment, config: UploadConfig) -
     }
 
 
-def input_problem(pods: list[Any]) -> str | None:
-    """Why a pod's inputs did not arrive, in words for the job's reason: the fetcher's own
-    ``error: …`` line, or how its container failed; None when none failed."""
+def input_problem(pods: list[Any]) -> Reason | None:
+    """Why a pod's inputs did not arrive, for the job's reason: the fetcher's own ``error: …`` line,
+    or how its container failed; None when none failed."""
     for pod in pods:
         for status in pod.status.init_container_statuses or []:
             ended = status.state.terminated if status.name == INPUTS and status.state else None
@@ -134,7 +135,8 @@ def input_problem(pods: list[Any]) -> str | None:
                 continue
             message = (ended.message or "").strip()
             if message.startswith("error: "):
-                return f"inputs not fetched: {message.removeprefix('error: ')}"
-            detail = message or ended.reason or f"exit code {ended.exit_code}"
-            return f"inputs not fetched: the fetcher failed ({detail})"
+                return Reason.of("kube.inputs", error=message.removeprefix("error: "))
+            return Reason.of(
+                "kube.fetcher_failed", detail=message or ended.reason or f"exit code {ended.exit_code}"
+            )
     return None

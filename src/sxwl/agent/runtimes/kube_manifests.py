@@ -85,6 +85,9 @@ def _container(
         "env": _env(job, assignment, master_port),
         "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}],  # noqa: S108 - the pod's shm,
         "securityContext": {"allowPrivilegeEscalation": False, "privileged": False},
+        # A failed container's status says the tail of its log: the shell's "not found" when it
+        # could not find the command (kube_status.py tells a start that failed by it).
+        "terminationMessagePolicy": "FallbackToLogsOnError",
     }
     if assignment.inputs:
         container["volumeMounts"].append(kube_inputs.MAIN_MOUNT)

@@ -1,24 +1,29 @@
 """How an attempt's Job and pods read as an outcome and a reason a user understands: the exit code is
 the ``main`` container's (never the uploader's), a failed rank is named, Kubernetes' own reasons
 (OOMKilled, a container that could not start, an image that cannot be pulled, inputs that did not
-arrive: kube_inputs.py) are said in words, and what went wrong with the artifacts is added
-(kube_uploads.py)."""
+arrive: kube_inputs.py) are said as codes (protocol/reasons.py), what went wrong with the artifacts
+is added (kube_uploads.py), and an attempt whose command never ran (its container never started, or
+its shell could not find the command: agent/not_found.py) says so, so that it costs nothing."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
 
+from sxwl.agent import not_found
 from sxwl.agent.runtimes.base import Outcome
 from sxwl.agent.runtimes.kube_inputs import input_problem
 from sxwl.agent.runtimes.kube_objects import CONTAINER, KubeJob, rank
 from sxwl.agent.runtimes.kube_uploads import upload_problem
 from sxwl.agent.runtimes.kube_wrapper import WRAPPER_NAME
+from sxwl.protocol.reasons import Reason
 
 IMAGE_PULL_REASONS = {"ImagePullBackOff", "ErrImagePull", "InvalidImageName", "ErrImageNeverPull"}
 # The container runtime could not start the command (no /bin/sh in the image, a bad mount ...).
 START_REASONS = {"StartError", "ContainerCannotRun", "RunContainerError", "CreateContainerError"}
 SETTLED = ("Succeeded", "Failed")
+# What runc and crun say when the program of a list command is not in the image.
+EXEC_NOT_FOUND = "executable file not found"
 
 
 @dataclass
@@ -27,7 +32,8 @@ class Seen:
 
     outcome: Outcome
     exit_code: int | None
-    reason: str | None
+    reason: Reason | None
+    never_ran: bool = False  # the user's command never ran: the attempt costs nothing
 
 
 def _main(pod: Any) -> Any:
@@ -64,21 +70,58 @@ def settled(pods: list[Any]) -> bool:
     return all(pod.status.phase in SETTLED for pod in pods)
 
 
-def start_problem(pods: list[Any]) -> str | None:
+def start_problem(pods: list[Any]) -> Reason | None:
     """Why the attempt cannot run although its Job lives: an image that cannot be pulled (main or
     uploader), or a main container that could not start (its uploader would wait for it for ever)."""
     for pod in pods:
         for status in (pod.status.container_statuses or []) + (pod.status.init_container_statuses or []):
             waiting = status.state.waiting if status.state else None
             if waiting is not None and waiting.reason in IMAGE_PULL_REASONS:
-                detail = f": {waiting.message}" if waiting.message else ""
-                return f"could not pull {status.image or 'the image'} ({waiting.reason}){detail}"
+                image, why = status.image or "the image", waiting.reason
+                if waiting.message:
+                    return Reason.of("kube.image_pull_said", image=image, why=why, detail=waiting.message)
+                return Reason.of("kube.image_pull", image=image, why=why)
             ended = status.state.terminated if status.state else None
             stuck = waiting if waiting is not None and waiting.reason in START_REASONS else None
             what = stuck or (ended if ended is not None and ended.reason in START_REASONS else None)
             if status.name == CONTAINER and what is not None:
-                return f"the container could not start ({what.reason}): {what.message or 'no message'}"
+                return _not_started(pod, what)
     return None
+
+
+def _not_started(pod: Any, what: Any) -> Reason:
+    """A main container that the container runtime could not start: its program not found in the
+    image (a list command without the wrapper), or the runtime's own words."""
+    program = _program(pod)
+    if program is not None and EXEC_NOT_FOUND in (what.message or ""):
+        return not_found.reason(program, [])
+    if what.message:
+        return Reason.of("kube.not_started_said", why=what.reason, detail=what.message)
+    return Reason.of("kube.not_started", why=what.reason)
+
+
+def never_started(pods: list[Any]) -> bool:
+    """No pod's main container ever ran: the user's command never did (docs/billing.md). False when
+    no pod is seen: nothing says so."""
+    if not pods:
+        return False
+    for pod in pods:
+        status = _main(pod)
+        state = status.state if status is not None else None
+        if state is not None and state.running is not None:
+            return False
+        if (
+            state is not None
+            and state.terminated is not None
+            and state.terminated.reason not in START_REASONS
+        ):
+            return False
+    return True
+
+
+def _elapsed_s(ended: Any) -> float:
+    began, finished = ended.started_at, ended.finished_at
+    return (finished - began).total_seconds() if began is not None and finished is not None else float("inf")
 
 
 def _failure_order(pod: Any) -> tuple[bool, float, int]:
@@ -99,30 +142,35 @@ def _failed_on_its_own(pod: Any) -> bool:
     return pod.metadata.deletion_timestamp is None and ended is not None and bool(ended.exit_code)
 
 
-def _rank_failure(job: KubeJob, pods: list[Any]) -> tuple[int | None, str | None]:
-    """The exit code and reason of the rank whose failure ended the attempt."""
+def _rank_failure(job: KubeJob, pods: list[Any]) -> tuple[int | None, Reason | None, bool]:
+    """The exit code and reason of the rank whose failure ended the attempt, and whether its command
+    never ran: a shell that could not find it, by the evidence of agent/not_found.py (the main
+    container's termination message is the tail of its log: FallbackToLogsOnError)."""
     for pod in sorted(pods, key=_failure_order):
         ended = _terminated(pod)
         if ended is None or not ended.exit_code:
             continue
         code = int(ended.exit_code)
+        program = not_found.shell_not_found(ended.message or "", code, _elapsed_s(ended))
+        what: Reason
         if ended.reason == "OOMKilled":
-            what = f"out of memory (OOMKilled, exit code {code})"
-        elif code == 127:
-            program = _program(pod)
-            what = (
-                f"command not found: {program} (exit code 127)"
-                if program
-                else "command not found (exit code 127)"
-            )
+            what = Reason.of("kube.oom_killed", code=code)
+        elif program is not None:
+            what = not_found.reason(program, [])
         elif ended.reason in START_REASONS:
-            what = f"the container could not start ({ended.reason}): {ended.message or 'no message'}"
+            what = _not_started(pod, ended)
         else:
-            what = f"exit code {code}"
+            what = Reason.of("job.exit_code", code=code)
         if job.nodes > 1:
-            what = f"rank {rank(pod)} failed: {what}; the other ranks were stopped"
-        return code, what
-    return None, None
+            what = Reason.of("kube.rank_failed", rank=rank(pod), what=what)
+        return code, what, program is not None or ended.reason in START_REASONS
+    return None, None, False
+
+
+def _job_failed(failed: Any) -> Reason:
+    if failed.message:
+        return Reason.of("kube.job_failed_said", why=failed.reason, detail=failed.message)
+    return Reason.of("kube.job_failed", why=failed.reason)
 
 
 def outcome(job: KubeJob, item: Any, pods: list[Any]) -> Seen | None:
@@ -135,15 +183,20 @@ def outcome(job: KubeJob, item: Any, pods: list[Any]) -> Seen | None:
     if "Failed" not in conditions:
         return None
     failed = conditions["Failed"]
-    code, reason = _rank_failure(job, pods)
-    reason = reason or input_problem(pods)
+    code, reason, never_ran = _rank_failure(job, pods)
+    if reason is None:
+        reason = input_problem(pods)
+        never_ran = reason is not None  # the main container waits for its inputs: it never ran
     deleted = len(pods) < job.nodes or any(p.metadata.deletion_timestamp for p in pods)
     if failed.reason == "DeadlineExceeded":
-        code, reason = exit_code(pods), f"max runtime of {job.max_runtime_s} s exceeded"
+        code, reason = exit_code(pods), Reason.of("agent.max_runtime", seconds=job.max_runtime_s)
+        never_ran = never_started(pods)
     elif deleted and not any(_failed_on_its_own(p) for p in pods):
         # Whether the deleted pod is still seen (its SIGTERM exit) or already gone depends only on
         # how fast the watch delivered its removal: the cause is the deletion either way.
-        reason = "a pod of the job was deleted before it finished"
+        reason, never_ran = Reason.of("agent.pod_deleted"), False
     elif reason is None:
-        reason = f"{failed.reason}: {failed.message}" if failed.message else failed.reason
-    return Seen("failed", code, "; ".join(r for r in (reason, problem) if r))
+        reason, never_ran = _job_failed(failed), never_started(pods)
+    if problem is not None:
+        reason = Reason.of("agent.and", first=reason, then=problem)
+    return Seen("failed", code, reason, never_ran)

@@ -17,8 +17,9 @@ from pathlib import Path
 from typing import Any
 
 from sxwl.agent import pod_uploader
-from sxwl.agent.runtimes.kube_objects import KubeJob, labels
+from sxwl.agent.runtimes.kube_objects import KubeJob, labels, rank
 from sxwl.agent.runtimes.kube_wrapper import OUTPUT_DIR, SHARED_DIR
+from sxwl.protocol.reasons import Reason
 
 UPLOADER = "uploader"
 SHARED_VOLUME = "sxwl"
@@ -121,19 +122,21 @@ def uploader_container(job: KubeJob, config: UploadConfig, rank_env: dict[str, A
     }
 
 
-def upload_problem(pods: list[Any]) -> str | None:
-    """What went wrong with the pods' uploads, in words for the job's reason, or None: the uploader's
-    own ``error: …`` line, or why its container failed."""
-    problems = []
-    for pod in pods:
+def upload_problem(pods: list[Any]) -> Reason | None:
+    """What went wrong with the pods' uploads, for the job's reason, or None: the uploader's own
+    ``error: …`` line, or why its container failed; the first rank's, and how many more had one."""
+    problems: list[Reason] = []
+    for pod in sorted(pods, key=rank):
         for status in pod.status.container_statuses or []:
             terminated = status.state.terminated if status.name == UPLOADER and status.state else None
             if terminated is None:
                 continue
             message = (terminated.message or "").strip()
             if message.startswith("error: "):
-                problems.append(message.removeprefix("error: "))
+                problems.append(Reason.of("kube.uploads", error=message.removeprefix("error: ")))
             elif terminated.exit_code and not message.startswith("ok: "):  # "ok": its own word
                 detail = message or terminated.reason or f"exit code {terminated.exit_code}"
-                problems.append(f"artifacts not uploaded: the uploader failed ({detail})")
-    return "; ".join(problems) if problems else None
+                problems.append(Reason.of("kube.uploader_failed", detail=detail))
+    if len(problems) > 1:
+        return Reason.of("kube.more_ranks", first=problems[0], more=len(problems) - 1)
+    return problems[0] if problems else None

@@ -47,12 +47,13 @@ from sxwl.agent.runtimes.kube_objects import (
     record_from,
     short,
 )
-from sxwl.agent.runtimes.kube_status import Seen, exit_code, outcome, settled, start_problem
+from sxwl.agent.runtimes.kube_status import Seen, exit_code, never_started, outcome, settled, start_problem
 from sxwl.agent.runtimes.kube_tenancy import Tenancy
 from sxwl.agent.runtimes.kube_uploads import UploadConfig, secret_manifest
+from sxwl.agent.status_report import Refusal
 from sxwl.agent.tenant_files import OutputTree
 from sxwl.protocol import Assignment, Node, attempt_key
-from sxwl.protocol.reasons import Reason
+from sxwl.protocol.reasons import Reason, english
 
 log = logging.getLogger("sxwl.agent.kubernetes")
 # How long past the grace a stopped or failed attempt's pods may take to finish before it ends anyway.
@@ -156,11 +157,9 @@ class KubernetesRuntime(AttemptDirs[KubeJob]):
             return self.jobs[key]
         problem = fine_tune_refusal(assignment, self.takes_fine_tunes)
         if problem is not None:
-            raise RuntimeError(problem)
+            raise Refusal(problem)
         if not assignment.image and assignment.trainer is None:
-            raise RuntimeError(
-                "the job has no container image; a Kubernetes CPod runs every job as a container"
-            )
+            raise Refusal(Reason.of("kube.no_image"))
         job = KubeJob(
             job_id=assignment.job_id,
             attempt=assignment.attempt,
@@ -190,8 +189,9 @@ class KubernetesRuntime(AttemptDirs[KubeJob]):
             if seen is None:
                 continue
             job.outcome, job.exit_code = seen.outcome, seen.exit_code
+            job.never_ran = job.never_ran or seen.never_ran
             if seen.reason and job.stop_reason is None:
-                job.stop_reason = seen.reason
+                job.stop_reason = seen.reason.stored
             job.spec = None
             self.save(job)
             finished.append(job)
@@ -324,9 +324,8 @@ class KubernetesRuntime(AttemptDirs[KubeJob]):
             created = await create_ignoring_conflict(create, job.namespace, manifest)
         except ApiException as exc:
             if exc.status in (400, 403, 404, 422):  # the request itself is wrong: will not get better
-                self._seen[job.key] = Seen(
-                    "failed", None, f"could not create the Kubernetes Job: {short(exc)}"
-                )
+                failed = Reason.of("kube.not_created", error=short(exc))
+                self._seen[job.key] = Seen("failed", None, failed, never_ran=True)
                 return
             raise
         job.created = True
@@ -354,7 +353,8 @@ class KubernetesRuntime(AttemptDirs[KubeJob]):
             except ApiException as exc:
                 if exc.status not in (400, 403, 404, 422):
                     raise
-                await self._stop_now(job, f"could not create the upload token's Secret: {short(exc)}")
+                # Its pods wait for the Secret's volume: none has run.
+                await self._stop_now(job, Reason.of("kube.no_secret", error=short(exc)), never_ran=True)
         job.secret_made, job.spec = True, None
         self.save(job)
 
@@ -385,12 +385,14 @@ class KubernetesRuntime(AttemptDirs[KubeJob]):
                 if exc.status != 404:
                     raise
 
-    async def _stop_now(self, job: KubeJob, reason: str) -> None:
-        """The agent ends the attempt as failed (image pull, unschedulable)."""
+    async def _stop_now(self, job: KubeJob, reason: Reason, *, never_ran: bool) -> None:
+        """The agent ends the attempt as failed (image pull, unschedulable); ``never_ran``: no pod's
+        main container ever ran, so it costs nothing."""
         if job.stop_at is None:
-            job.stop_reason, job.stop_cancel, job.stop_at = reason, False, time.time()
+            job.stop_reason, job.stop_cancel, job.stop_at = reason.stored, False, time.time()
+            job.never_ran = never_ran
             self.save(job)
-            log.warning("job %s attempt %d: %s", job.job_id, job.attempt, reason)
+            log.warning("job %s attempt %d: %s", job.job_id, job.attempt, english(reason))
 
     async def _observe(self, job: KubeJob, item: Any, pods: list[Any]) -> None:
         if job.stop_at is not None:
@@ -409,7 +411,7 @@ class KubernetesRuntime(AttemptDirs[KubeJob]):
             return
         if item is None:
             if job.created:
-                self._seen[job.key] = Seen("failed", None, "its Kubernetes Job was deleted outside the agent")
+                self._seen[job.key] = Seen("failed", None, Reason.of("kube.job_deleted"))
             return
         seen = outcome(job, item, pods)
         if seen is not None:
@@ -423,7 +425,7 @@ class KubernetesRuntime(AttemptDirs[KubeJob]):
             return
         problem = start_problem(pods)
         if problem is not None:
-            await self._stop_now(job, problem)
+            await self._stop_now(job, problem, never_ran=never_started(pods))
             return
         now = time.monotonic()
         for pod in pods:
@@ -433,7 +435,8 @@ class KubernetesRuntime(AttemptDirs[KubeJob]):
                 since = self._unschedulable_since.setdefault(uid, now)
                 if now - since > self.unschedulable_timeout_s:
                     limit = f"{self.unschedulable_timeout_s:g}"
-                    await self._stop_now(job, f"unschedulable for more than {limit} s: {scheduled.message}")
+                    said = Reason.of("kube.unschedulable", seconds=limit, detail=scheduled.message or "")
+                    await self._stop_now(job, said, never_ran=never_started(pods))
                     return
             else:
                 self._unschedulable_since.pop(uid, None)

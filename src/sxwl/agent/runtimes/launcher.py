@@ -7,7 +7,8 @@ access) arrives on stdin and is never written to disk.
 
 What the sandbox says before the job's command runs (bubblewrap's own words, or this Python's when
 it cannot start inside) reaches the launcher apart from the job's output: when the command never
-ran, those words are the attempt's reason, not a bare exit status."""
+ran, those words are the attempt's reason, not a bare exit status; so is a shell's own "not found"
+when nothing else ran (agent/not_found.py)."""
 
 from __future__ import annotations
 
@@ -23,6 +24,8 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+
+from sxwl.agent import not_found
 
 EXIT_FILE = "exit_status"
 REASON_FILE = "exit_reason"  # why the command could not run at all (``command not found: …``)
@@ -133,6 +136,16 @@ def _outbound(
     return proc, exit_w, failed
 
 
+def _shell_not_found(workdir: Path, status: int, elapsed: float, path: str | None) -> str:
+    """The coded reason when the job's shell could not find its command and nothing else ran
+    (agent/not_found.py), naming what is on the job's PATH instead; else ""."""
+    log = workdir / "output.log"
+    if status != not_found.EXIT_STATUS or log.stat().st_size > not_found.OUTPUT_MAX:
+        return ""
+    program = not_found.shell_not_found(log.read_text(errors="replace"), status, elapsed)
+    return not_found.reason(program, not_found.on_path(program, path)).stored if program else ""
+
+
 def main(workdir: Path) -> int:
     spec = json.loads(sys.stdin.buffer.read())
     # Ignored (not handled) so that bubblewrap, which forwards no signals, outlives a SIGTERM to the
@@ -151,6 +164,7 @@ def main(workdir: Path) -> int:
     # Only the agent reads the log (a job's output can hold what it printed of its secrets).
     log_fd = os.open(workdir / "output.log", os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
     with os.fdopen(log_fd, "ab") as log:
+        began = time.monotonic()
         try:
             child = subprocess.Popen(
                 spec["argv"],
@@ -179,6 +193,7 @@ def main(workdir: Path) -> int:
             shim.close()
             os.close(info_fd)
         code = child.wait() if child is not None else 126
+        elapsed = time.monotonic() - began
         os.set_blocking(words_r, False)
         try:
             words = os.read(words_r, WORDS_MAX).decode(errors="replace").strip()
@@ -195,9 +210,11 @@ def main(workdir: Path) -> int:
     reason = reason or os.read(reasons, 4096).decode(errors="replace").strip()
     if not reason and code != 0 and words:
         reason = words  # the command never ran: the sandbox (or this Python inside it) says why
+    status = 128 - code if code < 0 else code  # killed by signal N → 128 + N, as shells report it
+    if not reason and child is not None:
+        reason = _shell_not_found(workdir, status, elapsed, spec["env"].get("PATH"))
     if reason:
         _write_atomically(workdir / REASON_FILE, reason)
-    status = 128 - code if code < 0 else code  # killed by signal N → 128 + N, as shells report it
     _write_atomically(workdir / EXIT_FILE, str(status))
     return 0
 
