@@ -1,6 +1,7 @@
 """The kubernetes runtime's pods against the real control plane (KWOK nodes fake the containers): the
 uploader and its token Secret (owned by the Job, gone with it), the reasons an attempt ends with (an
-upload refused, a rank that fails early, a pod deleted under the job), and tolerations."""
+upload refused, a rank that fails early, a pod deleted under the job; codes, here in English), and
+tolerations."""
 
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ from tests.k8s.test_jobs_runtime import (
     in_cluster,
     make_runtime,
     products,
+    said,
     unique,
 )
 from tests.support.agent import AgentProcess, eventually
@@ -74,7 +76,7 @@ def test_the_uploader_gets_the_token_secret_and_its_refusal_is_the_reason(
             k8s_cluster.kubectl("annotate", "-n", job.namespace, f"pod/{pod.metadata.name}", f"{key}={value}")
         await finished(runtime, job)
         assert (job.outcome, job.exit_code) == ("failed", 3)
-        assert job.stop_reason == "exit code 3; " + refused.removeprefix("error: ")
+        assert said(job) == "exit code 3; artifacts not uploaded: " + refused.removeprefix("error: ")
 
         # Reported: the Job goes, and the garbage collector takes its Secret with it.
         runtime.done(job)
@@ -117,7 +119,7 @@ def test_a_rank_that_fails_early_fails_the_job_naming_it_and_the_others_are_stop
             )
         await finished(runtime, job)
         assert (job.outcome, job.exit_code) == ("failed", 5)
-        assert job.stop_reason == "rank 1 failed: exit code 5; the other ranks were stopped"
+        assert said(job) == "rank 1 failed: exit code 5; the other ranks were stopped"
         left = await cluster_pods(api, job)
         assert all(p.status.phase in ("Succeeded", "Failed") for p in left), "rank 0 left running"
 
@@ -135,7 +137,7 @@ def test_a_pod_deleted_under_the_job_ends_it_with_that_reason(
         k8s_cluster.kubectl("delete", "pod", "-n", job.namespace, pod.metadata.name, "--wait=false")
         await finished(runtime, job)
         assert job.outcome == "failed"
-        assert job.stop_reason == "a pod of the job was deleted before it finished"
+        assert (said(job), job.never_ran) == ("a pod of the job was deleted before it finished", False)
 
     in_cluster(k8s_cluster, body)
 
@@ -192,9 +194,11 @@ def test_a_failed_job_with_many_upload_errors_reaches_the_cloud_with_a_bounded_r
             k8s_cluster.kubectl("annotate", "-n", ns, f"pod/{name}", f"{key}={value}")
         job = world.wait_state(job_id, "failed", timeout=60)
         assert job["exit_code"] == 3
-        assert job["reason"].startswith("exit code 3; artifact part-0.bin refused: larger than 10 bytes; ")
-        # Cut to what the reason's column holds (500 characters, its code's JSON included).
-        assert 400 < len(job["reason"]) < 500 and job["reason"].endswith("…")
+        said = "exit code 3; artifacts not uploaded: artifact part-0.bin refused: larger than 10 bytes; "
+        assert job["reason"].startswith(said)
+        # Cut to what the reason's column holds (500 characters, its codes' JSON included: the
+        # exit code's and the upload problem's nested in the one that joins them).
+        assert 350 < len(job["reason"]) < 500 and job["reason"].endswith("…")
     finally:
         world.close()
 
@@ -202,14 +206,18 @@ def test_a_failed_job_with_many_upload_errors_reaches_the_cloud_with_a_bounded_r
 def test_kubernetes_reasons_are_said_in_words(
     k8s_cluster: K8sCluster, products: dict[str, str], tmp_path: Path
 ) -> None:
+    # exit code, Kubernetes' reason, the termination message, the reason said, whether it never ran
     cases = {
-        "oom": ("137", "OOMKilled", "", "out of memory (OOMKilled, exit code 137)"),
-        "not-found": ("127", "Error", "", "command not found: python (exit code 127)"),
+        "oom": ("137", "OOMKilled", "", "out of memory (OOMKilled, exit code 137)", False),
+        # A program's own exit 127: its log's tail is not a shell's "not found" (tests/test_kube_status.py
+        # has the shell's, whose evidence includes how long the container ran).
+        "exit-127": ("127", "Error", "usage: train.py [-h]", "exit code 127", False),
         "no-shell": (
             "128",
             "StartError",
             'exec: "/bin/sh": no such file or directory',
             'the container could not start (StartError): exec: "/bin/sh": no such file or directory',
+            True,
         ),
     }
 
@@ -224,15 +232,15 @@ def test_kubernetes_reasons_are_said_in_words(
                 return await cluster_pods(api, job)
 
             (pod,) = await wait_until(pods_of, what="the pod")
-            code, reason, message, _ = cases[key]
+            code, reason, message, _, _ = cases[key]
             for name, value in {OUTCOME: "fail", EXIT_CODE: code, REASON: reason, MESSAGE: message}.items():
                 k8s_cluster.kubectl(
                     "annotate", "-n", job.namespace, f"pod/{pod.metadata.name}", f"{name}={value}"
                 )
         await drive(runtime, lambda: all(j.outcome for j in jobs.values()), what="the Jobs to end")
-        got = {key: (job.outcome, job.stop_reason) for key, job in jobs.items()}
-        assert got == {key: ("failed", said) for key, (_, _, _, said) in cases.items()}
-        assert (jobs["oom"].exit_code, jobs["not-found"].exit_code) == (137, 127)
+        got = {key: (job.outcome, said(job), job.never_ran) for key, job in jobs.items()}
+        assert got == {key: ("failed", words, never) for key, (_, _, _, words, never) in cases.items()}
+        assert (jobs["oom"].exit_code, jobs["exit-127"].exit_code) == (137, 127)
         # A container that could not start is stopped by the agent (a real pod's uploader would wait
         # for it for ever), unless the Job controller saw the pod fail first: 128 then.
         assert jobs["no-shell"].exit_code in (None, 128)

@@ -24,6 +24,7 @@ from sxwl.agent.runtimes.kube_objects import ATTEMPT, COMPLETION_INDEX, JOB_ID, 
 from sxwl.agent.runtimes.kube_tenancy import NETWORK_POLICY, RESOURCE_QUOTA
 from sxwl.agent.runtimes.kubernetes import KubernetesRuntime
 from sxwl.protocol import SHA256_HEADER, Assignment
+from sxwl.protocol.reasons import Reason, english
 from tests.support.agent import AgentProcess, eventually
 from tests.support.k8s import DURATION, EXIT_CODE, OUTCOME, K8sCluster, api_client, wait_until
 from tests.support.threads import run_on_thread
@@ -66,6 +67,11 @@ def assignment(product: str | None, **overrides: Any) -> Assignment:
         **overrides,
     }
     return Assignment(**fields)
+
+
+def said(job: KubeJob) -> str | None:
+    """The attempt's reason in English, as the API says it (the runtime keeps it as a code)."""
+    return english(Reason.read(job.stop_reason))
 
 
 def make_runtime(api: Any, state_dir: Path, prefix: str, **kwargs: Any) -> KubernetesRuntime:
@@ -200,7 +206,7 @@ def test_single_node_job_fails_with_its_exit_code(
         runtime = make_runtime(api, tmp_path, unique("sxwl-t") + "-")
         env = {"KWOK_OUTCOME": "fail", "KWOK_EXIT_CODE": "3"}
         job = await finished(runtime, runtime.start(assignment(products["small"], env=env)))
-        assert (job.outcome, job.exit_code, job.stop_reason) == ("failed", 3, "exit code 3")
+        assert (job.outcome, job.exit_code, said(job), job.never_ran) == ("failed", 3, "exit code 3", False)
 
     in_cluster(k8s_cluster, body)
 
@@ -336,8 +342,9 @@ def test_job_for_a_gpu_product_no_node_has_fails_unschedulable_and_is_removed(
         job = runtime.start(assignment("NVIDIA-NO-SUCH-GPU"))
         await finished(runtime, job)
         assert job.outcome == "failed"
-        assert job.stop_reason and job.stop_reason.startswith("unschedulable for more than 2 s")
-        assert "node" in job.stop_reason  # the scheduler's message
+        assert str(said(job)).startswith("unschedulable for more than 2 s: ")
+        assert "node" in str(said(job))  # the scheduler's message
+        assert job.never_ran  # no pod ever ran: it costs nothing
         assert await cluster_jobs(api, job) == []
 
     in_cluster(k8s_cluster, body)
@@ -351,7 +358,8 @@ def test_image_pull_error_fails_the_job_with_the_reason(
         a = assignment(products["small"], env={"KWOK_OUTCOME": "image-pull-error"})
         job = await finished(runtime, runtime.start(a))
         assert job.outcome == "failed"
-        assert job.stop_reason and "ImagePullBackOff" in job.stop_reason
+        assert str(said(job)).startswith("could not pull registry.example/train:1 (ImagePullBackOff)")
+        assert job.never_ran
         assert await cluster_jobs(api, job) == []
 
     in_cluster(k8s_cluster, body)
@@ -363,7 +371,7 @@ def test_max_runtime_is_the_jobs_active_deadline(
     async def body(api: Any) -> None:
         runtime = make_runtime(api, tmp_path, unique("sxwl-t") + "-")
         job = await finished(runtime, runtime.start(assignment(products["small"], max_runtime_s=2)))
-        assert (job.outcome, job.stop_reason) == ("failed", "max runtime of 2 s exceeded")
+        assert (job.outcome, said(job), job.never_ran) == ("failed", "max runtime of 2 s exceeded", False)
 
     in_cluster(k8s_cluster, body)
 
