@@ -133,4 +133,5 @@ def test_the_local_runtime_tells_a_command_that_never_ran(
 def test_a_shells_not_found_is_told_by_its_evidence(
     output: str, status: int, elapsed_s: float, program: str | None
 ) -> None:
-    assert not_found.shell_not_found(output, status, elapsed_s) == program
+    said = not_found.shell_not_found(output, status, elapsed_s)
+    assert (said.program if said else None) == program

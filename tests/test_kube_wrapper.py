@@ -11,7 +11,7 @@ import threading
 import time
 from pathlib import Path
 
-from sxwl.agent import pod_uploader
+from sxwl.agent import not_found, pod_uploader
 from sxwl.agent.pod_uploader import wait_for_main
 from sxwl.agent.runtimes.kube_wrapper import wrapped
 from tests.support.agent import eventually
@@ -132,3 +132,36 @@ def test_the_fifo_appears_only_once_the_wrapper_holds_it(tmp_path: Path) -> None
             subprocess.run(["pkill", "-KILL", "-P", str(proc.pid)], check=False)
             proc.kill()
             proc.wait(30)
+
+
+def test_a_command_the_shell_cannot_find_is_named_with_its_versions_on_path(tmp_path: Path) -> None:
+    """The wrapper's line after the shell's "not found" (in the local sandbox's words) names what is
+    on PATH instead; the agent reads both from the container's termination message, the tail of its
+    log (FallbackToLogsOnError), into the reason."""
+    shared, bin_dir = tmp_path / "sxwl", tmp_path / "bin"
+    shared.mkdir()
+    bin_dir.mkdir()
+    for name in ("pythonx3", "pythonx3.11", "pythonx3-config"):
+        (bin_dir / name).write_text("#!/bin/sh\n")
+        (bin_dir / name).chmod(0o755)
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "SXWL_SHARED_DIR": str(shared)}
+    env["SXWL_OUTPUT_DIR"] = str(shared / "output")
+    for command in ("pythonx train.py", ["pythonx", "train.py"]):
+        ran = subprocess.run(
+            wrapped(command), env=env, capture_output=True, text=True, timeout=30, check=False
+        )
+        assert ran.returncode == 127
+        assert ran.stderr.splitlines()[-1] == "command not found: pythonx (on PATH: pythonx3, pythonx3.11)"
+        said = not_found.shell_not_found(ran.stderr, 127, 0.5)
+        assert said == not_found.NotFound("pythonx", ["pythonx3", "pythonx3.11"]), ran.stderr
+    # Nothing of that name on PATH: the shell's line alone.
+    ran = subprocess.run(
+        wrapped("no-such-sxwl"), env=env, capture_output=True, text=True, timeout=30, check=False
+    )
+    assert ran.returncode == 127 and len(ran.stderr.splitlines()) == 1
+    assert not_found.shell_not_found(ran.stderr, 127, 0.5) == not_found.NotFound("no-such-sxwl", [])
+    # A program of its own that exits 127 is left as it is.
+    ran = subprocess.run(
+        wrapped("exit 127"), env=env, capture_output=True, text=True, timeout=30, check=False
+    )
+    assert (ran.returncode, ran.stderr) == (127, "")

@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Iterable
+from dataclasses import dataclass
 
 from sxwl.protocol.reasons import Reason
 
@@ -27,16 +28,34 @@ _SHELL_SAID = re.compile(
     r"[^:\n]+: (?:line )?(?:\d+: )?(?P<program>[^\s:][^:\n]*): "
     r"(?:command not found|not found|No such file or directory)"
 )
+# What the Kubernetes wrapper adds (runtimes/kube_wrapper.py), as the exec shim says it.
+_WRAPPER_SAID = re.compile(r"command not found: (?P<program>[^\s:]+) \(on PATH: (?P<found>[^()]+)\)")
 _MAX_SHOWN = 4
 
 
-def shell_not_found(output: str, exit_status: int | None, elapsed_s: float) -> str | None:
-    """The program a shell could not find, when the evidence says that nothing else ran."""
+@dataclass(frozen=True)
+class NotFound:
+    program: str
+    found: list[str]  # its versions on PATH, as the Kubernetes wrapper named them
+
+
+def shell_not_found(output: str, exit_status: int | None, elapsed_s: float) -> NotFound | None:
+    """The program a shell could not find, when the evidence says that nothing else ran. The
+    output may end with the line that names its versions on PATH (the Kubernetes wrapper's, in the
+    words of the local sandbox's exec shim)."""
     if exit_status != EXIT_STATUS or elapsed_s > WITHIN_S or len(output) > OUTPUT_MAX:
         return None
     lines = [line.strip() for line in output.splitlines() if line.strip()]
-    said = _SHELL_SAID.fullmatch(lines[0]) if len(lines) == 1 else None
-    return said["program"].strip() if said else None
+    said = _SHELL_SAID.fullmatch(lines[0]) if lines else None
+    if said is None:
+        return None
+    program = said["program"].strip()
+    if len(lines) == 1:
+        return NotFound(program, [])
+    named = _WRAPPER_SAID.fullmatch(lines[1]) if len(lines) == 2 else None
+    if named is None or named["program"] != program:
+        return None
+    return NotFound(program, named["found"].split(", "))
 
 
 def on_path(program: str, path: str | None) -> list[str]:

@@ -151,19 +151,19 @@ def _rank_failure(job: KubeJob, pods: list[Any]) -> tuple[int | None, Reason | N
         if ended is None or not ended.exit_code:
             continue
         code = int(ended.exit_code)
-        program = not_found.shell_not_found(ended.message or "", code, _elapsed_s(ended))
+        missing = not_found.shell_not_found(ended.message or "", code, _elapsed_s(ended))
         what: Reason
         if ended.reason == "OOMKilled":
             what = Reason.of("kube.oom_killed", code=code)
-        elif program is not None:
-            what = not_found.reason(program, [])
+        elif missing is not None:
+            what = not_found.reason(missing.program, missing.found)
         elif ended.reason in START_REASONS:
             what = _not_started(pod, ended)
         else:
             what = Reason.of("job.exit_code", code=code)
         if job.nodes > 1:
             what = Reason.of("kube.rank_failed", rank=rank(pod), what=what)
-        return code, what, program is not None or ended.reason in START_REASONS
+        return code, what, missing is not None or ended.reason in START_REASONS
     return None, None, False
 
 

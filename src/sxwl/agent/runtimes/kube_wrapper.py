@@ -7,7 +7,10 @@ is passed on as SIGTERM: a POSIX shell starts its background child with SIGINT i
 cannot take back what it inherited ignored (Python does not). When the child has ended, the output
 dir is made readable to the uploader (which runs as another user), the exit status is written to
 ``exit-code`` (a rename: never half a file), and the wrapper exits with that same status, so
-Kubernetes shows the real exit code and its own reasons (OOMKilled, Error) as before.
+Kubernetes shows the real exit code and its own reasons (OOMKilled, Error) as before. When the
+command's status is 127 and its program (the first word of a shell string) is not on PATH, the
+wrapper adds the line the local sandbox writes, ``command not found: python (on PATH: python3)``,
+naming the versions that are: the agent takes them into the reason (agent/not_found.py).
 
 For the whole of its life the wrapper holds the write end of the FIFO ``alive``: when the container
 is killed as a whole (the OOM killer, with memory.oom.group) no exit status is written, and the
@@ -36,6 +39,25 @@ while :; do
     code=$?
     kill -0 "$child" 2>/dev/null || break
 done
+if [ "$code" = 127 ]; then
+    if [ "$1" = /bin/sh ] && [ "$2" = -c ]; then w=${3%%[!A-Za-z0-9._+-]*}; else w=$1; fi
+    case "$w" in ''|*/*) w= ;; esac
+    if [ -n "$w" ] && ! command -v "$w" >/dev/null 2>&1; then
+        found= n=0
+        IFS=:
+        for dir in $PATH; do
+            for f in "${dir:-.}/$w"[0-9]*; do
+                v=${f##*/}
+                case "${v#"$w"}" in *[!0-9.]*) continue ;; esac
+                case ", $found, " in *", $v, "*) continue ;; esac
+                [ -x "$f" ] && [ "$n" -lt 4 ] || continue
+                found="${found:+$found, }$v" n=$((n + 1))
+            done
+        done
+        unset IFS
+        [ -n "$found" ] && printf 'command not found: %s (on PATH: %s)\n' "$w" "$found" >&2
+    fi
+fi
 chmod -R a+rX "$SXWL_OUTPUT_DIR" 2>/dev/null
 printf '%s\n' "$code" >"$d/.exit-code" && mv -f "$d/.exit-code" "$d/exit-code"
 exit "$code"

@@ -142,8 +142,10 @@ def _shell_not_found(workdir: Path, status: int, elapsed: float, path: str | Non
     log = workdir / "output.log"
     if status != not_found.EXIT_STATUS or log.stat().st_size > not_found.OUTPUT_MAX:
         return ""
-    program = not_found.shell_not_found(log.read_text(errors="replace"), status, elapsed)
-    return not_found.reason(program, not_found.on_path(program, path)).stored if program else ""
+    said = not_found.shell_not_found(log.read_text(errors="replace"), status, elapsed)
+    if said is None:
+        return ""
+    return not_found.reason(said.program, not_found.on_path(said.program, path)).stored
 
 
 def main(workdir: Path) -> int:
