@@ -7,8 +7,10 @@ which costs nothing."""
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 from kubernetes_asyncio.client import (
+    ApiClient,
     V1Container,
     V1ContainerState,
     V1ContainerStateRunning,
@@ -26,10 +28,12 @@ from kubernetes_asyncio.client import (
 
 from sxwl.agent.runtimes.kube_objects import COMPLETION_INDEX, CONTAINER, KubeJob
 from sxwl.agent.runtimes.kube_status import never_started, outcome, start_problem
+from sxwl.agent.runtimes.kubernetes import KubernetesRuntime
 from sxwl.agent.status_report import status
 from sxwl.cloud.web.i18n.reasons import reason_text
-from sxwl.protocol.models import JobStatus
+from sxwl.protocol.models import Assignment, JobStatus
 from sxwl.protocol.reasons import Reason, english
+from tests.support.threads import run_on_thread
 
 T0 = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
 
@@ -209,3 +213,26 @@ def test_a_start_that_fails_before_the_command_says_why_and_never_ran() -> None:
     assert english(start_problem([half])) == "could not pull up:1 (ImagePullBackOff)"
     assert not never_started([half])
     assert not never_started([])  # no pod seen: nothing says it never ran
+
+
+def test_an_attempt_stopped_before_its_job_was_made_never_ran(tmp_path: Path) -> None:
+    async def stopped() -> KubeJob:
+        async with ApiClient() as api:  # never called: nothing is made before a refresh
+            runtime = KubernetesRuntime(api, state_dir=tmp_path)
+            a = Assignment(
+                job_id="j1",
+                attempt=1,
+                name="t",
+                owner_id="u",
+                command="x",
+                image="i:1",
+                gpus_per_node=0,
+                nodes=1,
+            )
+            job = runtime.start(a)
+            runtime.stop(job.job_id, job.attempt, "cancelled", cancel=True)
+            (ended,) = runtime.poll()
+            return ended
+
+    job = run_on_thread(stopped())
+    assert (job.outcome, job.never_ran) == ("cancelled", True)

@@ -250,6 +250,7 @@ def test_four_node_job_gets_each_rank_its_env_and_cancel_deletes_it(
         runtime.stop(job.job_id, job.attempt, "cancelled", cancel=True)
         await finished(runtime, job)
         assert (job.outcome, job.stop_reason) == ("cancelled", "cancelled")
+        assert not job.never_ran  # its containers ran: the time until the cancel is billed
         assert await cluster_jobs(api, job) == []
         assert await cluster_pods(api, job) == []
         with pytest.raises(ApiException) as missing:

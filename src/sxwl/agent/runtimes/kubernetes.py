@@ -185,7 +185,8 @@ class KubernetesRuntime(AttemptDirs[KubeJob]):
                 continue
             seen = self._seen.pop(job.key, None)
             if seen is None and job.stop_at is not None and not job.created:
-                seen = Seen("cancelled" if job.stop_cancel else "failed", None, None)
+                # Stopped before its Job was made: nothing of it ran.
+                seen = Seen("cancelled" if job.stop_cancel else "failed", None, None, never_ran=True)
             if seen is None:
                 continue
             job.outcome, job.exit_code = seen.outcome, seen.exit_code
@@ -397,6 +398,9 @@ class KubernetesRuntime(AttemptDirs[KubeJob]):
     async def _observe(self, job: KubeJob, item: Any, pods: list[Any]) -> None:
         if job.stop_at is not None:
             if job.created and not job.delete_sent:
+                # A stop while no pod's main container has started (a cancel during the image pull):
+                # the user's command never ran.
+                job.never_ran = job.never_ran or never_started(pods)
                 await self.followers.start(job, pods, self.log_path(job))  # before the pods can go
                 await self._delete(job, pods)
                 job.delete_sent = True
