@@ -6,6 +6,7 @@ PATH instead, in both languages."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from collections.abc import Callable
@@ -18,7 +19,7 @@ from sqlalchemy import select, text
 from sxwl.agent.runtimes.sandbox import EXEC_SHIM
 from sxwl.agent.status_report import could_not_start, status
 from sxwl.cloud.db.models import Job
-from sxwl.cloud.web.i18n.reasons import ZH
+from sxwl.cloud.web.i18n.reasons import ZH, reason_text
 from sxwl.cloud.web.jobs import view as jobs_view
 from sxwl.protocol.reasons import ENGLISH, Reason, english, fields
 from tests.support.billing_api import BILLING, PRODUCT, Money
@@ -117,6 +118,12 @@ def test_every_code_has_both_languages_with_the_same_parameters() -> None:
     assert set(ZH) == set(ENGLISH)
     for code, words in ENGLISH.items():
         assert set(fields(ZH[code])) == set(fields(words)), code
+        # Each renders in both, and the Chinese is not the English left as it was (a code whose words
+        # are only its parameters and names, "{old} → {new}" or "{gpus} × GPU", may read the same).
+        said = Reason(code, dict.fromkeys(fields(words), "x"))
+        assert reason_text("en", said) == english(said)
+        if re.search(r"[a-z]{3,}", re.sub(r"\{[^}]*\}", "", words)):
+            assert reason_text("zh", said) != english(said), code
 
 
 def test_a_stored_reason_reads_back_and_fits_its_column() -> None:
@@ -189,3 +196,23 @@ def test_the_agents_own_reasons_travel_as_codes(
     report = status(1, "failed", None, stored)
     assert (report.reason, report.reason_code) == (english_words, code)
     assert jobs_view.reason("zh", report.said()) == chinese
+
+
+def test_a_reason_inside_another_travels_whole_or_as_its_words() -> None:
+    """A failed rank's cause is a reason inside the rank's: the agent sends it in ``reason_parts``;
+    the cloud keeps the whole as codes only when it can word every part of it."""
+    cause = Reason.of("kube.oom_killed", code=137)
+    said = Reason.of("kube.rank_failed", rank=1, what=cause)
+    report = status(1, "failed", 137, said.stored)
+    assert (report.reason_code, report.reason_params) == ("kube.rank_failed", {"rank": 1})
+    assert report.reason_parts == {"what": cause.stored}
+    assert report.said() == said
+    assert (
+        jobs_view.reason("zh", report.said())
+        == "第 1 号节点（rank）失败：内存不足（OOMKilled，退出码 137）；其余节点已停止"
+    )
+    words = "rank 1 failed: out of memory (OOMKilled, exit code 137); the other ranks were stopped"
+    assert report.reason == words
+    for part in ('{"code":"kube.newer","params":{}}', '{"code":"kube.oom_killed","params":{}}'):
+        # A code this cloud does not know, or one without the parameter its words name.
+        assert report.model_copy(update={"reason_parts": {"what": part}}).said() == Reason.text(words)
