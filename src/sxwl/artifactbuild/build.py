@@ -18,6 +18,7 @@ from typing import Any
 import yaml
 
 from sxwl.artifactbuild import charts, gobins, image
+from sxwl.artifactbuild.elf import file_arch, zip_arches
 from sxwl.artifactbuild.pack import tar_gz
 from sxwl.artifactbuild.parts import Missing, Progress
 from sxwl.ctl import zipapp
@@ -94,6 +95,8 @@ def _tools(
         )
         if isinstance(made, Missing):
             missing.append(Missing(path, made.reason))
+        elif (found := file_arch(made)) != opts.arch:  # a cached or reused build of another machine
+            missing.append(Missing(path, f"{made} is a {found or 'non-ELF'} program, not linux/{opts.arch}"))
         else:
             _copy(made, root / path)
 
@@ -161,6 +164,11 @@ def build(opts: Options) -> Result:
             python = f"{sys.version_info[0]}.{sys.version_info[1]}"
             zipapp.build(root / "3kctl")
         data["python"] = python
+        foreign = {member: arch for member, arch in zip_arches(root / "3kctl").items() if arch != opts.arch}
+        if foreign:
+            (root / "3kctl").unlink()
+            member, arch = next(iter(foreign.items()))
+            missing.append(Missing("3kctl", f"its compiled part {member} is for {arch}, not {opts.arch}"))
     with progress.part("conf"):
         (root / "conf").mkdir()
         (root / "conf" / "config-sample.conf").write_text(SAMPLE_CONFIG)
