@@ -3,7 +3,7 @@
 a program for linux/arm64 (aarch64 in its ELF header and for `file`), and the build's checks of what
 it packs say which machine a program or one of 3kctl's compiled parts is for. The whole arm64 build,
 with the real kubectl and helm and 3kctl from aarch64 wheels, needs the package index and minutes of
-compiling: bench/artifact.py --arch arm64 runs it."""
+compiling: `make artifact ARTIFACT_ARGS="--arch arm64"`, whose result docs/artifact.md records."""
 
 from __future__ import annotations
 
