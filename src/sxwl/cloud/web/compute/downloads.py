@@ -79,7 +79,7 @@ async def _from_store(request: Request, served: downloads.Served, headers: dict[
     if request.method == "HEAD":
         return Response(status_code=status, headers=headers, media_type=MEDIA_TYPE)
     try:
-        chunks = await run_in_threadpool(store.read_key, served.key, start, end)
+        chunks = await run_in_threadpool(store.read_key, served.key, start, None if wanted is None else end)
     except NotStored:
         message = download_object.missing_key(ctx_of(request).settings)
         return _refusal(404, message, "no_artifact")
