@@ -14,9 +14,8 @@ import pytest
 import yaml
 from fastapi.testclient import TestClient
 
-from sxwl.artifactbuild.pack import tar_gz
 from sxwl.cloud.web.kit import LANG_COOKIE
-from tests.ctl.conftest import make_artifact
+from tests.ctl.conftest import packed_artifact
 from tests.test_console_forms import register_form
 
 URL = "/downloads/3k-artifact.tgz"
@@ -24,10 +23,7 @@ URL = "/downloads/3k-artifact.tgz"
 
 @pytest.fixture
 def built(tmp_path: Path) -> Path:
-    root = make_artifact(tmp_path / "src" / "artifact")
-    output = tmp_path / "3k-artifact.tgz"
-    tar_gz(root, output, "artifact")
-    return output
+    return packed_artifact(tmp_path)
 
 
 def manifest_of(data: bytes) -> dict[str, object]:

@@ -105,6 +105,15 @@ def make_artifact(root: Path) -> Path:
     return root
 
 
+def packed_artifact(folder: Path) -> Path:
+    """``folder/3k-artifact.tgz``: make_artifact's files packed as the build packs them."""
+    from sxwl.artifactbuild.pack import tar_gz
+
+    output = folder / "3k-artifact.tgz"
+    tar_gz(make_artifact(folder / "src" / "artifact"), output, "artifact")
+    return output
+
+
 @pytest.fixture
 def artifact(tmp_path: Path) -> Path:
     return make_artifact(tmp_path / "artifact")

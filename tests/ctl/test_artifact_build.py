@@ -9,6 +9,7 @@ import os
 import tarfile
 from pathlib import Path
 
+from sxwl.artifactbuild.image import qualified
 from sxwl.artifactbuild.pack import normalise_tgz, tar_gz
 from sxwl.ctl import zipapp
 from tests.ctl.conftest import make_artifact
@@ -62,3 +63,12 @@ def test_the_3kctl_zipapp_builds_to_the_same_bytes(tmp_path: Path) -> None:
     os.utime(Path(zipapp.__file__).parent / "artifact.py")
     two = zipapp.build(tmp_path / "b" / "3kctl")
     assert digest(one) == digest(two)
+
+
+def test_the_agent_images_archive_records_the_name_kubernetes_looks_up() -> None:
+    """`ctr images import` records the archive's io.containerd.image.name as it is, and the CRI
+    finds an image only by its normalised name (tests/k8s/test_artifact_agent.py imports one)."""
+    assert qualified("sxwl/sxwl-agent:0.1.0") == "docker.io/sxwl/sxwl-agent:0.1.0"
+    assert qualified("busybox:1.36") == "docker.io/library/busybox:1.36"
+    for named in ("dockerhub.kubekey.local/kubesphereio/sxwl-agent:0.1.0", "localhost:5000/a/b:1"):
+        assert qualified(named) == named

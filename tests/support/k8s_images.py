@@ -23,6 +23,7 @@ IMAGES_SCRIPT = REPO / "scripts" / "k8s-test-images.sh"
 PAUSE_IMAGE = "sxwl.test/pause:1"
 PYTHON_IMAGE = "sxwl.test/python:1"
 REF_NAME = "org.opencontainers.image.ref.name"
+IMAGE_NAME = "io.containerd.image.name"
 LAYER_TAR = "application/vnd.oci.image.layer.v1.tar"
 
 
@@ -190,3 +191,33 @@ def import_layout(layout: Path, ref: str, containerd_socket: Path) -> None:
         tar.wait(timeout=60)
     if result.returncode != 0:
         raise RuntimeError(f"ctr images import of {ref} failed: {result.stderr}{result.stdout}")
+
+
+def archive_image(archive: Path) -> tuple[str, str]:
+    """(the name, the manifest digest) of the one image of an OCI archive, from its index.json."""
+    with tarfile.open(archive) as tar:
+        member = tar.extractfile("index.json") or tar.extractfile("./index.json")
+        assert member is not None, f"{archive} has no index.json"
+        [entry] = json.loads(member.read())["manifests"]
+    annotations = entry.get("annotations", {})
+    return annotations.get(IMAGE_NAME) or annotations.get(REF_NAME, ""), str(entry["digest"])
+
+
+def import_archive(archive: Path, ref: str, containerd_socket: Path) -> str:
+    """`ctr images import` of an OCI archive (the artifact's images/*.oci.tar) into the CRI namespace
+    of one containerd, then tagged ``ref`` (the name pods ask for); returns the digest containerd
+    holds for ``ref``."""
+    name, _ = archive_image(archive)
+    ctr = ["ctr", f"--address={containerd_socket}", "-n", "k8s.io"]
+    for args in (["images", "import", str(archive)], ["images", "tag", "--force", name, ref]):
+        if args[1] == "tag" and name == ref:
+            continue
+        done = subprocess.run([*ctr, *args], capture_output=True, text=True, check=False, timeout=300)
+        if done.returncode != 0:
+            raise RuntimeError(f"ctr {' '.join(args)} failed: {done.stderr}{done.stdout}")
+    listed = subprocess.run(
+        [*ctr, "images", "ls", f"name=={ref}"], capture_output=True, text=True, check=True, timeout=60
+    )
+    rows = [line.split() for line in listed.stdout.splitlines()[1:] if line.strip()]
+    [row] = [r for r in rows if r[0] == ref]
+    return row[2]

@@ -37,7 +37,13 @@ from typing import IO, Any
 
 from tests.support.k8s import K8sCluster, StartError, stop_group
 from tests.support.k8s_host import HostRestorer, HostState
-from tests.support.k8s_images import PAUSE_IMAGE, base_layouts, import_layout, layout_with_files
+from tests.support.k8s_images import (
+    PAUSE_IMAGE,
+    base_layouts,
+    import_archive,
+    import_layout,
+    layout_with_files,
+)
 from tests.support.k8s_leftovers import clear_leftovers, forget_spawned, record_root, record_spawned
 from tests.support.k8s_node_config import (
     REAL_LABEL,
@@ -167,6 +173,11 @@ class RealNodes:
         layout = layout_with_files(self._layouts[base], base, name, files, self.root / "images")
         self._import(name, layout)
         return name
+
+    def import_archive(self, archive: Path, ref: str, node: str) -> str:
+        """An OCI archive's image into one node's containerd as `ref`; returns its manifest digest."""
+        [found] = [n for n in self._nodes if n.name == node]
+        return import_archive(archive, ref, found.paths.socket)
 
     # -- lifecycle --
 

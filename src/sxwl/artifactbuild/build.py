@@ -18,6 +18,7 @@ from typing import Any
 import yaml
 
 from sxwl.artifactbuild import charts, gobins, image
+from sxwl.artifactbuild.elf import file_arch, zip_arches
 from sxwl.artifactbuild.pack import tar_gz
 from sxwl.artifactbuild.parts import Missing, Progress
 from sxwl.ctl import zipapp
@@ -46,6 +47,10 @@ class Options:
     kubekey_artifact: Path | None = None
     python: str = ""  # another target's CPython for 3kctl (from wheels; needs the package index)
     progress: Progress = field(default_factory=Progress)
+
+    @property
+    def cache_dir(self) -> Path:
+        return self.cache or self.repo / ".cache" / "artifact"
 
 
 @dataclass
@@ -80,7 +85,6 @@ def _part_sizes(root: Path) -> dict[str, int]:
 def _tools(
     opts: Options, data: dict[str, Any], root: Path, missing: list[Missing], supplied: list[str]
 ) -> None:
-    cache = opts.cache or opts.repo / ".cache" / "artifact"
     for raw in data["tools"]:
         name, path = str(raw["name"]), str(raw["path"])
         if name == "3kctl":
@@ -90,30 +94,38 @@ def _tools(
             supplied.append(path)
             continue
         made = gobins.build_tool(
-            opts.repo, cache, gobins.Tool(name, str(raw["version"])), opts.arch, opts.progress
+            opts.repo, opts.cache_dir, gobins.Tool(name, str(raw["version"])), opts.arch, opts.progress
         )
         if isinstance(made, Missing):
             missing.append(Missing(path, made.reason))
+        elif (found := file_arch(made)) != opts.arch:  # a cached or reused build of another machine
+            missing.append(Missing(path, f"{made} is a {found or 'non-ELF'} program, not linux/{opts.arch}"))
         else:
             _copy(made, root / path)
 
 
-def _helm_here(opts: Options, root: Path) -> Path | None:
+def _helm_here(opts: Options, data: dict[str, Any], root: Path) -> Path | None:
     """A helm this machine can run, to package the charts: the artifact's own when it is for this
-    machine's architecture, else one on PATH."""
-    own = root / "bin" / "helm"
-    if own.is_file() and MACHINE.get(platform.machine()) == opts.arch:
+    machine's architecture; in a cross build (--arch arm64 on x86_64), the manifest's helm built for
+    this machine the way bin/helm is (cached beside it); else one on PATH."""
+    own, here = root / "bin" / "helm", MACHINE.get(platform.machine())
+    if here == opts.arch and own.is_file():
         return own
+    if here is not None and here != opts.arch:
+        [version] = [str(t["version"]) for t in data["tools"] if t["name"] == "helm"]
+        made = gobins.build_tool(opts.repo, opts.cache_dir, gobins.Tool("helm", version), here, opts.progress)
+        if not isinstance(made, Missing):
+            return made
     found = shutil.which("helm")
     return Path(found) if found else None
 
 
 def _charts(opts: Options, data: dict[str, Any], root: Path, missing: list[Missing]) -> None:
-    helm = _helm_here(opts, root)
+    helm = _helm_here(opts, data, root)
     for raw in [*data.get("charts", []), *data.get("ceph", [])]:
         name, version, path = str(raw["name"]), str(raw["version"]), str(raw["path"])
         if helm is None:
-            missing.append(Missing(path, "no helm to package it (bin/helm is missing and none is on PATH)"))
+            missing.append(Missing(path, "no helm to package it (none built for this machine, none on PATH)"))
             continue
         if name == "sxwl-agent":
             made = charts.agent_chart(opts.repo, helm, version, root, path)
@@ -161,6 +173,11 @@ def build(opts: Options) -> Result:
             python = f"{sys.version_info[0]}.{sys.version_info[1]}"
             zipapp.build(root / "3kctl")
         data["python"] = python
+        foreign = {member: arch for member, arch in zip_arches(root / "3kctl").items() if arch != opts.arch}
+        if foreign:
+            (root / "3kctl").unlink()
+            member, arch = next(iter(foreign.items()))
+            missing.append(Missing("3kctl", f"its compiled part {member} is for {arch}, not {opts.arch}"))
     with progress.part("conf"):
         (root / "conf").mkdir()
         (root / "conf" / "config-sample.conf").write_text(SAMPLE_CONFIG)

@@ -13,6 +13,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
+from sxwl.artifactbuild.elf import file_arch
 from sxwl.artifactbuild.parts import Missing, Progress
 
 GO_MODULES = Path("deploy/artifact/go")
@@ -101,21 +102,36 @@ def build_tool(repo: Path, cache: Path, tool: Tool, arch: str, progress: Progres
     else:
         package = "helm.sh/helm/v3/cmd/helm"
         flags = [f"-X helm.sh/helm/v3/internal/version.version={tool.version}"]
+    progress.say(f"{tool.name} {tool.version} linux/{arch}: go build {module} (minutes, once) ...")
+    failed = go_build(repo / GO_MODULES / tool.name, package, flags, target, arch)
+    if failed is not None:
+        return Missing(f"bin/{tool.name}", f"go build failed: {failed}")
+    return target
+
+
+def go_build(module: Path, package: str, flags: list[str], target: Path, arch: str) -> str | None:
+    """``go build`` of ``package`` in the module folder for linux/``arch`` (static, no cgo: it
+    cross-compiles) into ``target``, written whole or not at all; then checked to be an ELF program for
+    that machine. None when made, else why not."""
     target.parent.mkdir(parents=True, exist_ok=True)
     partial = target.with_name(f".{target.name}.partial")
-    progress.say(f"{tool.name} {tool.version} linux/{arch}: go build {module} (minutes, once) ...")
     result = subprocess.run(
         ["go", "build", "-p", "2", "-ldflags", " ".join(["-s -w", *flags]), "-o", str(partial), package],
-        cwd=repo / GO_MODULES / tool.name,
+        cwd=module,
         env=_go_env(arch),
         capture_output=True,
         text=True,
         check=False,
     )
     if result.returncode != 0:
-        return Missing(f"bin/{tool.name}", f"go build failed: {result.stderr.strip()[-400:]}")
+        partial.unlink(missing_ok=True)
+        return result.stderr.strip()[-400:]
+    made = file_arch(partial)
+    if made != arch:
+        partial.unlink(missing_ok=True)
+        return f"go build made a {made or 'non-ELF'} program, not a linux/{arch} one"
     partial.replace(target)
-    return target
+    return None
 
 
 def _kubekey(tool: Tool) -> Missing:

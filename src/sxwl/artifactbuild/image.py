@@ -33,6 +33,19 @@ IMAGE_NAME = "io.containerd.image.name"
 CREATED = "1980-01-01T00:00:00Z"
 
 
+def qualified(image: str) -> str:
+    """The full name `ctr images import` must record: Kubernetes' CRI looks an image up by its
+    normalised name (``sxwl/sxwl-agent:0.1.0`` is ``docker.io/sxwl/sxwl-agent:0.1.0``), and an image
+    imported under the short one fails every pod that asks for it ("image not found"), even under
+    another tag."""
+    first, _, rest = image.partition("/")
+    if not rest:
+        return f"docker.io/library/{image}"
+    if "." in first or ":" in first or first == "localhost":
+        return image
+    return f"docker.io/{image}"
+
+
 def _key(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()
 
@@ -153,7 +166,7 @@ def agent_archive(repo: Path, image: str, root: Path, name: str, arch: str) -> t
         )
         manifest_digest, manifest_size = _blob(blobs, json.dumps(manifest, sort_keys=True).encode())
         tag = image.rpartition(":")[2]
-        annotations = {REF_NAME: tag, IMAGE_NAME: image}
+        annotations = {REF_NAME: tag, IMAGE_NAME: qualified(image)}
         index["manifests"] = [
             {**entry, "digest": manifest_digest, "size": manifest_size, "annotations": annotations}
         ]

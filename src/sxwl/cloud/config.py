@@ -47,8 +47,10 @@ class Settings(BaseSettings):
     # HTTP/2 PINGs on each agent's tunnel connection this often; one unanswered as long closes it.
     tunnel_ping_s: float = Field(default=20.0, gt=0, le=300)
     # The offline artifact (`make artifact`'s dist/3k-artifact.tgz) served at /downloads/3k-artifact.tgz
-    # for providers (docs/artifact.md, "Serving"); unset, that path answers 404.
+    # for providers (docs/artifact.md, "Serving"): a file beside the cloud, or the key of an object in
+    # the S3 artifact store (several replicas, no shared disk); neither set, that path answers 404.
     artifact_file: Path | None = None
+    artifact_key: str = ""
     # The oldest artifact version whose 3kctl and agent this cloud accepts (told to 3kctl with the
     # accessKey check, which stops an older artifact before it changes any host).
     artifact_min_version: str = Field(default="0.1.0", pattern=r"^[0-9]+(\.[0-9]+){0,3}$")
@@ -164,6 +166,11 @@ class Settings(BaseSettings):
                 raise ValueError(f"expected IP addresses or CIDR networks, got {item!r}") from None
         return value
 
+    @property
+    def artifact_served(self) -> bool:
+        """Whether /downloads/3k-artifact.tgz serves an artifact (a file or an object is named)."""
+        return self.artifact_file is not None or bool(self.artifact_key)
+
     def trusted_proxy_list(self) -> list[str]:
         return [str(ipaddress.ip_network(item)) for item in _proxy_items(self.trusted_proxies)]
 
@@ -220,4 +227,26 @@ class Settings(BaseSettings):
             value = getattr(self, name)
             if value and not value.startswith(("http://", "https://")):
                 raise ValueError(f"SXWL_{name.upper()} must be an http(s) URL, got {value!r}")
+        return self
+
+    @model_validator(mode="after")
+    def _artifact_key_usable(self) -> Settings:
+        """The served artifact's key is checked at start: a wrong one would only show as 404s."""
+        key = self.artifact_key
+        if not key:
+            return self
+        if self.artifact_store != "s3":
+            raise ValueError(
+                "SXWL_ARTIFACT_KEY names an object in the S3 artifact store: set SXWL_ARTIFACT_STORE=s3, "
+                "or name a file beside the cloud with SXWL_ARTIFACT_FILE"
+            )
+        if self.artifact_file is not None:
+            raise ValueError("set SXWL_ARTIFACT_FILE or SXWL_ARTIFACT_KEY, not both")
+        # Room is left for the served copies' keys (<key>.served/<20 hex>.tgz) within S3's 1024 bytes.
+        bad = key.startswith("/") or key.endswith("/") or "//" in key or any(ord(c) < 32 for c in key)
+        if bad or len(key.encode()) > 900:
+            raise ValueError(
+                "SXWL_ARTIFACT_KEY must be an object key such as downloads/3k-artifact.tgz (no leading, "
+                f"trailing or double '/', no control characters, at most 900 bytes), got {key!r}"
+            )
         return self

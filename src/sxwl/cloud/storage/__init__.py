@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
-from pathlib import PurePosixPath
-from typing import BinaryIO, Protocol
+from pathlib import Path, PurePosixPath
+from typing import BinaryIO, Protocol, runtime_checkable
 
 from starlette.responses import Response
 
@@ -144,3 +144,38 @@ class ArtifactStore(Protocol):
         """Removes the artifact's bytes; an address that holds none is no error. Raises
         ``StoreUnavailable`` when the store cannot be reached."""
         ...
+
+
+@dataclass(frozen=True)
+class StoredObject:
+    """What the store tells of an object the cloud addresses by its key (not a job's artifact)."""
+
+    size: int
+    etag: str
+    metadata: dict[str, str]
+
+
+@runtime_checkable
+class KeyedObjects(Protocol):
+    """Objects named by their key, for the offline artifact an operator put in the bucket
+    (docs/artifact.md, "Serving"): the S3 store only. Blocking calls: run them in a thread."""
+
+    def head_key(self, key: str) -> StoredObject | None:
+        """None when the store holds no such object; ``StoreUnavailable`` when it cannot tell."""
+        ...
+
+    def read_key(self, key: str, start: int = 0, end: int | None = None) -> Iterator[bytes]:
+        """The object's bytes ``start`` to ``end`` (inclusive; None: to its end), in chunks. The
+        request is made before this returns (``NotStored``, ``StoreUnavailable``); a failure while
+        the chunks stream raises ``StoreUnavailable`` from the iterator."""
+        ...
+
+    def put_key(self, key: str, path: Path, metadata: dict[str, str]) -> None:
+        """The file at ``path`` as the object ``key``, with ``metadata`` (returned by head_key)."""
+        ...
+
+    def keys_under(self, prefix: str) -> list[tuple[str, float]]:
+        """The keys starting with ``prefix`` and when each was written (Unix time)."""
+        ...
+
+    def delete_key(self, key: str) -> None: ...

@@ -16,9 +16,10 @@ from __future__ import annotations
 import asyncio
 import base64
 import tempfile
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
-from typing import IO, TYPE_CHECKING
+from pathlib import Path
+from typing import IO, TYPE_CHECKING, Any
 from urllib.parse import quote
 
 import boto3
@@ -32,6 +33,7 @@ from sxwl.cloud.storage import (
     AlreadyStored,
     Artifact,
     NotStored,
+    StoredObject,
     StoreUnavailable,
     UploadTarget,
     write_checked,
@@ -39,6 +41,7 @@ from sxwl.cloud.storage import (
 
 if TYPE_CHECKING:
     from types_boto3_s3 import S3Client
+    from types_boto3_s3.type_defs import HeadObjectOutputTypeDef
 
 # What the cloud puts itself (a base model's archive, a file, an agent's upload through the cloud)
 # goes as one PUT up to this size and in parts past it: one PUT stops at 5 GiB, and a model may be
@@ -48,6 +51,8 @@ MULTIPART_THRESHOLD = 1024**3
 MIN_PART_BYTES = 64 * 1024**2
 MAX_PARTS = 10_000
 OCTET_STREAM = "application/octet-stream"
+# What one read of a keyed object hands on at a time (a download streams through the cloud).
+CHUNK_BYTES = 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -104,9 +109,23 @@ def _attachment(path: str) -> str:
     return f"attachment; filename*=utf-8''{quoted}"
 
 
+def _status(exc: ClientError) -> object:
+    return exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+
+
+def _chunks(body: Any) -> Iterator[bytes]:
+    """A GET's body in chunks, closed when done or abandoned (a client that went away)."""
+    try:
+        yield from body.iter_chunks(CHUNK_BYTES)
+    except (BotoCoreError, OSError) as exc:
+        raise _unavailable(exc) from None
+    finally:
+        body.close()
+
+
 def _unavailable(exc: Exception) -> StoreUnavailable:
     if isinstance(exc, ClientError):
-        status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+        status = _status(exc)
         code = exc.response.get("Error", {}).get("Code", "")
         return StoreUnavailable(f"the object store answered HTTP {status} {code}".rstrip())
     return StoreUnavailable(f"the object store is unreachable: {type(exc).__name__}")
@@ -162,15 +181,20 @@ class S3ArtifactStore:
 
     def _held(self, key: str) -> tuple[int, str | None] | None:
         """The size and sha256 checksum of the object at ``key``; None when there is none."""
+        head = self._head(key, checksum=True)
+        return None if head is None else (head["ContentLength"], head.get("ChecksumSHA256"))
+
+    def _head(self, key: str, *, checksum: bool = False) -> HeadObjectOutputTypeDef | None:
         try:
-            head = self._client.head_object(Bucket=self.location.bucket, Key=key, ChecksumMode="ENABLED")
+            if checksum:
+                return self._client.head_object(Bucket=self.location.bucket, Key=key, ChecksumMode="ENABLED")
+            return self._client.head_object(Bucket=self.location.bucket, Key=key)
         except ClientError as exc:
-            if exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode") == 404:
+            if _status(exc) == 404:
                 return None
             raise _unavailable(exc) from None
         except BotoCoreError as exc:
             raise _unavailable(exc) from None
-        return head["ContentLength"], head.get("ChecksumSHA256")
 
     async def put(
         self,
@@ -217,7 +241,7 @@ class S3ArtifactStore:
                     ChecksumSHA256=checksum,
                 )
         except ClientError as exc:
-            if not once or exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode") != 412:
+            if not once or _status(exc) != 412:
                 raise _unavailable(exc) from None
             if self._held(key) != (size, checksum):  # 412: the key holds an object; these bytes?
                 raise AlreadyStored(f"{artifact.path} is already stored with other bytes") from None
@@ -252,7 +276,7 @@ class S3ArtifactStore:
             )
             return answer["Body"].read()
         except ClientError as exc:
-            status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+            status = _status(exc)
             if status == 404:
                 raise NotStored("the object store holds no such object") from None
             if status == 416:  # the range starts at or past the object's end
@@ -285,3 +309,58 @@ class S3ArtifactStore:
             ExpiresIn=self.location.presign_expiry_s,
         )
         return RedirectResponse(url, status_code=307, headers=headers)
+
+    # Keyed objects (storage.KeyedObjects): the offline artifact an operator put in the bucket, and the
+    # copies of it that name this cloud (services/fleet/download_object.py).
+
+    def head_key(self, key: str) -> StoredObject | None:
+        head = self._head(key)
+        if head is None:
+            return None
+        etag = str(head.get("ETag", "")).strip('"')
+        return StoredObject(head["ContentLength"], etag, dict(head.get("Metadata", {})))
+
+    def read_key(self, key: str, start: int = 0, end: int | None = None) -> Iterator[bytes]:
+        try:
+            if start or end is not None:
+                answer = self._client.get_object(
+                    Bucket=self.location.bucket, Key=key, Range=f"bytes={start}-{'' if end is None else end}"
+                )
+            else:
+                answer = self._client.get_object(Bucket=self.location.bucket, Key=key)
+        except ClientError as exc:
+            if _status(exc) == 404:
+                raise NotStored(f"the object store holds no object {key}") from None
+            raise _unavailable(exc) from None
+        except BotoCoreError as exc:
+            raise _unavailable(exc) from None
+        return _chunks(answer["Body"])
+
+    def put_key(self, key: str, path: Path, metadata: dict[str, str]) -> None:
+        part = max(self.part_bytes, -(-path.stat().st_size // MAX_PARTS))
+        transfer = TransferConfig(multipart_threshold=self.multipart_threshold, multipart_chunksize=part)
+        try:
+            self._client.upload_file(
+                str(path),
+                self.location.bucket,
+                key,
+                ExtraArgs={"ContentType": OCTET_STREAM, "Metadata": metadata},
+                Config=transfer,
+            )
+        except (BotoCoreError, ClientError, S3UploadFailedError) as exc:
+            raise _unavailable(exc) from None
+
+    def keys_under(self, prefix: str) -> list[tuple[str, float]]:
+        found: list[tuple[str, float]] = []
+        try:
+            pages = self._client.get_paginator("list_objects_v2").paginate(
+                Bucket=self.location.bucket, Prefix=prefix
+            )
+            for page in pages:
+                found += [(o["Key"], o["LastModified"].timestamp()) for o in page.get("Contents", [])]
+        except (BotoCoreError, ClientError) as exc:
+            raise _unavailable(exc) from None
+        return found
+
+    def delete_key(self, key: str) -> None:
+        self._delete(key)

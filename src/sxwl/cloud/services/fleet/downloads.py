@@ -16,6 +16,7 @@ import tarfile
 import threading
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO
 
 from sxwl.cloud.config import Settings
 
@@ -23,7 +24,7 @@ NAME = "3k-artifact.tgz"
 MANIFEST_MEMBER = "artifact/manifest.yaml"
 # Copies made for earlier files or URLs are removed past this many.
 KEEP = 4
-_making = threading.Lock()
+making = threading.Lock()
 
 
 class NoArtifact(Exception):
@@ -36,11 +37,15 @@ class BadArtifact(Exception):
 
 @dataclass(frozen=True)
 class Served:
-    path: Path
+    """What /downloads/3k-artifact.tgz answers with: a file (``path``) or an object of the artifact
+    store (``key``, services/fleet/download_object.py)."""
+
     sha256: str
     size: int
     version: str
     cloud: str
+    path: Path | None = None
+    key: str = ""
 
     def summary(self) -> dict[str, str | int]:
         return {"name": NAME, "sha256": self.sha256, "size": self.size, "version": self.version,
@@ -55,8 +60,9 @@ def with_cloud(manifest: str, cloud: str) -> str:
     return manifest.rstrip("\n") + "\n" + line + "\n"
 
 
-def _rewrite(source: Path, target: Path, cloud: str) -> str:
-    """source with its manifest's cloud set, as target; returns the manifest's version."""
+def rewrite(source: IO[bytes], name: str, target: Path, cloud: str) -> str:
+    """The artifact read from ``source`` (named ``name`` in errors) with its manifest's cloud set, as
+    target; returns the manifest's version."""
     version = ""
     with (
         target.open("wb") as raw,
@@ -64,38 +70,40 @@ def _rewrite(source: Path, target: Path, cloud: str) -> str:
         tarfile.open(fileobj=zipped, mode="w", format=tarfile.GNU_FORMAT) as out,
     ):
         try:
-            with tarfile.open(source, mode="r|gz") as tar:
+            with tarfile.open(fileobj=source, mode="r|gz") as tar:
                 for member in tar:
                     content = tar.extractfile(member) if member.isreg() else None
                     if member.name == MANIFEST_MEMBER and content is not None:
                         text = with_cloud(content.read().decode(), cloud)
-                        found = re.search(r"^version:\s*['\"]?([^'\"\s]+)", text, re.MULTILINE)
-                        version = found.group(1) if found else "?"
+                        version = _version_in(text)
                         data = text.encode()
                         member.size = len(data)
                         out.addfile(member, io.BytesIO(data))
                     else:
                         out.addfile(member, content)
         except (tarfile.TarError, EOFError, OSError, UnicodeDecodeError) as exc:
-            raise BadArtifact(f"{source} is not a readable .tar.gz: {exc}") from None
+            raise BadArtifact(f"{name} is not a readable .tar.gz: {exc}") from None
     if not version:
-        raise BadArtifact(f"{source} holds no {MANIFEST_MEMBER}: it is not a 3k artifact")
+        raise BadArtifact(f"{name} holds no {MANIFEST_MEMBER}: it is not a 3k artifact")
     return version
 
 
-def _version_of(source: Path) -> str:
+def _version_in(manifest: str) -> str:
+    found = re.search(r"^version:\s*['\"]?([^'\"\s]+)", manifest, re.MULTILINE)
+    return found.group(1) if found else "?"
+
+
+def version_of(source: IO[bytes], name: str) -> str:
     """The version its manifest names (the build puts the manifest first: a short read)."""
     try:
-        with tarfile.open(source, mode="r|gz") as tar:
+        with tarfile.open(fileobj=source, mode="r|gz") as tar:
             for member in tar:
                 if member.name == MANIFEST_MEMBER and member.isreg():
                     content = tar.extractfile(member)
-                    text = content.read().decode() if content is not None else ""
-                    found = re.search(r"^version:\s*['\"]?([^'\"\s]+)", text, re.MULTILINE)
-                    return found.group(1) if found else "?"
+                    return _version_in(content.read().decode() if content is not None else "")
     except (tarfile.TarError, EOFError, OSError, UnicodeDecodeError) as exc:
-        raise BadArtifact(f"{source} is not a readable .tar.gz: {exc}") from None
-    raise BadArtifact(f"{source} holds no {MANIFEST_MEMBER}: it is not a 3k artifact")
+        raise BadArtifact(f"{name} is not a readable .tar.gz: {exc}") from None
+    raise BadArtifact(f"{name} holds no {MANIFEST_MEMBER}: it is not a 3k artifact")
 
 
 def served(settings: Settings) -> Served:
@@ -105,7 +113,10 @@ def served(settings: Settings) -> Served:
     cloud = settings.public_url.rstrip("/")
     source = settings.artifact_file
     if source is None:
-        raise NoArtifact("this cloud serves no offline artifact: its operator sets SXWL_ARTIFACT_FILE")
+        raise NoArtifact(
+            "this cloud serves no offline artifact: its operator sets SXWL_ARTIFACT_FILE (a file) or "
+            "SXWL_ARTIFACT_KEY (an object of the S3 artifact store)"
+        )
     try:
         info = source.stat()
     except OSError:
@@ -117,31 +128,44 @@ def served(settings: Settings) -> Served:
     # Without a URL to write in, the operator's file is served itself: only its sha256 is kept.
     target = folder / f"3k-artifact-{key}.tgz" if cloud else source
     meta = folder / f"3k-artifact-{key}.json"
-    with _making:
+    with making:
         if not meta.is_file():
             folder.mkdir(parents=True, exist_ok=True)
-            version = _made(source, target, cloud) if cloud else _version_of(source)
+            version = _made(source, target, cloud) if cloud else _read_version(source)
             with target.open("rb") as handle:
                 digest = hashlib.file_digest(handle, "sha256").hexdigest()
             size = target.stat().st_size
             meta.write_text(json.dumps({"sha256": digest, "size": size, "version": version, "cloud": cloud}))
-            _evict(folder)
+            evict(folder)
         recorded = json.loads(meta.read_text())
-    return Served(target, str(recorded["sha256"]), int(recorded["size"]), str(recorded["version"]), cloud)
+    sha256, size, version = str(recorded["sha256"]), int(recorded["size"]), str(recorded["version"])
+    return Served(sha256, size, version, cloud, path=target)
 
 
 def _made(source: Path, target: Path, cloud: str) -> str:
     """``target``: source with ``cloud`` in its manifest, written whole or not at all."""
     partial = target.with_name(f".{target.name}.{threading.get_ident()}.partial")
     try:
-        version = _rewrite(source, partial, cloud)
+        try:
+            with source.open("rb") as opened:
+                version = rewrite(opened, str(source), partial, cloud)
+        except OSError as exc:
+            raise BadArtifact(f"{source} cannot be read: {exc.strerror}") from None
         partial.replace(target)
     finally:
         partial.unlink(missing_ok=True)
     return version
 
 
-def _evict(folder: Path) -> None:
+def _read_version(source: Path) -> str:
+    try:
+        with source.open("rb") as opened:
+            return version_of(opened, str(source))
+    except OSError as exc:
+        raise BadArtifact(f"{source} cannot be read: {exc.strerror}") from None
+
+
+def evict(folder: Path) -> None:
     copies = sorted(folder.glob("3k-artifact-*.json"), key=lambda p: p.stat().st_mtime, reverse=True)
     for meta in copies[KEEP:]:
         meta.with_suffix(".tgz").unlink(missing_ok=True)

@@ -62,9 +62,9 @@ def _account(
         principal,
         status=status,
         key_history=history,
-        artifact_served=ctx.settings.artifact_file is not None,
+        artifact_served=ctx.settings.artifact_served,
         # The served artifact names the cloud only where its operator set the public URL.
-        artifact_names_cloud=ctx.settings.artifact_file is not None and bool(ctx.settings.public_url),
+        artifact_names_cloud=ctx.settings.artifact_served and bool(ctx.settings.public_url),
         cloud_url=ctx.settings.public_url.rstrip("/") or str(request.base_url).rstrip("/"),
         storage=storage,
         size=jobs_view.size,

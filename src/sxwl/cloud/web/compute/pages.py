@@ -87,9 +87,9 @@ def _compute(
         e=earned,
         hold_days=money_view.hold_days(ctx.settings.earnings_hold_s),
         cloud_url=cloud_url,
-        artifact_served=ctx.settings.artifact_file is not None,
+        artifact_served=ctx.settings.artifact_served,
         # The served artifact names the cloud only where its operator set the public URL.
-        artifact_names_cloud=ctx.settings.artifact_file is not None and bool(ctx.settings.public_url),
+        artifact_names_cloud=ctx.settings.artifact_served and bool(ctx.settings.public_url),
         ago_formats=compute_view.ago_formats(language(request)),
         errors=errors or {},
         **(values | {"rename_error": rename_error}),
