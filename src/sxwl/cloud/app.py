@@ -16,7 +16,7 @@ from pydantic.json_schema import models_json_schema
 
 import sxwl
 from sxwl.cloud import errors, web
-from sxwl.cloud.api import admin, auth, billing, cpods, jobs, me, metrics_route
+from sxwl.cloud.api import admin, auth, billing, cpods, dev_envs, jobs, me, metrics_route
 from sxwl.cloud.api.agent import artifact_uploads, tunnel
 from sxwl.cloud.api.agent import inputs as agent_inputs
 from sxwl.cloud.api.agent import routes as agent
@@ -47,6 +47,7 @@ API_ROUTERS = (
     admin.router,
     cpods.router,
     jobs.router,
+    dev_envs.router,
     billing.router,
     models.api_router,
 )

@@ -182,6 +182,7 @@ ENGLISH: dict[str, str] = {
     "job.shape": "{nodes} node(s) × {gpus} GPU(s)",
     "job.placed": "CPod {cpod}, nodes {names}",
     "job.by": "by {who}",
+    "dev.stopped_by": "stopped by {who}",
     "job.cancelled_by": "cancelled by {who}",
     "job.cancelled": "cancelled",
     "job.exited_while_serving": "it exited (status {status}), but a {kind} serves until it is stopped",

@@ -22,6 +22,7 @@ from pathlib import Path
 from sxwl.agent.inputs import READ_ONLY_DIR, materialise, writable_tree
 from sxwl.agent.runtimes.base import RECORD_FILE, AttemptDirs, AttemptRecord, Outcome
 from sxwl.agent.runtimes.cgroups import NONE, Cgroups
+from sxwl.agent.runtimes.jupyter import SOCKET, jupyter_command, socket_dir
 from sxwl.agent.runtimes.launcher import EXIT_FILE, NET_FDS, REASON_FD, REASON_FILE
 from sxwl.agent.runtimes.sandbox import (
     UID_BASE,
@@ -33,7 +34,9 @@ from sxwl.agent.runtimes.sandbox import (
 )
 from sxwl.agent.runtimes.sandbox_mounts import CODE_ROOT, JOB_OUTPUT, JOB_WORK
 from sxwl.agent.tenant_files import OutputTree
+from sxwl.agent.tunnel_forward import SocketTarget
 from sxwl.protocol import Assignment, Node, attempt_key
+from sxwl.protocol.devenvs import parse_target
 from sxwl.protocol.finetune import TrainerRun, TrainerSpec
 from sxwl.protocol.reasons import Reason
 
@@ -234,6 +237,9 @@ class LocalRuntime(AttemptDirs[LocalJob]):
         if assignment.trainer is not None:
             command = trainer_command(assignment.trainer, placed, paths, self.isolation.isolated)
             env["PYTHONPATH"] = str(CODE_ROOT)  # the agent's own sxwl
+        if assignment.jupyter is not None:  # a dev environment: its JupyterLab instead
+            command, added = jupyter_command(assignment.jupyter, paths, self.isolation.isolated, uid)
+            env.update(added)
         env.update(
             self.job_env(paths),
             CUDA_VISIBLE_DEVICES=",".join(map(str, gpus)),
@@ -414,6 +420,15 @@ class LocalRuntime(AttemptDirs[LocalJob]):
                 shutil.rmtree(entry, ignore_errors=True)
             else:
                 entry.unlink(missing_ok=True)
+
+    def attempt_socket(self, target: str) -> SocketTarget | None:
+        """The socket a running dev environment's attempt serves JupyterLab on, for the tunnel."""
+        named = parse_target(target)
+        job = self.jobs.get(attempt_key(*named)) if named else None
+        if job is None or job.outcome is not None:
+            return None
+        uid = job.uid if job.uid is not None else os.geteuid()
+        return SocketTarget(socket_dir(self.workdir(job.job_id, job.attempt)), SOCKET, uid)
 
     def log_path(self, job: LocalJob) -> Path:
         return self.workdir(job.job_id, job.attempt) / "output.log"

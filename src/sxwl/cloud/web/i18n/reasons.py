@@ -29,6 +29,7 @@ ZH: dict[str, str] = {
     "job.shape": "{nodes} 个节点 × 每节点 {gpus} 块 GPU",
     "job.placed": "CPod {cpod}，节点 {names}",
     "job.by": "操作人 {who}",
+    "dev.stopped_by": "由 {who} 停止",
     "job.cancelled_by": "由 {who} 取消",
     "job.cancelled": "已取消",
     "job.exited_while_serving": "进程已退出（状态 {status}），但 {kind} 应一直运行到被停止",

@@ -1,0 +1,47 @@
+"""Dev environments (docs/dev-envs.md, migration 0017): one row per environment, outliving its jobs.
+A running environment's current job carries ``dev_env_id``; a stopped one keeps its row (its jobs'
+usage stays in the statement) but no longer holds its name."""
+
+from __future__ import annotations
+
+import enum
+from datetime import datetime
+
+from sqlalchemy import JSON, ForeignKey, Index, Integer, String
+from sqlalchemy.orm import Mapped, mapped_column
+
+from sxwl.cloud.db.json_rows import StoredInput
+from sxwl.cloud.db.models import Base, new_id, partial_unique, str_enum
+from sxwl.cloud.db.types import ReasonText, UTCDateTime, utcnow
+from sxwl.protocol.reasons import Reason
+
+
+class DevEnvState(enum.StrEnum):
+    ACTIVE = "active"  # its job is queued, starting or running
+    STOPPED = "stopped"  # stopped by its user (or its job ended): final
+
+
+class DevEnv(Base):
+    __tablename__ = "dev_envs"
+    __table_args__ = (
+        Index("ix_dev_envs_owner_created", "owner_id", "created_at"),
+        partial_unique("uq_dev_envs_owner_name_live", "owner_id", "name", where="state != 'stopped'"),
+    )
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True, default=new_id)
+    owner_id: Mapped[str] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"))
+    name: Mapped[str] = mapped_column(String(100))
+    state: Mapped[DevEnvState] = mapped_column(str_enum(DevEnvState), default=DevEnvState.ACTIVE)
+    gpu_product: Mapped[str | None] = mapped_column(String(128))
+    gpus: Mapped[int] = mapped_column(Integer)
+    image: Mapped[str | None] = mapped_column(String(500))
+    # What is mounted where: [{"kind": "model"|"file", "name": ..., "path": ...}], as the user sees it.
+    mounts: Mapped[list[dict[str, str]]] = mapped_column(JSON)
+    # What each of its jobs fetches onto its CPod (the jobs' own ``inputs``).
+    inputs: Mapped[list[StoredInput]] = mapped_column(JSON)
+    idle_timeout_min: Mapped[int] = mapped_column(Integer)
+    job_id: Mapped[str | None] = mapped_column(String(32))  # its current (or last) job
+    cpod_id: Mapped[str | None] = mapped_column(String(32))  # where it last ran
+    reason: Mapped[Reason | None] = mapped_column(ReasonText(1000))
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    stopped_at: Mapped[datetime | None] = mapped_column(UTCDateTime())

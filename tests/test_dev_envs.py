@@ -1,0 +1,226 @@
+"""Dev environments end to end (docs/dev-envs.md): `sxwl serve` and a real `sxwl-agent` on loopback,
+the agent running a real JupyterLab in its sandbox on a Unix socket, reached only through the
+agent's tunnel and the cloud's /dev/<env>/ with the owner's console session: the Jupyter API, XSRF,
+a kernel's WebSocket executing code, refusals of everyone else, and the money in the ledger."""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import websockets.sync.client as ws_client
+from websockets.exceptions import InvalidStatus
+
+from tests.support.agent import AgentProcess, eventually, simulated_agent
+from tests.support.browser import PASSWORD, api_token, create_admin
+from tests.support.cloud import CloudProcess
+from tests.support.net import free_port
+
+pytest.importorskip("jupyterlab", reason="JupyterLab comes with the devenv extra")
+
+PRODUCT = "SIM-DEV-GPU"
+CLOUD_ENV = {
+    "SXWL_HEARTBEAT_INTERVAL_MIN_S": "0.1",
+    "SXWL_SCHEDULER_INTERVAL_S": "0.2",
+    "SXWL_METERING_INTERVAL_S": "0.5",
+    "SXWL_BILLING_ENABLED": "true",
+}
+
+
+class World:
+    """A cloud, a provider's agent with one simulated GPU, an admin who priced it, a topped-up user."""
+
+    def __init__(self, root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.root = root
+        db_url = f"sqlite:///{root / 'sxwl.db'}"
+        self.cloud = CloudProcess(root / "cloud", free_port(), env={"SXWL_DATABASE_URL": db_url, **CLOUD_ENV})
+        self.url = self.cloud.url
+        provider = self.account("owner@example.com", "provider")
+        key = httpx.get(f"{self.url}/api/v1/me/access-key", headers=provider).json()["access_key"]
+        self.user = self.account("dev@example.com", "user")
+        self.other = self.account("other@example.com", "user")
+        monkeypatch.setenv("SXWL_DATABASE_URL", db_url)  # for the admin's CLI
+        create_admin(root / "cloud", "admin@example.com")
+        self.admin = {"Authorization": f"Bearer {api_token(self.url, 'admin@example.com')}"}
+        price = {"product": PRODUCT, "price_per_hour_yuan": "3600", "fee_percent": "10"}  # 1 CNY a second
+        httpx.put(
+            f"{self.url}/api/v1/admin/prices", headers=self.admin, json={"prices": [price]}
+        ).raise_for_status()
+        me = httpx.get(f"{self.url}/api/v1/me", headers=self.user).json()
+        top_up = {"user_id": me["id"], "amount_yuan": "100000", "note": "test"}
+        httpx.post(f"{self.url}/api/v1/admin/top-ups", headers=self.admin, json=top_up).raise_for_status()
+        self.agent: AgentProcess = simulated_agent(
+            self.url, root / "agent", key, "--tunnel-connections", "1", name="dev", gpus=1, product=PRODUCT
+        )
+
+    def account(self, email: str, role: str) -> dict[str, str]:
+        body = {"email": email, "password": PASSWORD, "role": role}
+        httpx.post(f"{self.url}/api/v1/auth/register", json=body).raise_for_status()
+        return {"Authorization": f"Bearer {api_token(self.url, email)}"}
+
+    def console(self, email: str) -> httpx.Client:
+        """A browser-like client signed in to the console (its session cookie, nothing else)."""
+        client = httpx.Client(base_url=self.url, timeout=30)
+        page = client.get("/login")
+        match = re.search(r'name="csrf_token" value="([^"]+)"', page.text)
+        assert match, page.text
+        form = {"csrf_token": match.group(1), "email": email, "password": PASSWORD}
+        assert client.post("/login", data=form).status_code in (200, 303)
+        assert client.cookies.get("sxwl_session")
+        return client
+
+    def close(self) -> None:
+        self.agent.stop()
+        self.cloud.stop()
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
+    monkeypatch = pytest.MonkeyPatch()
+    world = World(tmp_path_factory.mktemp("dev-envs"), monkeypatch)
+    yield world
+    world.close()
+    monkeypatch.undo()
+
+
+def _running(world: World, env_id: str) -> dict[str, Any] | None:
+    env: dict[str, Any] = httpx.get(f"{world.url}/api/v1/dev-envs/{env_id}", headers=world.user).json()
+    assert env["status"] in ("queued", "starting", "running"), env
+    return env if env["status"] == "running" else None
+
+
+def _kernel_says(world: World, browser: httpx.Client, env_id: str, kernel_id: str, code: str) -> str:
+    """Runs ``code`` on the kernel over its WebSocket through the cloud; the result's text."""
+    url = world.url.replace("http://", "ws://") + f"/dev/{env_id}/api/kernels/{kernel_id}/channels"
+    cookie = "; ".join(f"{name}={value}" for name, value in browser.cookies.items())
+    msg_id = uuid.uuid4().hex
+    request = {
+        "header": {
+            "msg_id": msg_id,
+            "msg_type": "execute_request",
+            "username": "t",
+            "session": "s",
+            "version": "5.3",
+        },
+        "parent_header": {},
+        "metadata": {},
+        "content": {"code": code, "silent": False, "store_history": False, "user_expressions": {}},
+        "channel": "shell",
+    }
+    with ws_client.connect(
+        url, additional_headers={"Cookie": cookie, "Origin": world.url}, open_timeout=30
+    ) as ws:
+        ws.send(json.dumps(request))
+        while True:
+            message = json.loads(ws.recv(timeout=60))
+            if message.get("parent_header", {}).get("msg_id") != msg_id:
+                continue
+            if message["msg_type"] == "execute_result":
+                text: str = message["content"]["data"]["text/plain"]
+                return text
+            assert message["msg_type"] != "error", message
+
+
+def test_a_dev_environment_runs_jupyterlab_reached_only_by_its_owner(world: World) -> None:
+    created = httpx.post(
+        f"{world.url}/api/v1/dev-envs",
+        headers=world.user,
+        json={"name": "explore", "gpus": 1, "gpu_product": PRODUCT},
+    )
+    assert created.status_code == 201, created.text
+    env = created.json()
+    env_id = env["id"]
+    assert env["url"] == f"/dev/{env_id}/"
+    eventually(lambda: _running(world, env_id), timeout=60, what="the environment to run")
+    browser = world.console("dev@example.com")
+    base = f"/dev/{env_id}"
+
+    # JupyterLab answers through the tunnel once it has started (its socket appears).
+    eventually(lambda: browser.get(f"{base}/api/status").status_code == 200, timeout=90, what="JupyterLab")
+    lab = browser.get(f"{base}/lab")
+    assert lab.status_code == 200 and "JupyterLab" in lab.text
+    xsrf = browser.cookies.get("_xsrf")
+    assert xsrf, "JupyterLab set its XSRF cookie through the proxy"
+    assert browser.cookies.get("sxwl_session"), "the cloud's own cookie is untouched"
+    contents = browser.get(f"{base}/api/contents")
+    assert contents.status_code == 200 and contents.json()["type"] == "directory"
+
+    # Its XSRF check is on even though the cloud adds the token: a write without it is refused.
+    note = {"type": "file", "format": "text", "content": "kept in the workspace\n"}
+    assert browser.put(f"{base}/api/contents/hello.txt", json=note).status_code == 403
+    written = browser.put(f"{base}/api/contents/hello.txt", json=note, headers={"X-XSRFToken": xsrf})
+    assert written.status_code == 201, written.text
+    read = browser.get(f"{base}/api/contents/hello.txt").json()
+    assert read["content"] == "kept in the workspace\n"
+
+    # A kernel, over its WebSocket through the cloud and the tunnel.
+    kernel = browser.post(f"{base}/api/kernels", json={"name": "python3"}, headers={"X-XSRFToken": xsrf})
+    assert kernel.status_code == 201, kernel.text
+    assert _kernel_says(world, browser, env_id, kernel.json()["id"], "1+1") == "2"
+    wrote = _kernel_says(world, browser, env_id, kernel.json()["id"], "open('hello.txt').read().strip()")
+    assert wrote == "'kept in the workspace'"
+
+    # Nobody else gets in: another user, an admin's console, no session, another site's page.
+    other = world.console("other@example.com")
+    assert other.get(f"{base}/api/contents").status_code == 404
+    admin = world.console("admin@example.com")
+    assert admin.get(f"{base}/api/contents").status_code == 404
+    assert httpx.get(f"{world.url}{base}/api/contents").status_code == 401
+    bearer = httpx.get(f"{world.url}{base}/api/contents", headers=world.user)
+    assert bearer.status_code == 401, "only the console's session opens an environment"
+    assert httpx.get(f"{world.url}/api/v1/dev-envs/{env_id}", headers=world.other).status_code == 404
+    cookie = "; ".join(f"{name}={value}" for name, value in browser.cookies.items())
+    url = world.url.replace("http://", "ws://") + f"{base}/api/kernels/{kernel.json()['id']}/channels"
+    with pytest.raises(InvalidStatus):
+        ws_client.connect(url, additional_headers={"Cookie": cookie, "Origin": "http://evil.example"})
+    # The token never reached the browser.
+    token = (world.root / "agent").glob(f"jobs/{env['job_id']}-*/work/.sxwl-dev/token")
+    secret = next(token).read_text()
+    assert secret not in lab.text and secret not in str(browser.cookies.items())
+
+    # Stopped: billing ends, the name is free again, and what it cost is in the ledger.
+    stopped = httpx.delete(f"{world.url}/api/v1/dev-envs/{env_id}", headers=world.user)
+    assert stopped.status_code == 200 and stopped.json()["status"] in ("stopping", "stopped")
+    assert httpx.delete(f"{world.url}/api/v1/dev-envs/{env_id}", headers=world.user).status_code == 409
+
+    def final() -> dict[str, Any] | None:
+        got: dict[str, Any] = httpx.get(f"{world.url}/api/v1/dev-envs/{env_id}", headers=world.user).json()
+        return got if got["status"] == "stopped" and got["cost_per_hour"] == 0 else None
+
+    done = eventually(final, timeout=60, what="the environment to stop")
+    job = httpx.get(f"{world.url}/api/v1/jobs/{env['job_id']}", headers=world.user).json()
+    assert done["cost"] > 0, json.dumps(job)
+    month = done["created_at"][:7]
+
+    def rated() -> int:
+        statement = httpx.get(f"{world.url}/api/v1/billing/statement?month={month}", headers=world.user)
+        return sum(line["gross"] for line in statement.json()["lines"] if line["job_id"] == env["job_id"])
+
+    eventually(lambda: rated() == done["cost"], timeout=30, what="its usage rated into the ledger")
+    assert (
+        httpx.get(f"{world.url}/api/v1/dev-envs/{env_id}", headers=world.user).json()["cost"] == done["cost"]
+    )
+    assert browser.get(f"{base}/api/contents").status_code == 409
+
+
+def test_bad_requests_name_the_field_and_start_nothing(world: World) -> None:
+    def create(**body: Any) -> httpx.Response:
+        return httpx.post(f"{world.url}/api/v1/dev-envs", headers=world.user, json=body)
+
+    before = httpx.get(f"{world.url}/api/v1/dev-envs", headers=world.user).json()
+    refused = create(name="bad", gpus=-1)
+    assert refused.status_code == 422 and "gpus" in json.dumps(refused.json()["error"]["details"])
+    unknown = create(name="bad", models=["no-such-model"])
+    assert unknown.status_code == 404
+    assert unknown.json()["error"]["details"][0]["field"] == "models[0]"
+    not_mine = create(name="bad", files=["file-nope"])
+    assert not_mine.status_code == 404 and not_mine.json()["error"]["details"][0]["field"] == "files[0]"
+    timeout = create(name="bad", idle_timeout_min=0)
+    assert timeout.status_code == 422 and "idle_timeout_min" in json.dumps(timeout.json()["error"]["details"])
+    assert httpx.get(f"{world.url}/api/v1/dev-envs", headers=world.user).json() == before
