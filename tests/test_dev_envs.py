@@ -95,6 +95,11 @@ def _running(world: World, env_id: str) -> dict[str, Any] | None:
     return env if env["status"] == "running" else None
 
 
+def _status(world: World, env_id: str) -> str:
+    status: str = httpx.get(f"{world.url}/api/v1/dev-envs/{env_id}", headers=world.user).json()["status"]
+    return status
+
+
 def _kernel_says(world: World, browser: httpx.Client, env_id: str, kernel_id: str, code: str) -> str:
     """Runs ``code`` on the kernel over its WebSocket through the cloud; the result's text."""
     url = world.url.replace("http://", "ws://") + f"/dev/{env_id}/api/kernels/{kernel_id}/channels"
@@ -127,16 +132,45 @@ def _kernel_says(world: World, browser: httpx.Client, env_id: str, kernel_id: st
             assert message["msg_type"] != "error", message
 
 
+def _terminal_echoes(world: World, browser: httpx.Client, env_id: str, xsrf: str) -> str:
+    """Opens a terminal and has its shell print something, over the terminal's WebSocket."""
+    made = browser.post(f"/dev/{env_id}/api/terminals", headers={"X-XSRFToken": xsrf})
+    assert made.status_code == 200, made.text
+    url = world.url.replace("http://", "ws://") + f"/dev/{env_id}/terminals/websocket/{made.json()['name']}"
+    cookie = "; ".join(f"{name}={value}" for name, value in browser.cookies.items())
+    seen = ""
+    with ws_client.connect(
+        url, additional_headers={"Cookie": cookie, "Origin": world.url}, open_timeout=30
+    ) as ws:
+        ws.send(json.dumps(["stdin", "echo sum=$((20+22)); id -u\r"]))
+        while "sum=42" not in seen:
+            kind, *data = json.loads(ws.recv(timeout=60))
+            if kind == "stdout":
+                seen += data[0]
+    return seen
+
+
 def test_a_dev_environment_runs_jupyterlab_reached_only_by_its_owner(world: World) -> None:
+    chat = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]}
+    uploaded = httpx.post(
+        f"{world.url}/v1/files",
+        headers=world.user,
+        data={"purpose": "fine-tune"},
+        files={"file": ("notes.jsonl", json.dumps(chat).encode() + b"\n", "application/jsonl")},
+    )
+    assert uploaded.status_code == 200, uploaded.text
     created = httpx.post(
         f"{world.url}/api/v1/dev-envs",
         headers=world.user,
-        json={"name": "explore", "gpus": 1, "gpu_product": PRODUCT},
+        json={"name": "explore", "gpus": 1, "gpu_product": PRODUCT, "files": [uploaded.json()["id"]]},
     )
     assert created.status_code == 201, created.text
     env = created.json()
     env_id = env["id"]
     assert env["url"] == f"/dev/{env_id}/"
+    assert env["mounts"] == [{"kind": "file", "name": "notes.jsonl", "path": "/sxwl/work/inputs/file-0"}]
+    twin = httpx.post(f"{world.url}/api/v1/dev-envs", headers=world.user, json={"name": "explore"})
+    assert twin.status_code == 409 and twin.json()["error"]["details"][0]["field"] == "name"
     eventually(lambda: _running(world, env_id), timeout=60, what="the environment to run")
     browser = world.console("dev@example.com")
     base = f"/dev/{env_id}"
@@ -165,6 +199,13 @@ def test_a_dev_environment_runs_jupyterlab_reached_only_by_its_owner(world: Worl
     assert _kernel_says(world, browser, env_id, kernel.json()["id"], "1+1") == "2"
     wrote = _kernel_says(world, browser, env_id, kernel.json()["id"], "open('hello.txt').read().strip()")
     assert wrote == "'kept in the workspace'"
+    # The mounted file is there, read-only.
+    mounted = "import json; json.load(open('/sxwl/work/inputs/file-0'))['messages'][1]['content']"
+    assert _kernel_says(world, browser, env_id, kernel.json()["id"], mounted) == "'hello'"
+    check = "import os; os.access('/sxwl/work/inputs/file-0', os.W_OK)"
+    assert _kernel_says(world, browser, env_id, kernel.json()["id"], check) == "False"
+    # A terminal, over its WebSocket.
+    assert "sum=42" in _terminal_echoes(world, browser, env_id, xsrf)
 
     # Nobody else gets in: another user, an admin's console, no session, another site's page.
     other = world.console("other@example.com")
@@ -180,9 +221,28 @@ def test_a_dev_environment_runs_jupyterlab_reached_only_by_its_owner(world: Worl
     with pytest.raises(InvalidStatus):
         ws_client.connect(url, additional_headers={"Cookie": cookie, "Origin": "http://evil.example"})
     # The token never reached the browser.
-    token = (world.root / "agent").glob(f"jobs/{env['job_id']}-*/work/.sxwl-dev/token")
-    secret = next(token).read_text()
+    secret = (world.root / "agent" / "workspaces" / env_id / ".sxwl-dev" / "token").read_text()
     assert secret not in lab.text and secret not in str(browser.cookies.items())
+
+    # Paused: the processes end, the workspace stays; resumed on the same CPod with a new token.
+    first_job = env["job_id"]
+    paused = httpx.post(f"{world.url}/api/v1/dev-envs/{env_id}/pause", headers=world.user)
+    assert paused.status_code == 200 and paused.json()["status"] in ("pausing", "paused"), paused.text
+    assert paused.json()["reason"] == "paused by dev@example.com"
+    eventually(lambda: _status(world, env_id) == "paused", timeout=60, what="the environment to pause")
+    assert browser.get(f"{base}/api/contents").status_code == 409
+    again = httpx.post(f"{world.url}/api/v1/dev-envs/{env_id}/pause", headers=world.user)
+    assert again.status_code == 409, again.text
+    assert again.json()["error"]["details"]["status"] == "paused", again.text
+    resumed = httpx.post(f"{world.url}/api/v1/dev-envs/{env_id}/resume", headers=world.user)
+    assert resumed.status_code == 200, resumed.text
+    env = resumed.json()
+    assert env["job_id"] != first_job
+    eventually(lambda: _running(world, env_id), timeout=60, what="the environment to run again")
+    eventually(lambda: browser.get(f"{base}/api/status").status_code == 200, timeout=90, what="JupyterLab")
+    kept = browser.get(f"{base}/api/contents/hello.txt")
+    assert kept.status_code == 200 and kept.json()["content"] == "kept in the workspace\n"
+    assert env["cpod_id"] == paused.json()["cpod_id"]
 
     # Stopped: billing ends, the name is free again, and what it cost is in the ledger.
     stopped = httpx.delete(f"{world.url}/api/v1/dev-envs/{env_id}", headers=world.user)
@@ -198,11 +258,17 @@ def test_a_dev_environment_runs_jupyterlab_reached_only_by_its_owner(world: Worl
     assert done["cost"] > 0, json.dumps(job)
     month = done["created_at"][:7]
 
-    def rated() -> int:
+    def rated(job_id: str) -> int:
         statement = httpx.get(f"{world.url}/api/v1/billing/statement?month={month}", headers=world.user)
-        return sum(line["gross"] for line in statement.json()["lines"] if line["job_id"] == env["job_id"])
+        return sum(line["gross"] for line in statement.json()["lines"] if line["job_id"] == job_id)
 
-    eventually(lambda: rated() == done["cost"], timeout=30, what="its usage rated into the ledger")
+    eventually(
+        lambda: rated(env["job_id"]) == done["cost"], timeout=30, what="its usage rated into the ledger"
+    )
+    # The run before the pause was billed until it ended, and nothing while paused.
+    before_pause = httpx.get(f"{world.url}/api/v1/jobs/{first_job}", headers=world.user).json()
+    assert before_pause["state"] == "cancelled" and before_pause["cost"] > 0
+    assert rated(first_job) == before_pause["cost"]
     assert (
         httpx.get(f"{world.url}/api/v1/dev-envs/{env_id}", headers=world.user).json()["cost"] == done["cost"]
     )

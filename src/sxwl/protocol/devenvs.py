@@ -49,6 +49,8 @@ class DevEnvSpec(BaseModel):
     agent (never shown by repr, so never in a log line)."""
 
     base_url: str = Field(pattern=r"^/dev/[A-Za-z0-9_-]{1,64}/$")
+    # The environment's id: its workspace on the CPod, kept across its attempts (pause, resume).
+    workspace: str = Field(pattern=r"^[A-Za-z0-9]{1,32}$")
     token: str = Field(min_length=32, max_length=128, pattern=r"^[A-Za-z0-9_-]+$", repr=False)
     idle_timeout_min: int = Field(default=DEFAULT_IDLE_TIMEOUT_MIN, ge=1, le=MAX_IDLE_TIMEOUT_MIN)
 

@@ -182,6 +182,8 @@ ENGLISH: dict[str, str] = {
     "job.shape": "{nodes} node(s) × {gpus} GPU(s)",
     "job.placed": "CPod {cpod}, nodes {names}",
     "job.by": "by {who}",
+    "dev.paused_by": "paused by {who}",
+    "dev.idle": "paused after {minutes} min without activity",
     "dev.stopped_by": "stopped by {who}",
     "job.cancelled_by": "cancelled by {who}",
     "job.cancelled": "cancelled",

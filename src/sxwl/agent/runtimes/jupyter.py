@@ -7,9 +7,11 @@ and the proxy's token not turning off its XSRF and Origin checks (agent/jupyter_
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 from pathlib import Path
 
+from sxwl.agent.inputs import writable_tree
 from sxwl.agent.runtimes.sandbox import SandboxPaths
 from sxwl.agent.runtimes.sandbox_mounts import CODE_ROOT
 from sxwl.protocol.devenvs import DevEnvSpec
@@ -61,6 +63,22 @@ def jupyter_command(
     return argv, env
 
 
-def socket_dir(workdir: Path) -> Path:
-    """Where an attempt's JupyterLab socket is, given the attempt's dir."""
-    return workdir / "work" / RUN_DIR
+def workspace(state_dir: Path, spec: DevEnvSpec, uid: int | None) -> Path:
+    """The environment's workspace, kept across its attempts (a paused environment resumes with
+    it): made on the first, and on each later one handed to the attempt's uid, without what the
+    last attempt was given (its inputs, its socket and token), which this one is given afresh."""
+    root = state_dir / "workspaces"
+    root.mkdir(mode=0o700, exist_ok=True)
+    work = root / spec.workspace
+    work.mkdir(mode=0o700, exist_ok=True)
+    for given in (work / "inputs", work / RUN_DIR):
+        if given.is_dir() and not given.is_symlink():
+            writable_tree(given)
+            shutil.rmtree(given)
+        elif given.exists() or given.is_symlink():
+            given.unlink()
+    if uid is not None:
+        # Links are changed themselves, never what they point to (os.chown would follow them).
+        for path in [work, *work.rglob("*")]:
+            os.chown(path, uid, uid, follow_symlinks=False)
+    return work

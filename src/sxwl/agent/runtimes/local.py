@@ -22,7 +22,7 @@ from pathlib import Path
 from sxwl.agent.inputs import READ_ONLY_DIR, materialise, writable_tree
 from sxwl.agent.runtimes.base import RECORD_FILE, AttemptDirs, AttemptRecord, Outcome
 from sxwl.agent.runtimes.cgroups import NONE, Cgroups
-from sxwl.agent.runtimes.jupyter import SOCKET, jupyter_command, socket_dir
+from sxwl.agent.runtimes.jupyter import RUN_DIR, SOCKET, jupyter_command, workspace
 from sxwl.agent.runtimes.launcher import EXIT_FILE, NET_FDS, REASON_FD, REASON_FILE
 from sxwl.agent.runtimes.sandbox import (
     UID_BASE,
@@ -33,18 +33,17 @@ from sxwl.agent.runtimes.sandbox import (
     job_argv,
 )
 from sxwl.agent.runtimes.sandbox_mounts import CODE_ROOT, JOB_OUTPUT, JOB_WORK
+from sxwl.agent.runtimes.trainer_run import trainer_command
 from sxwl.agent.tenant_files import OutputTree
 from sxwl.agent.tunnel_forward import SocketTarget
 from sxwl.protocol import Assignment, Node, attempt_key
 from sxwl.protocol.devenvs import parse_target
-from sxwl.protocol.finetune import TrainerRun, TrainerSpec
 from sxwl.protocol.reasons import Reason
 
 log = logging.getLogger("sxwl.agent.local")
 
 __all__ = ["INHERITED_ENV", "LocalJob", "LocalRuntime", "Outcome", "process_start_time"]
 # Variables a job inherits from the agent's environment; everything else (the accessKey, say) stays out.
-TRAINER_RUN_FILE = "trainer-run.json"
 INHERITED_ENV = ("PATH", "LANG", "LC_ALL", "TZ", "LD_LIBRARY_PATH", "CUDA_HOME", "NVIDIA_DRIVER_CAPABILITIES")
 
 
@@ -58,6 +57,8 @@ class LocalJob(AttemptRecord):
     pid: int
     pid_start: str
     uid: int | None = None
+    # A dev environment's workspace, its work dir kept across attempts (runtimes/jupyter.py).
+    work: str | None = None
 
 
 def process_start_time(pid: int) -> str | None:
@@ -76,33 +77,6 @@ def place_inputs(inputs: Mapping[str, Path], placed: Path) -> None:
     for name, source in sorted(inputs.items()):
         materialise(source, placed / name)
     os.chmod(placed, READ_ONLY_DIR)
-
-
-def trainer_command(spec: TrainerSpec, placed: Path, paths: SandboxPaths, isolated: bool) -> list[str]:
-    """Writes the ``TrainerRun`` (every path as the job sees it) into the work dir and returns the
-    command that runs the agent's own trainer on it."""
-
-    def seen(path: Path) -> Path:
-        return paths.inside(path) if isolated else path
-
-    def where(name: str) -> str | None:
-        return str(seen(placed / name)) if (placed / name).exists() else None
-
-    model_dir, training_file = where("model"), where("training_file")
-    if model_dir is None or training_file is None:
-        raise RuntimeError("a fine-tune needs the inputs model and training_file")
-    run = TrainerRun(
-        **spec.model_dump(),
-        model_dir=model_dir,
-        training_file=training_file,
-        validation_file=where("validation_file"),
-        resume_from=where("resume"),
-        output_dir=str(seen(paths.output)),
-    )
-    run_file = paths.work / TRAINER_RUN_FILE
-    run_file.write_text(run.model_dump_json())
-    os.chmod(run_file, 0o444)
-    return [sys.executable, "-m", "sxwl.trainer", str(seen(run_file))]
 
 
 NOT_ISOLATED = (
@@ -223,7 +197,8 @@ class LocalRuntime(AttemptDirs[LocalJob]):
         uid = self._free_uid() if self.isolation.own_uids else None
         workdir = self.workdir(assignment.job_id, assignment.attempt)
         self.root.mkdir(mode=0o700, parents=True, exist_ok=True)
-        paths = self.make_dirs(workdir, uid, with_inputs=bool(inputs))
+        work = workspace(self.state_dir, assignment.jupyter, uid) if assignment.jupyter else None
+        paths = self.make_dirs(workdir, uid, with_inputs=bool(inputs), work=work)
         placed = paths.work / "inputs"
         if inputs:
             place_inputs(inputs, placed)
@@ -259,6 +234,7 @@ class LocalRuntime(AttemptDirs[LocalJob]):
             pid=proc.pid,
             pid_start=process_start_time(proc.pid) or "",
             uid=uid,
+            work=str(work) if work else None,
         )
         self.jobs[job.key] = job
         self.save(job)
@@ -272,16 +248,19 @@ class LocalRuntime(AttemptDirs[LocalJob]):
         )
         return job
 
-    def make_dirs(self, workdir: Path, uid: int | None, with_inputs: bool = False) -> SandboxPaths:
-        """The attempt's dir (the agent's, 0700) with its work and output dirs (its uid's, 0700)."""
+    def make_dirs(
+        self, workdir: Path, uid: int | None, with_inputs: bool = False, work: Path | None = None
+    ) -> SandboxPaths:
+        """The attempt's dir (the agent's, 0700) with its work and output dirs (its uid's, 0700);
+        ``work``: a work dir made already (a dev environment's workspace)."""
         paths = SandboxPaths(
             hidden=(self.state_dir,),
-            work=workdir / "work",
+            work=work or workdir / "work",
             output=workdir / "output",
-            readonly=(workdir / "work" / "inputs",) if with_inputs else (),
+            readonly=((work or workdir / "work") / "inputs",) if with_inputs else (),
         )
         workdir.mkdir(mode=0o700)
-        for own in (paths.work, paths.output):
+        for own in (paths.output,) if work else (paths.work, paths.output):
             own.mkdir(mode=0o700)
             if uid is not None:
                 os.chown(own, uid, uid)
@@ -428,7 +407,8 @@ class LocalRuntime(AttemptDirs[LocalJob]):
         if job is None or job.outcome is not None:
             return None
         uid = job.uid if job.uid is not None else os.geteuid()
-        return SocketTarget(socket_dir(self.workdir(job.job_id, job.attempt)), SOCKET, uid)
+        work = Path(job.work) if job.work else self.workdir(job.job_id, job.attempt) / "work"
+        return SocketTarget(work / RUN_DIR, SOCKET, uid)
 
     def log_path(self, job: LocalJob) -> Path:
         return self.workdir(job.job_id, job.attempt) / "output.log"

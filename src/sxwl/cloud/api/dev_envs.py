@@ -16,7 +16,7 @@ from sxwl.cloud.db.models import Job
 from sxwl.cloud.services.devenvs import dev_envs
 from sxwl.cloud.services.money import billing
 from sxwl.protocol.devenvs import DevEnvIn, base_url
-from sxwl.protocol.reasons import english
+from sxwl.protocol.reasons import Reason, english
 
 router = APIRouter(prefix="/dev-envs", tags=["dev-envs"], responses=SIGNED_IN)
 NOT_FOUND = errors(404)
@@ -66,7 +66,7 @@ def env_outs(session: Session, rows: list[tuple[DevEnv, Job | None]]) -> list[De
                 idle_timeout_min=env.idle_timeout_min,
                 url=base_url(env.id),
                 job_id=env.job_id,
-                cpod_id=job.cpod_id if job is not None else env.cpod_id,
+                cpod_id=(job.cpod_id if job is not None else None) or env.cpod_id,
                 created_at=env.created_at,
                 started_at=job.started_at if job is not None else None,
                 stopped_at=env.stopped_at,
@@ -102,4 +102,20 @@ def get_env(env_id: str, user: CurrentUser, ctx: Ctx) -> DevEnvOut:
 def stop(env_id: str, user: CurrentUser, ctx: Ctx) -> DevEnvOut:
     with ctx.db.session() as session:
         (out,) = env_outs(session, [dev_envs.stop(session, session.merge(user), env_id)])
+    return out
+
+
+@router.post("/{env_id}/pause", response_model=DevEnvOut, responses=NOT_FOUND | errors(409))
+def pause(env_id: str, user: CurrentUser, ctx: Ctx) -> DevEnvOut:
+    with ctx.db.session() as session:
+        owner = session.merge(user)
+        found = dev_envs.pause(session, owner, env_id, Reason.of("dev.paused_by", who=owner.email))
+        (out,) = env_outs(session, [found])
+    return out
+
+
+@router.post("/{env_id}/resume", response_model=DevEnvOut, responses=NOT_FOUND | errors(402, 409))
+def resume(env_id: str, user: CurrentUser, ctx: Ctx) -> DevEnvOut:
+    with ctx.db.session() as session:
+        (out,) = env_outs(session, [dev_envs.resume(ctx, session, session.merge(user), env_id)])
     return out

@@ -18,6 +18,7 @@ from sxwl.protocol.reasons import Reason
 
 class DevEnvState(enum.StrEnum):
     ACTIVE = "active"  # its job is queued, starting or running
+    PAUSED = "paused"  # its job stopped (or stopping); its workspace kept on its CPod
     STOPPED = "stopped"  # stopped by its user (or its job ended): final
 
 

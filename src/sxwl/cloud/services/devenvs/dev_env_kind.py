@@ -42,7 +42,8 @@ class DevEnvKind(Kind):
         self, session: Session, job: Job, state: JobState, reason: Reason | None
     ) -> tuple[JobState, Reason | None]:
         env = session.get(DevEnv, job.dev_env_id)
-        if env is not None and env.job_id == job.id and env.state != DevEnvState.STOPPED:
+        # An environment whose job ends on its own has ended; a paused one keeps its state.
+        if env is not None and env.job_id == job.id and env.state == DevEnvState.ACTIVE:
             env.state, env.stopped_at = DevEnvState.STOPPED, utcnow()
             env.reason = reason or job.cancel_reason
         return state, reason
@@ -62,7 +63,10 @@ class DevEnvKind(Kind):
 
     def handed(self, box: SecretBox, job: Job, assignment: Assignment) -> Assignment:
         assert job.dev_env_id is not None
-        spec = DevEnvSpec(base_url=base_url(job.dev_env_id), token=jupyter_token(box, job.id, job.attempt))
+        env_id = job.dev_env_id
+        spec = DevEnvSpec(
+            base_url=base_url(env_id), workspace=env_id, token=jupyter_token(box, job.id, job.attempt)
+        )
         return assignment.model_copy(update={"jupyter": spec})
 
 

@@ -16,7 +16,7 @@ from sxwl.cloud.context import CloudContext
 from sxwl.cloud.db.devenv_models import DevEnv, DevEnvState
 from sxwl.cloud.db.finetune_models import DataFile
 from sxwl.cloud.db.json_rows import StoredAt, StoredInput, stored_input
-from sxwl.cloud.db.models import TERMINAL_STATES, Job, JobState, User, new_id
+from sxwl.cloud.db.models import TERMINAL_STATES, CPod, Job, JobState, User, new_id
 from sxwl.cloud.db.types import utcnow
 from sxwl.cloud.errors import AppError
 from sxwl.cloud.services.catalog import model_catalog
@@ -37,6 +37,8 @@ class Status(enum.StrEnum):
     QUEUED = "queued"  # waiting for a CPod with room
     STARTING = "starting"  # placed; JupyterLab is coming up
     RUNNING = "running"  # JupyterLab answers through the tunnel
+    PAUSING = "pausing"  # paused; its CPod has not yet said its processes ended
+    PAUSED = "paused"  # no processes, no billing; its workspace kept on its CPod
     STOPPING = "stopping"  # stopped by its owner; its CPod has not yet said it ended
     STOPPED = "stopped"
     FAILED = "failed"  # it ended without being stopped (JupyterLab exited, its CPod was lost ...)
@@ -45,6 +47,8 @@ class Status(enum.StrEnum):
 def status(env: DevEnv, job: Job | None) -> Status:
     if job is None:
         return Status.STOPPED
+    if env.state == DevEnvState.PAUSED:
+        return Status.PAUSED if job.state in TERMINAL_STATES else Status.PAUSING
     if env.state == DevEnvState.STOPPED:
         if job.state not in TERMINAL_STATES:
             return Status.STOPPING
@@ -100,17 +104,8 @@ def create(ctx: CloudContext, session: Session, *, owner: User, request: DevEnvI
     if session.scalar(live) is not None:
         raise _name_taken(request.name)
     mounts, inputs = _mounts(session, owner, request)
-    env_id = new_id()
-    spec = JobIn(
-        name=f"dev-{request.name}"[:MAX_NAME],
-        command=DEV_ENV_COMMAND,
-        image=request.image,
-        gpu_product=request.gpu_product,
-        gpus_per_node=request.gpus,
-    )
-    job = jobs.submit(ctx, session, owner, spec, Workload(DEV_ENV, inputs=inputs, dev_env_id=env_id))
     env = DevEnv(
-        id=env_id,
+        id=new_id(),
         owner_id=owner.id,
         name=request.name,
         state=DevEnvState.ACTIVE,
@@ -120,14 +115,30 @@ def create(ctx: CloudContext, session: Session, *, owner: User, request: DevEnvI
         mounts=mounts,
         inputs=inputs,
         idle_timeout_min=request.idle_timeout_min,
-        job_id=job.id,
     )
+    job = _submit(ctx, session, owner, env, cpod_id=None)
     session.add(env)
     try:
         session.flush()
     except IntegrityError:  # another request took the name between the check and this write
         raise _name_taken(request.name) from None
     return env, job
+
+
+def _submit(ctx: CloudContext, session: Session, owner: User, env: DevEnv, cpod_id: str | None) -> Job:
+    """A job that runs the environment (pinned to ``cpod_id``, where its workspace is)."""
+    spec = JobIn(
+        name=f"dev-{env.name}"[:MAX_NAME],
+        command=DEV_ENV_COMMAND,
+        image=env.image,
+        gpu_product=env.gpu_product,
+        gpus_per_node=env.gpus,
+        cpod_id=cpod_id,
+    )
+    workload = Workload(DEV_ENV, inputs=list(env.inputs), dev_env_id=env.id)
+    job = jobs.submit(ctx, session, owner, spec, workload)  # refuses (402) a balance that cannot pay
+    env.job_id = job.id
+    return job
 
 
 def get_for(session: Session, user: User, env_id: str) -> tuple[DevEnv, Job | None]:
@@ -161,6 +172,37 @@ def stop(session: Session, user: User, env_id: str) -> tuple[DevEnv, Job | None]
     return env, job
 
 
+def _is(env: DevEnv, job: Job | None, code: str) -> AppError:
+    """A 409 saying what the environment is, for a request its status does not allow."""
+    found = status(env, job).value
+    return AppError(409, f"dev environment {env.id} is {found}", code=code, details={"status": found})
+
+
+def pause(session: Session, user: User, env_id: str, why: Reason) -> tuple[DevEnv, Job | None]:
+    """Stops its processes, and with them the billing; its workspace stays on its CPod."""
+    env, job = get_for(session, user, env_id)
+    if env.state != DevEnvState.ACTIVE or job is None or job.state in TERMINAL_STATES:
+        raise _is(env, job, "dev_env_not_running")
+    env.state, env.reason = DevEnvState.PAUSED, why
+    return env, jobs.cancel(session, user, job.id)
+
+
+def resume(ctx: CloudContext, session: Session, user: User, env_id: str) -> tuple[DevEnv, Job]:
+    """Runs it again on the CPod that keeps its workspace (or anywhere, if it never ran)."""
+    env, job = get_for(session, user, env_id)
+    if env.state != DevEnvState.PAUSED or (job is not None and job.state not in TERMINAL_STATES):
+        raise AppError(
+            409, f"dev environment {env_id} is {status(env, job).value}", code="dev_env_not_paused"
+        )
+    cpod = session.get(CPod, env.cpod_id) if env.cpod_id else None
+    if env.cpod_id is not None and (cpod is None or cpod.revoked_at is not None):
+        message = "the CPod that keeps its workspace is gone; the workspace cannot be brought back"
+        raise AppError(409, message, code="dev_env_workspace_lost")
+    job = _submit(ctx, session, user, env, cpod_id=env.cpod_id)
+    env.state, env.reason = DevEnvState.ACTIVE, None
+    return env, job
+
+
 @dataclass(frozen=True)
 class Upstream:
     """Where a running environment's JupyterLab is reached, and the token it takes."""
@@ -176,7 +218,7 @@ def upstream(ctx: CloudContext, session: Session, user: User, env_id: str) -> Up
     env, job = get_for(session, user, env_id)
     found = status(env, job)
     if job is None or found != Status.RUNNING or job.cpod_id is None:
-        raise AppError(409, f"dev environment {env_id} is {found.value}", code="dev_env_not_running")
+        raise _is(env, job, "dev_env_not_running")
     return Upstream(
         job.cpod_id, tunnel_target(job.id, job.attempt), jupyter_token(ctx.box, job.id, job.attempt)
     )

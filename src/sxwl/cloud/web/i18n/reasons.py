@@ -29,6 +29,8 @@ ZH: dict[str, str] = {
     "job.shape": "{nodes} 个节点 × 每节点 {gpus} 块 GPU",
     "job.placed": "CPod {cpod}，节点 {names}",
     "job.by": "操作人 {who}",
+    "dev.paused_by": "由 {who} 暂停",
+    "dev.idle": "闲置 {minutes} 分钟后自动暂停",
     "dev.stopped_by": "由 {who} 停止",
     "job.cancelled_by": "由 {who} 取消",
     "job.cancelled": "已取消",
