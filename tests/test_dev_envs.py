@@ -30,6 +30,7 @@ CLOUD_ENV = {
     "SXWL_SCHEDULER_INTERVAL_S": "0.2",
     "SXWL_METERING_INTERVAL_S": "0.5",
     "SXWL_BILLING_ENABLED": "true",
+    "SXWL_DEV_ENV_IDLE_CHECK_S": "1",
 }
 
 
@@ -290,3 +291,19 @@ def test_bad_requests_name_the_field_and_start_nothing(world: World) -> None:
     timeout = create(name="bad", idle_timeout_min=0)
     assert timeout.status_code == 422 and "idle_timeout_min" in json.dumps(timeout.json()["error"]["details"])
     assert httpx.get(f"{world.url}/api/v1/dev-envs", headers=world.user).json() == before
+
+
+def test_an_environment_nobody_uses_is_paused_after_its_idle_timeout_and_says_why(world: World) -> None:
+    body = {"name": "forgotten", "gpus": 1, "gpu_product": PRODUCT, "idle_timeout_min": 1}
+    created = httpx.post(f"{world.url}/api/v1/dev-envs", headers=world.user, json=body)
+    assert created.status_code == 201, created.text
+    env_id = created.json()["id"]
+    eventually(lambda: _running(world, env_id), timeout=60, what="the environment to run")
+
+    def paused() -> dict[str, Any] | None:
+        env: dict[str, Any] = httpx.get(f"{world.url}/api/v1/dev-envs/{env_id}", headers=world.user).json()
+        return env if env["status"] == "paused" else None
+
+    env = eventually(paused, timeout=180, what="the idle environment to be paused")
+    assert env["reason"] == "paused after 1 min without activity"
+    assert httpx.delete(f"{world.url}/api/v1/dev-envs/{env_id}", headers=world.user).status_code == 200

@@ -22,7 +22,15 @@ from sxwl.cloud.api.agent import inputs as agent_inputs
 from sxwl.cloud.api.agent import routes as agent
 from sxwl.cloud.api.deps import plain_parameters
 from sxwl.cloud.api.openai import files, fine_tuning, models
-from sxwl.cloud.background import listener, liveness, metering, rate_events, scheduling, sqlite_watch
+from sxwl.cloud.background import (
+    dev_env_idle,
+    listener,
+    liveness,
+    metering,
+    rate_events,
+    scheduling,
+    sqlite_watch,
+)
 from sxwl.cloud.config import Settings
 from sxwl.cloud.context import CloudContext
 from sxwl.cloud.db import migrate, readiness
@@ -72,6 +80,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             asyncio.create_task(liveness.run(ctx), name="liveness"),
             asyncio.create_task(scheduling.run(ctx), name="scheduling"),
             asyncio.create_task(metering.run(ctx), name="metering"),
+            asyncio.create_task(dev_env_idle.run(ctx), name="dev-env-idle"),
             asyncio.create_task(notifier_counts.run(), name="notifier-metrics"),
             asyncio.create_task(rate_events.run(ctx), name="rate-events"),
             asyncio.create_task(listener.run(ctx), name="listener"),

@@ -44,5 +44,9 @@ class DevEnv(Base):
     job_id: Mapped[str | None] = mapped_column(String(32))  # its current (or last) job
     cpod_id: Mapped[str | None] = mapped_column(String(32))  # where it last ran
     reason: Mapped[Reason | None] = mapped_column(ReasonText(1000))
+    # Idle culling (services/devenvs/idle.py): when the cloud last saw it in use, by its clock, and
+    # JupyterLab's own last-activity mark then (compared, never read as a time: another clock).
+    active_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
+    jupyter_activity: Mapped[str | None] = mapped_column(String(64))
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
     stopped_at: Mapped[datetime | None] = mapped_column(UTCDateTime())

@@ -219,6 +219,9 @@ def upstream(ctx: CloudContext, session: Session, user: User, env_id: str) -> Up
     found = status(env, job)
     if job is None or found != Status.RUNNING or job.cpod_id is None:
         raise _is(env, job, "dev_env_not_running")
-    return Upstream(
-        job.cpod_id, tunnel_target(job.id, job.attempt), jupyter_token(ctx.box, job.id, job.attempt)
-    )
+    return upstream_at(ctx, job.cpod_id, job.id, job.attempt)
+
+
+def upstream_at(ctx: CloudContext, cpod_id: str, job_id: str, attempt: int) -> Upstream:
+    """The JupyterLab of ``attempt`` of ``job_id``, on ``cpod_id``."""
+    return Upstream(cpod_id, tunnel_target(job_id, attempt), jupyter_token(ctx.box, job_id, attempt))

@@ -35,6 +35,8 @@ def upgrade() -> None:
         sa.Column("job_id", sa.String(32), nullable=True),
         sa.Column("cpod_id", sa.String(32), nullable=True),
         sa.Column("reason", sa.String(1000), nullable=True),
+        sa.Column("active_at", _WHEN, nullable=True),
+        sa.Column("jupyter_activity", sa.String(64), nullable=True),
         sa.Column("created_at", _WHEN, nullable=False),
         sa.Column("stopped_at", _WHEN, nullable=True),
     )
