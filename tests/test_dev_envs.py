@@ -6,7 +6,10 @@ a kernel's WebSocket executing code, refusals of everyone else, and the money in
 from __future__ import annotations
 
 import json
+import os
 import re
+import subprocess
+import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -291,6 +294,41 @@ def test_bad_requests_name_the_field_and_start_nothing(world: World) -> None:
     timeout = create(name="bad", idle_timeout_min=0)
     assert timeout.status_code == 422 and "idle_timeout_min" in json.dumps(timeout.json()["error"]["details"])
     assert httpx.get(f"{world.url}/api/v1/dev-envs", headers=world.user).json() == before
+
+
+def _sxwl(*args: str, env: dict[str, str], stdin: str = "") -> subprocess.CompletedProcess[str]:
+    command = [sys.executable, "-m", "sxwl.cli", *args]
+    return subprocess.run(command, input=stdin, env=env, capture_output=True, text=True, timeout=60)
+
+
+def test_the_cli_creates_lists_shows_opens_pauses_resumes_and_stops(world: World, tmp_path: Path) -> None:
+    env = {**os.environ, "SXWL_CONFIG_DIR": str(tmp_path / "cfg"), "COLUMNS": "200"}
+    login = _sxwl(
+        "login", "--url", world.url, "--email", "dev@example.com", "--password-stdin", env=env, stdin=PASSWORD
+    )
+    assert login.returncode == 0, login.stderr
+    bad = _sxwl("dev", "create", "--gpus", "-1", env=env)
+    assert bad.returncode == 2 and "--gpus" in bad.stderr
+    unknown = _sxwl("dev", "create", "--name", "cli", "--model", "nope", env=env)
+    assert unknown.returncode == 1 and "models[0]" in unknown.stderr
+    # No CPU price is set, so it waits in the queue: enough for every command but open's page.
+    created = _sxwl("dev", "create", "--name", "cli", env=env)
+    assert created.returncode == 0, created.stderr
+    env_id = re.search(r"dev environment (\w+)", created.stdout).group(1)  # type: ignore[union-attr]
+    listed = _sxwl("dev", "list", env=env)
+    assert env_id[:12] in listed.stdout and "queued" in listed.stdout
+    shown = _sxwl("dev", "show", env_id[:8], env=env)
+    assert f"{world.url}/dev/{env_id}/" in shown.stdout, shown.stdout
+    opened = _sxwl("dev", "open", env_id, "--no-browser", env=env)
+    assert f"{world.url}/dev/{env_id}/" in opened.stdout
+    paused = _sxwl("dev", "pause", env_id, env=env)
+    assert paused.returncode == 0 and "paused" in paused.stdout, paused.stderr
+    resumed = _sxwl("dev", "resume", env_id, env=env)
+    assert resumed.returncode == 0 and "queued" in resumed.stdout, resumed.stderr
+    kept = _sxwl("dev", "stop", env_id, env=env, stdin="n\n")
+    assert kept.returncode == 1 and _status(world, env_id) == "queued"
+    stopped = _sxwl("dev", "stop", env_id, "--yes", env=env)
+    assert stopped.returncode == 0 and "stopped" in stopped.stdout, stopped.stderr
 
 
 def test_an_environment_nobody_uses_is_paused_after_its_idle_timeout_and_says_why(world: World) -> None:
