@@ -331,6 +331,28 @@ def test_the_cli_creates_lists_shows_opens_pauses_resumes_and_stops(world: World
     assert stopped.returncode == 0 and "stopped" in stopped.stdout, stopped.stderr
 
 
+def test_the_console_page_creates_lists_and_stops_in_both_languages(world: World) -> None:
+    browser = world.console("dev@example.com")
+    page = browser.get("/dev-envs")
+    assert page.status_code == 200 and "开发环境" in page.text
+    token = re.search(r'name="csrf_token" value="([^"]+)"', page.text).group(1)  # type: ignore[union-attr]
+    refused = browser.post("/dev-envs", data={"csrf_token": token, "name": "page", "idle_timeout_min": "0"})
+    assert refused.status_code == 422 and "取值无效" in refused.text
+    made = browser.post("/dev-envs", data={"csrf_token": token, "name": "page", "gpus": "0"})
+    assert made.status_code == 303 and made.headers["location"] == "/dev-envs?notice=dev_created"
+    mine = httpx.get(f"{world.url}/api/v1/dev-envs", headers=world.user).json()
+    (env,) = [e for e in mine if e["name"] == "page" and e["status"] == "queued"]
+    browser.cookies.set("sxwl_lang", "en")
+    listed = browser.get("/dev-envs?notice=dev_created")
+    assert "Dev environments" in listed.text and f'data-env="{env["id"]}"' in listed.text
+    assert "Queued" in listed.text and "Dev environment created" in listed.text
+    other = world.console("other@example.com")
+    other_token = re.search(r'name="csrf_token" value="([^"]+)"', other.get("/dev-envs").text).group(1)  # type: ignore[union-attr]
+    assert other.post(f"/dev-envs/{env['id']}/stop", data={"csrf_token": other_token}).status_code == 404
+    stopped = browser.post(f"/dev-envs/{env['id']}/stop", data={"csrf_token": token})
+    assert stopped.status_code == 303 and _status(world, env["id"]) == "stopped"
+
+
 def test_an_environment_nobody_uses_is_paused_after_its_idle_timeout_and_says_why(world: World) -> None:
     body = {"name": "forgotten", "gpus": 1, "gpu_product": PRODUCT, "idle_timeout_min": 1}
     created = httpx.post(f"{world.url}/api/v1/dev-envs", headers=world.user, json=body)

@@ -16,7 +16,7 @@ from sxwl.cloud.db.models import Job
 from sxwl.cloud.services.devenvs import dev_envs
 from sxwl.cloud.services.money import billing
 from sxwl.protocol.devenvs import DevEnvIn, base_url
-from sxwl.protocol.reasons import Reason, english
+from sxwl.protocol.reasons import english
 
 router = APIRouter(prefix="/dev-envs", tags=["dev-envs"], responses=SIGNED_IN)
 NOT_FOUND = errors(404)
@@ -109,7 +109,7 @@ def stop(env_id: str, user: CurrentUser, ctx: Ctx) -> DevEnvOut:
 def pause(env_id: str, user: CurrentUser, ctx: Ctx) -> DevEnvOut:
     with ctx.db.session() as session:
         owner = session.merge(user)
-        found = dev_envs.pause(session, owner, env_id, Reason.of("dev.paused_by", who=owner.email))
+        found = dev_envs.pause(session, owner, env_id, dev_envs.paused_by(owner))
         (out,) = env_outs(session, [found])
     return out
 

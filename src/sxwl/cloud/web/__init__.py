@@ -14,6 +14,7 @@ from sxwl.cloud.web.admin import pages as admin_pages
 from sxwl.cloud.web.auth import pages as auth_pages
 from sxwl.cloud.web.compute import downloads
 from sxwl.cloud.web.compute import pages as compute_pages
+from sxwl.cloud.web.devenvs import pages as dev_pages
 from sxwl.cloud.web.devenvs import proxy as dev_proxy
 from sxwl.cloud.web.finetune import pages as finetune_pages
 from sxwl.cloud.web.jobs import pages as jobs_pages
@@ -35,6 +36,7 @@ def install(app: FastAPI) -> None:
         compute_pages,
         jobs_pages,
         finetune_pages,
+        dev_pages,
         models_pages,
         billing_pages,
         admin_pages,

@@ -178,6 +178,10 @@ def _is(env: DevEnv, job: Job | None, code: str) -> AppError:
     return AppError(409, f"dev environment {env.id} is {found}", code=code, details={"status": found})
 
 
+def paused_by(user: User) -> Reason:
+    return Reason.of("dev.paused_by", who=user.email)
+
+
 def pause(session: Session, user: User, env_id: str, why: Reason) -> tuple[DevEnv, Job | None]:
     """Stops its processes, and with them the billing; its workspace stays on its CPod."""
     env, job = get_for(session, user, env_id)
