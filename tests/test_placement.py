@@ -173,6 +173,6 @@ def test_a_dev_environment_goes_only_to_a_local_cpod_and_says_why_it_waits() -> 
     local = CPodCapacity("l", [NodeCapacity("vm", A100, 1, 1)], runtime="local", takes_fine_tunes=True)
     need = Need(A100, 1, 1, dev_env=True)
     assert place(need, [kube]) is None
-    assert "do not run dev environments" in english(why_not(need, [kube], None))
+    assert "do not run dev environments" in str(english(why_not(need, [kube], None)))
     assert place(need, [kube, local]).cpod_id == "l"  # type: ignore[union-attr]
     assert place(Need(A100, 1, 1), [kube]) is not None  # other jobs still go there
