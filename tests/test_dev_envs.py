@@ -59,8 +59,20 @@ class World:
         me = httpx.get(f"{self.url}/api/v1/me", headers=self.user).json()
         top_up = {"user_id": me["id"], "amount_yuan": "100000", "note": "test"}
         httpx.post(f"{self.url}/api/v1/admin/top-ups", headers=self.admin, json=top_up).raise_for_status()
-        self.agent: AgentProcess = simulated_agent(
-            self.url, root / "agent", key, "--tunnel-connections", "1", name="dev", gpus=1, product=PRODUCT
+        self.provider, self.key = provider, key
+        self.agent: AgentProcess = self.start_agent("agent", "dev")
+        self.others: list[AgentProcess] = []
+
+    def start_agent(self, state: str, name: str) -> AgentProcess:
+        return simulated_agent(
+            self.url,
+            self.root / state,
+            self.key,
+            "--tunnel-connections",
+            "1",
+            name=name,
+            gpus=1,
+            product=PRODUCT,
         )
 
     def account(self, email: str, role: str) -> dict[str, str]:
@@ -80,6 +92,8 @@ class World:
         return client
 
     def close(self) -> None:
+        for agent in self.others:
+            agent.stop()
         self.agent.stop()
         self.cloud.stop()
 
@@ -366,4 +380,40 @@ def test_an_environment_nobody_uses_is_paused_after_its_idle_timeout_and_says_wh
 
     env = eventually(paused, timeout=180, what="the idle environment to be paused")
     assert env["reason"] == "paused after 1 min without activity"
+    assert httpx.delete(f"{world.url}/api/v1/dev-envs/{env_id}", headers=world.user).status_code == 200
+
+
+def test_a_paused_environment_whose_cpod_is_revoked_resumes_on_another_with_its_workspace(
+    world: World,
+) -> None:
+    body = {"name": "moving", "gpus": 1, "gpu_product": PRODUCT}
+    env = httpx.post(f"{world.url}/api/v1/dev-envs", headers=world.user, json=body).json()
+    env_id, base = env["id"], f"/dev/{env['id']}"
+    first = eventually(lambda: _running(world, env_id), timeout=60, what="the environment to run")
+    browser = world.console("dev@example.com")
+    eventually(lambda: browser.get(f"{base}/api/status").status_code == 200, timeout=90, what="JupyterLab")
+    browser.get(f"{base}/lab")
+    note = {"type": "file", "format": "text", "content": "survives a lost CPod\n"}
+    xsrf = {"X-XSRFToken": browser.cookies.get("_xsrf") or ""}
+    assert (
+        browser.put(f"{base}/api/contents/notes", json={"type": "directory"}, headers=xsrf).status_code == 201
+    )
+    assert browser.put(f"{base}/api/contents/notes/keep.txt", json=note, headers=xsrf).status_code == 201
+    assert httpx.post(f"{world.url}/api/v1/dev-envs/{env_id}/pause", headers=world.user).status_code == 200
+
+    def saved() -> dict[str, Any] | None:
+        got: dict[str, Any] = httpx.get(f"{world.url}/api/v1/dev-envs/{env_id}", headers=world.user).json()
+        return got if got["status"] == "paused" and got["saved_workspace_bytes"] else None
+
+    eventually(saved, timeout=60, what="the paused environment's workspace saved")
+    world.others.append(world.start_agent("agent-b", "dev-b"))
+    revoked = httpx.delete(f"{world.url}/api/v1/cpods/{first['cpod_id']}", headers=world.provider)
+    assert revoked.status_code in (200, 204), revoked.text
+    resumed = httpx.post(f"{world.url}/api/v1/dev-envs/{env_id}/resume", headers=world.user)
+    assert resumed.status_code == 200, resumed.text
+    running = eventually(lambda: _running(world, env_id), timeout=90, what="the environment to run elsewhere")
+    assert running["cpod_id"] != first["cpod_id"]
+    eventually(lambda: browser.get(f"{base}/api/status").status_code == 200, timeout=90, what="JupyterLab")
+    kept = browser.get(f"{base}/api/contents/notes/keep.txt")
+    assert kept.status_code == 200 and kept.json()["content"] == "survives a lost CPod\n"
     assert httpx.delete(f"{world.url}/api/v1/dev-envs/{env_id}", headers=world.user).status_code == 200

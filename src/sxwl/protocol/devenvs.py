@@ -16,6 +16,9 @@ DEFAULT_IDLE_TIMEOUT_MIN = 60
 BASE_PATH = "/dev/"
 # Where an attempt's inputs are mounted in its sandbox (the agent's JOB_WORK / "inputs").
 INPUTS_SEEN_AT = "/sxwl/work/inputs"
+# The input of a resumed environment's job that holds its workspace as another CPod saved it.
+WORKSPACE_INPUT = "workspace"
+WORKSPACE_ARTIFACT = "workspace.tar"  # the artifact each attempt leaves: its workspace, saved
 
 
 def base_url(env_id: str) -> str:

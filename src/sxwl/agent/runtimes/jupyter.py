@@ -8,19 +8,23 @@ from __future__ import annotations
 
 import os
 import shutil
+import stat
 import sys
+import tarfile
 from pathlib import Path
 
 from sxwl.agent.inputs import writable_tree
 from sxwl.agent.runtimes.sandbox import SandboxPaths
 from sxwl.agent.runtimes.sandbox_mounts import CODE_ROOT
-from sxwl.protocol.devenvs import DevEnvSpec
+from sxwl.protocol.devenvs import WORKSPACE_ARTIFACT, DevEnvSpec
 
 # In the workspace, hidden from JupyterLab's file browser: the socket and the token file.
 RUN_DIR = ".sxwl-dev"
 SOCKET = "jupyter.sock"
 TOKEN_FILE = "token"  # noqa: S105 - a file's name
 PROXIED = "sxwl.agent.jupyter_identity"
+WORKSPACE_TAR = WORKSPACE_ARTIFACT  # an output of each attempt: the cloud keeps it for a resume elsewhere
+GIVEN = ("inputs", RUN_DIR)  # what each attempt is given afresh: not the user's work
 
 
 def jupyter_command(
@@ -63,15 +67,21 @@ def jupyter_command(
     return argv, env
 
 
-def workspace(state_dir: Path, spec: DevEnvSpec, uid: int | None) -> Path:
+def workspace(state_dir: Path, spec: DevEnvSpec, uid: int | None, saved: Path | None = None) -> Path:
     """The environment's workspace, kept across its attempts (a paused environment resumes with
     it): made on the first, and on each later one handed to the attempt's uid, without what the
-    last attempt was given (its inputs, its socket and token), which this one is given afresh."""
+    last attempt was given (its inputs, its socket and token), which this one is given afresh.
+    ``saved``: the workspace as another CPod saved it (the input cache's unpacked tree), copied in
+    when this CPod has none."""
     root = state_dir / "workspaces"
     root.mkdir(mode=0o700, exist_ok=True)
     work = root / spec.workspace
+    if not work.exists() and saved is not None:
+        shutil.copytree(saved, work, symlinks=True, copy_function=shutil.copyfile)
+        for where, _dirs, _files in os.walk(work):
+            os.chmod(where, 0o700)  # the cache's tree is read-only; the copy is the user's
     work.mkdir(mode=0o700, exist_ok=True)
-    for given in (work / "inputs", work / RUN_DIR):
+    for given in (work / name for name in GIVEN):
         if given.is_dir() and not given.is_symlink():
             writable_tree(given)
             shutil.rmtree(given)
@@ -82,3 +92,34 @@ def workspace(state_dir: Path, spec: DevEnvSpec, uid: int | None) -> Path:
         for path in [work, *work.rglob("*")]:
             os.chown(path, uid, uid, follow_symlinks=False)
     return work
+
+
+def save_workspace(work: Path, output: Path, limit: int | None, uid: int) -> bool:
+    """The workspace as a tar among the attempt's outputs (``WORKSPACE_TAR``), which the agent
+    uploads as an artifact with the rest, so that another CPod can restore it. Only directories and
+    regular files are saved (a link is not followed nor kept: the agent reads as root what the
+    tenant wrote), nor what the attempt was given; nothing is saved past ``limit`` bytes (the
+    largest artifact the cloud takes), and the workspace stays on this CPod either way."""
+    entries: list[Path] = []
+    total = 0
+    for where, dirs, files in os.walk(work):
+        here = Path(where)
+        if here == work:
+            dirs[:] = [d for d in dirs if d not in GIVEN]
+        for name in [*dirs, *files]:
+            path = here / name
+            info = path.lstat()
+            if stat.S_ISREG(info.st_mode):
+                total += info.st_size
+            elif not stat.S_ISDIR(info.st_mode):
+                continue
+            entries.append(path)
+        dirs[:] = [d for d in dirs if (here / d).is_dir() and not (here / d).is_symlink()]
+    if limit is not None and total > limit:
+        return False
+    target = output / WORKSPACE_TAR
+    with tarfile.open(target, "w") as archive:
+        for path in entries:
+            archive.add(path, arcname=str(path.relative_to(work)), recursive=False)
+    os.chown(target, uid, uid)
+    return True

@@ -22,7 +22,7 @@ from pathlib import Path
 from sxwl.agent.inputs import READ_ONLY_DIR, materialise, writable_tree
 from sxwl.agent.runtimes.base import RECORD_FILE, AttemptDirs, AttemptRecord, Outcome
 from sxwl.agent.runtimes.cgroups import NONE, Cgroups
-from sxwl.agent.runtimes.jupyter import RUN_DIR, SOCKET, jupyter_command, workspace
+from sxwl.agent.runtimes.jupyter import RUN_DIR, SOCKET, jupyter_command, save_workspace, workspace
 from sxwl.agent.runtimes.launcher import EXIT_FILE, NET_FDS, REASON_FD, REASON_FILE
 from sxwl.agent.runtimes.sandbox import (
     UID_BASE,
@@ -37,7 +37,7 @@ from sxwl.agent.runtimes.trainer_run import trainer_command
 from sxwl.agent.tenant_files import OutputTree
 from sxwl.agent.tunnel_forward import SocketTarget
 from sxwl.protocol import Assignment, Node, attempt_key
-from sxwl.protocol.devenvs import parse_target
+from sxwl.protocol.devenvs import WORKSPACE_INPUT, parse_target
 from sxwl.protocol.reasons import Reason
 
 log = logging.getLogger("sxwl.agent.local")
@@ -197,7 +197,8 @@ class LocalRuntime(AttemptDirs[LocalJob]):
         uid = self._free_uid() if self.isolation.own_uids else None
         workdir = self.workdir(assignment.job_id, assignment.attempt)
         self.root.mkdir(mode=0o700, parents=True, exist_ok=True)
-        work = workspace(self.state_dir, assignment.jupyter, uid) if assignment.jupyter else None
+        saved = (inputs or {}).get(WORKSPACE_INPUT)
+        work = workspace(self.state_dir, assignment.jupyter, uid, saved) if assignment.jupyter else None
         paths = self.make_dirs(workdir, uid, with_inputs=bool(inputs), work=work)
         placed = paths.work / "inputs"
         if inputs:
@@ -367,6 +368,11 @@ class LocalRuntime(AttemptDirs[LocalJob]):
 
     def _finish(self, job: LocalJob, code: int | None) -> None:
         job.exit_code = code
+        if job.work is not None:  # a dev environment's: its workspace saved for a resume elsewhere
+            output = self.workdir(job.job_id, job.attempt) / "output"
+            owner = job.uid if job.uid is not None else os.geteuid()
+            if not save_workspace(Path(job.work), output, job.artifact_max_bytes, owner):
+                log.warning("job %s: its workspace is over the artifact limit; kept here only", job.job_id)
         reason_file = self.workdir(job.job_id, job.attempt) / REASON_FILE
         if reason_file.exists():
             # The command could not run (the exec shim's code, or the launcher's words).

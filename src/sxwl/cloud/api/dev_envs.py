@@ -46,6 +46,7 @@ class DevEnvOut(BaseModel):
     stopped_at: datetime | None
     cost: int  # micro-yuan so far, billed while it runs
     cost_per_hour: int
+    saved_workspace_bytes: int | None  # its workspace as last saved to the artifact store
 
 
 def env_outs(session: Session, rows: list[tuple[DevEnv, Job | None]]) -> list[DevEnvOut]:
@@ -72,6 +73,7 @@ def env_outs(session: Session, rows: list[tuple[DevEnv, Job | None]]) -> list[De
                 stopped_at=env.stopped_at,
                 cost=cost.cost if cost else 0,
                 cost_per_hour=cost.per_hour if cost else 0,
+                saved_workspace_bytes=env.saved["size"] if env.saved else None,
             )
         )
     return outs

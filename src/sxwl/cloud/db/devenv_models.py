@@ -48,5 +48,8 @@ class DevEnv(Base):
     # JupyterLab's own last-activity mark then (compared, never read as a time: another clock).
     active_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
     jupyter_activity: Mapped[str | None] = mapped_column(String(64))
+    # Its workspace as its last attempt saved it to the artifact store (an input for a resume on
+    # another CPod): the artifact's address, sha256 and size; None until an attempt saved one.
+    saved: Mapped[StoredInput | None] = mapped_column(JSON)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
     stopped_at: Mapped[datetime | None] = mapped_column(UTCDateTime())

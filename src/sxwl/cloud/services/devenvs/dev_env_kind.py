@@ -8,12 +8,14 @@ import base64
 from sqlalchemy.orm import Session
 
 from sxwl.cloud.db.devenv_models import DevEnv, DevEnvState
+from sxwl.cloud.db.json_rows import StoredAt, stored_input
 from sxwl.cloud.db.models import AttemptLog, Job, JobState
 from sxwl.cloud.db.types import utcnow
 from sxwl.cloud.kit.security import SecretBox
 from sxwl.cloud.services.jobs.job_kinds import Kind
 from sxwl.protocol import Assignment
-from sxwl.protocol.devenvs import DevEnvSpec, base_url
+from sxwl.protocol.devenvs import WORKSPACE_ARTIFACT, WORKSPACE_INPUT, DevEnvSpec, base_url
+from sxwl.protocol.finetune import JobInput
 from sxwl.protocol.reasons import Reason
 
 _TOKEN_PURPOSE = b"sxwl dev-env jupyter token v1"
@@ -54,7 +56,12 @@ class DevEnvKind(Kind):
     def artifact_recorded(
         self, session: Session, job: Job, attempt: int, path: str, size: int, sha256: str
     ) -> None:
-        """Nothing: an environment's files stay in its workspace."""
+        """The workspace an attempt saved as it ended: what a resume on another CPod restores."""
+        env = session.get(DevEnv, job.dev_env_id)
+        if path != WORKSPACE_ARTIFACT or env is None or env.job_id != job.id:
+            return
+        entry = JobInput(name=WORKSPACE_INPUT, sha256=sha256, size=size, archive=True)
+        env.saved = stored_input(entry, StoredAt(job_id=job.id, attempt=attempt, path=path))
 
     def log_appended(
         self, session: Session, job: Job, attempt: int, log: AttemptLog, fresh_at: int, fresh: bytes

@@ -16,7 +16,7 @@ from sxwl.cloud.context import CloudContext
 from sxwl.cloud.db.devenv_models import DevEnv, DevEnvState
 from sxwl.cloud.db.finetune_models import DataFile
 from sxwl.cloud.db.json_rows import StoredAt, StoredInput, stored_input
-from sxwl.cloud.db.models import TERMINAL_STATES, CPod, Job, JobState, User, new_id
+from sxwl.cloud.db.models import TERMINAL_STATES, CPod, CPodStatus, Job, JobState, User, new_id
 from sxwl.cloud.db.types import utcnow
 from sxwl.cloud.errors import AppError
 from sxwl.cloud.services.catalog import model_catalog
@@ -125,8 +125,16 @@ def create(ctx: CloudContext, session: Session, *, owner: User, request: DevEnvI
     return env, job
 
 
-def _submit(ctx: CloudContext, session: Session, owner: User, env: DevEnv, cpod_id: str | None) -> Job:
-    """A job that runs the environment (pinned to ``cpod_id``, where its workspace is)."""
+def _submit(
+    ctx: CloudContext,
+    session: Session,
+    owner: User,
+    env: DevEnv,
+    cpod_id: str | None,
+    restored: list[StoredInput] | None = None,
+) -> Job:
+    """A job that runs the environment: pinned to ``cpod_id``, where its workspace is, or with the
+    ``restored`` workspace among its inputs."""
     spec = JobIn(
         name=f"dev-{env.name}"[:MAX_NAME],
         command=DEV_ENV_COMMAND,
@@ -135,7 +143,7 @@ def _submit(ctx: CloudContext, session: Session, owner: User, env: DevEnv, cpod_
         gpus_per_node=env.gpus,
         cpod_id=cpod_id,
     )
-    workload = Workload(DEV_ENV, inputs=list(env.inputs), dev_env_id=env.id)
+    workload = Workload(DEV_ENV, inputs=[*env.inputs, *(restored or [])], dev_env_id=env.id)
     job = jobs.submit(ctx, session, owner, spec, workload)  # refuses (402) a balance that cannot pay
     env.job_id = job.id
     return job
@@ -192,17 +200,20 @@ def pause(session: Session, user: User, env_id: str, why: Reason) -> tuple[DevEn
 
 
 def resume(ctx: CloudContext, session: Session, user: User, env_id: str) -> tuple[DevEnv, Job]:
-    """Runs it again on the CPod that keeps its workspace (or anywhere, if it never ran)."""
+    """Runs it again on the CPod that keeps its workspace; where that CPod is gone (revoked or
+    offline), anywhere else with the workspace its last attempt saved to the artifact store."""
     env, job = get_for(session, user, env_id)
     if env.state != DevEnvState.PAUSED or (job is not None and job.state not in TERMINAL_STATES):
-        raise AppError(
-            409, f"dev environment {env_id} is {status(env, job).value}", code="dev_env_not_paused"
-        )
+        raise _is(env, job, "dev_env_not_paused")
     cpod = session.get(CPod, env.cpod_id) if env.cpod_id else None
-    if env.cpod_id is not None and (cpod is None or cpod.revoked_at is not None):
-        message = "the CPod that keeps its workspace is gone; the workspace cannot be brought back"
+    gone = env.cpod_id is not None and (
+        cpod is None or cpod.revoked_at is not None or cpod.status == CPodStatus.OFFLINE
+    )
+    if gone and env.saved is None:
+        message = "the CPod that keeps its workspace is gone, and no saved copy of it is stored"
         raise AppError(409, message, code="dev_env_workspace_lost")
-    job = _submit(ctx, session, user, env, cpod_id=env.cpod_id)
+    restored = [env.saved] if gone and env.saved is not None else []
+    job = _submit(ctx, session, user, env, cpod_id=None if gone else env.cpod_id, restored=restored)
     env.state, env.reason = DevEnvState.ACTIVE, None
     return env, job
 

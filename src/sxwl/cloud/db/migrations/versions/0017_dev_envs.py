@@ -37,6 +37,7 @@ def upgrade() -> None:
         sa.Column("reason", sa.String(1000), nullable=True),
         sa.Column("active_at", _WHEN, nullable=True),
         sa.Column("jupyter_activity", sa.String(64), nullable=True),
+        sa.Column("saved", sa.JSON(), nullable=True),
         sa.Column("created_at", _WHEN, nullable=False),
         sa.Column("stopped_at", _WHEN, nullable=True),
     )
