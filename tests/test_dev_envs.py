@@ -81,21 +81,25 @@ class World:
         return {"Authorization": f"Bearer {api_token(self.url, email)}"}
 
     def console(self, email: str) -> httpx.Client:
-        """A browser-like client signed in to the console (its session cookie, nothing else)."""
-        client = httpx.Client(base_url=self.url, timeout=30)
-        page = client.get("/login")
-        match = re.search(r'name="csrf_token" value="([^"]+)"', page.text)
-        assert match, page.text
-        form = {"csrf_token": match.group(1), "email": email, "password": PASSWORD}
-        assert client.post("/login", data=form).status_code in (200, 303)
-        assert client.cookies.get("sxwl_session")
-        return client
+        return console(self.url, email)
 
     def close(self) -> None:
         for agent in self.others:
             agent.stop()
         self.agent.stop()
         self.cloud.stop()
+
+
+def console(cloud: str, email: str) -> httpx.Client:
+    """A browser-like client signed in to the console (its session cookie, nothing else)."""
+    client = httpx.Client(base_url=cloud, timeout=30)
+    page = client.get("/login")
+    match = re.search(r'name="csrf_token" value="([^"]+)"', page.text)
+    assert match, page.text
+    form = {"csrf_token": match.group(1), "email": email, "password": PASSWORD}
+    assert client.post("/login", data=form).status_code in (200, 303)
+    assert client.cookies.get("sxwl_session")
+    return client
 
 
 @pytest.fixture(scope="module")
@@ -118,9 +122,9 @@ def _status(world: World, env_id: str) -> str:
     return status
 
 
-def _kernel_says(world: World, browser: httpx.Client, env_id: str, kernel_id: str, code: str) -> str:
+def kernel_says(cloud: str, browser: httpx.Client, env_id: str, kernel_id: str, code: str) -> str:
     """Runs ``code`` on the kernel over its WebSocket through the cloud; the result's text."""
-    url = world.url.replace("http://", "ws://") + f"/dev/{env_id}/api/kernels/{kernel_id}/channels"
+    url = cloud.replace("http://", "ws://") + f"/dev/{env_id}/api/kernels/{kernel_id}/channels"
     cookie = "; ".join(f"{name}={value}" for name, value in browser.cookies.items())
     msg_id = uuid.uuid4().hex
     request = {
@@ -137,7 +141,7 @@ def _kernel_says(world: World, browser: httpx.Client, env_id: str, kernel_id: st
         "channel": "shell",
     }
     with ws_client.connect(
-        url, additional_headers={"Cookie": cookie, "Origin": world.url}, open_timeout=30
+        url, additional_headers={"Cookie": cookie, "Origin": cloud}, open_timeout=30
     ) as ws:
         ws.send(json.dumps(request))
         while True:
@@ -214,14 +218,14 @@ def test_a_dev_environment_runs_jupyterlab_reached_only_by_its_owner(world: Worl
     # A kernel, over its WebSocket through the cloud and the tunnel.
     kernel = browser.post(f"{base}/api/kernels", json={"name": "python3"}, headers={"X-XSRFToken": xsrf})
     assert kernel.status_code == 201, kernel.text
-    assert _kernel_says(world, browser, env_id, kernel.json()["id"], "1+1") == "2"
-    wrote = _kernel_says(world, browser, env_id, kernel.json()["id"], "open('hello.txt').read().strip()")
+    assert kernel_says(world.url, browser, env_id, kernel.json()["id"], "1+1") == "2"
+    wrote = kernel_says(world.url, browser, env_id, kernel.json()["id"], "open('hello.txt').read().strip()")
     assert wrote == "'kept in the workspace'"
     # The mounted file is there, read-only.
     mounted = "import json; json.load(open('/sxwl/work/inputs/file-0'))['messages'][1]['content']"
-    assert _kernel_says(world, browser, env_id, kernel.json()["id"], mounted) == "'hello'"
+    assert kernel_says(world.url, browser, env_id, kernel.json()["id"], mounted) == "'hello'"
     check = "import os; os.access('/sxwl/work/inputs/file-0', os.W_OK)"
-    assert _kernel_says(world, browser, env_id, kernel.json()["id"], check) == "False"
+    assert kernel_says(world.url, browser, env_id, kernel.json()["id"], check) == "False"
     # A terminal, over its WebSocket.
     assert "sum=42" in _terminal_echoes(world, browser, env_id, xsrf)
 
