@@ -371,6 +371,53 @@ def test_the_console_page_creates_lists_and_stops_in_both_languages(world: World
     assert stopped.status_code == 303 and _status(world, env["id"]) == "stopped"
 
 
+def test_ssh_and_scp_through_the_cloud_with_the_keys_on_the_account(world: World, tmp_path: Path) -> None:
+    env = {**os.environ, "SXWL_CONFIG_DIR": str(tmp_path / "cfg"), "COLUMNS": "200"}
+    login = _sxwl(
+        "login", "--url", world.url, "--email", "dev@example.com", "--password-stdin", env=env, stdin=PASSWORD
+    )
+    assert login.returncode == 0, login.stderr
+    for name in ("mine", "stranger"):
+        subprocess.run(
+            ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(tmp_path / name)], check=True
+        )
+    (tmp_path / "private.pub").write_text((tmp_path / "mine").read_text())
+    refused = _sxwl("ssh-keys", "add", str(tmp_path / "private.pub"), env=env)
+    assert refused.returncode == 2 and "public_key" in refused.stderr
+    added = _sxwl("ssh-keys", "add", str(tmp_path / "mine.pub"), env=env)
+    assert added.returncode == 0 and "SHA256:" in added.stdout, added.stderr
+    body = {"name": "shell", "gpus": 1, "gpu_product": PRODUCT}
+    env_id = httpx.post(f"{world.url}/api/v1/dev-envs", headers=world.user, json=body).json()["id"]
+    eventually(lambda: _running(world, env_id), timeout=60, what="the environment to run")
+    browser = world.console("dev@example.com")
+    eventually(
+        lambda: browser.get(f"/dev/{env_id}/api/status").status_code == 200, timeout=90, what="JupyterLab"
+    )
+    config = _sxwl("dev", "ssh-config", env_id, env=env)
+    assert f"HostName {env_id}" in config.stdout and "ProxyCommand" in config.stdout
+
+    def ssh(key: str, *command: str, program: str = "ssh") -> subprocess.CompletedProcess[str]:
+        options = ["-F", "/dev/null", "-i", str(tmp_path / key), "-o", "StrictHostKeyChecking=no", "-o",
+                   f"UserKnownHostsFile={tmp_path / 'known_hosts'}", "-o", "BatchMode=yes",
+                   "-o", f"ProxyCommand={sys.executable} -m sxwl.cli dev ssh-proxy {env_id}"]  # fmt: skip
+        argv = [program, *options, *command]
+        return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60)
+
+    said = ssh("mine", f"sxwl@{env_id}", "echo hello > from-ssh.txt; pwd; id -u")
+    assert said.returncode == 0, said.stderr
+    where, uid = said.stdout.split()
+    assert where == "/sxwl/work" and int(uid) >= 2_000_000_000  # the attempt's own uid, in its sandbox
+    (tmp_path / "up.txt").write_text("copied by scp\n")
+    copied = ssh("mine", str(tmp_path / "up.txt"), f"sxwl@{env_id}:up.txt", program="scp")
+    assert copied.returncode == 0, copied.stderr
+    both = ssh("mine", f"sxwl@{env_id}", "cat from-ssh.txt up.txt")
+    assert both.stdout == "hello\ncopied by scp\n", both.stderr
+    assert browser.get(f"/dev/{env_id}/api/contents/up.txt").json()["content"] == "copied by scp\n"
+    stranger = ssh("stranger", f"sxwl@{env_id}", "true")
+    assert stranger.returncode == 255 and "Permission denied" in stranger.stderr
+    assert httpx.delete(f"{world.url}/api/v1/dev-envs/{env_id}", headers=world.user).status_code == 200
+
+
 def test_an_environment_nobody_uses_is_paused_after_its_idle_timeout_and_says_why(world: World) -> None:
     body = {"name": "forgotten", "gpus": 1, "gpu_product": PRODUCT, "idle_timeout_min": 1}
     created = httpx.post(f"{world.url}/api/v1/dev-envs", headers=world.user, json=body)

@@ -34,6 +34,7 @@ class SocketTarget:
     directory: Path
     name: str
     uid: int
+    raw: bool = False  # no HTTP: the stream's bytes both ways (an sshd)
 
 
 # Which attempt's socket a target names (the runtime's lookup); None: not such a target.
@@ -60,7 +61,10 @@ async def forward(
         await _answer(stream, 502, f"the agent could not reach {target}: {exc or type(exc).__name__}\n")
         return
     try:
-        await _exchange(stream, head, target, reader, writer)
+        if at_socket is not None and at_socket.raw:
+            await _spliced(stream, reader, writer)
+        else:
+            await _exchange(stream, head, target, reader, writer)
     finally:
         # Closed at once, unread data or not: the target sees its client gone.
         writer.transport.abort()
@@ -174,6 +178,18 @@ async def _switched(
     leftover, _ = conn.trailing_data
     if leftover:
         await stream.write(bytes(leftover))
+    await _both_ways(stream, conn, reader, writer)
+
+
+async def _spliced(stream: TunnelStream, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """A raw target (an sshd): answered at once as switched, then its bytes both ways."""
+    await stream.send_head([(":status", "200"), (UPGRADED, first(await stream.head(), UPGRADE) or "raw")])
+    await _both_ways(stream, h11.Connection(h11.CLIENT), reader, writer)
+
+
+async def _both_ways(
+    stream: TunnelStream, conn: h11.Connection, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+) -> None:
     upload = asyncio.create_task(_upload(stream, conn, writer, raw=True, body=True))
     try:
         while data := await reader.read(READ_SIZE):

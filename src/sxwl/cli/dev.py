@@ -25,7 +25,7 @@ PATH = "/api/v1/dev-envs"
 ID_HELP = "Environment id (or a unique prefix)."
 
 
-def _env(given: str) -> dict[str, Any]:
+def env_by_id(given: str) -> dict[str, Any]:
     def get(found: str) -> dict[str, Any]:
         body: dict[str, Any] = client.call("GET", f"{PATH}/{found}").json()
         return body
@@ -110,7 +110,7 @@ def list_envs() -> None:
 @app.command("show")
 def show_env(env_id: Annotated[str, typer.Argument(help=ID_HELP)]) -> None:
     """One environment: its status, where it runs, what is mounted, what it cost."""
-    env = _env(env_id)
+    env = env_by_id(env_id)
     table = Table(Column(no_wrap=True), Column(overflow="fold"), show_header=False, box=None)
     for key in ("id", "name", "status", "reason", "gpus", "gpu_product", "image", "cpod_id", "job_id",
                 "idle_timeout_min", "created_at", "started_at", "stopped_at"):  # fmt: skip
@@ -130,7 +130,7 @@ def open_env(
     browser: Annotated[bool, typer.Option("--browser/--no-browser", help="Open it in the browser.")] = True,
 ) -> None:
     """Its JupyterLab, in the browser signed in to the console (the link works for you alone)."""
-    env = _env(env_id)
+    env = env_by_id(env_id)
     url = f"{Credentials.load().url.rstrip('/')}{env['url']}"
     if env["status"] != "running":
         out.print(f"it is {status_text(env['status'])}; JupyterLab answers once it runs")
@@ -142,13 +142,13 @@ def open_env(
 @app.command()
 def pause(env_id: Annotated[str, typer.Argument(help=ID_HELP)]) -> None:
     """Stop its processes and its billing; its workspace is kept."""
-    _said(client.call("POST", f"{PATH}/{_env(env_id)['id']}/pause").json(), "paused")
+    _said(client.call("POST", f"{PATH}/{env_by_id(env_id)['id']}/pause").json(), "paused")
 
 
 @app.command()
 def resume(env_id: Annotated[str, typer.Argument(help=ID_HELP)]) -> None:
     """Run it again, with its workspace, on the CPod that keeps it."""
-    _said(client.call("POST", f"{PATH}/{_env(env_id)['id']}/resume").json(), "resumed")
+    _said(client.call("POST", f"{PATH}/{env_by_id(env_id)['id']}/resume").json(), "resumed")
 
 
 @app.command()
@@ -157,7 +157,7 @@ def stop(
     yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask for a confirmation.")] = False,
 ) -> None:
     """Stop it for good: its processes, its billing, its name."""
-    env = _env(env_id)
+    env = env_by_id(env_id)
     if not yes and not typer.confirm(f"Stop dev environment {env['name']} ({env['id']}) for good?"):
         raise CliError("not stopped")
     _said(client.call("DELETE", f"{PATH}/{env['id']}").json(), "stopped")

@@ -16,7 +16,18 @@ from pydantic.json_schema import models_json_schema
 
 import sxwl
 from sxwl.cloud import errors, web
-from sxwl.cloud.api import admin, auth, billing, cpods, dev_envs, jobs, me, metrics_route
+from sxwl.cloud.api import (
+    admin,
+    auth,
+    billing,
+    cpods,
+    dev_env_ssh,
+    dev_envs,
+    jobs,
+    me,
+    metrics_route,
+    ssh_keys,
+)
 from sxwl.cloud.api.agent import artifact_uploads, tunnel
 from sxwl.cloud.api.agent import inputs as agent_inputs
 from sxwl.cloud.api.agent import routes as agent
@@ -56,6 +67,7 @@ API_ROUTERS = (
     cpods.router,
     jobs.router,
     dev_envs.router,
+    ssh_keys.router,
     billing.router,
     models.api_router,
 )
@@ -120,6 +132,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         openai_api.include_router(router)
     app.include_router(openai_api)
     app.include_router(tunnel.router)  # WebSockets: no HTTP dependencies, nothing in the OpenAPI document
+    app.include_router(dev_env_ssh.router)
 
     registry = CollectorRegistry()
     metrics = HttpMetrics(registry)

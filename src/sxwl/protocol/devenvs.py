@@ -56,6 +56,13 @@ class DevEnvSpec(BaseModel):
     workspace: str = Field(pattern=r"^[A-Za-z0-9]{1,32}$")
     token: str = Field(min_length=32, max_length=128, pattern=r"^[A-Za-z0-9_-]+$", repr=False)
     idle_timeout_min: int = Field(default=DEFAULT_IDLE_TIMEOUT_MIN, ge=1, le=MAX_IDLE_TIMEOUT_MIN)
+    # The owner's public keys (authorized_keys lines) that the environment's sshd accepts.
+    ssh_keys: list[str] = Field(default_factory=list, max_length=50)
+
+
+def ssh_target(job_id: str, attempt: int) -> str:
+    """The ``sxwl-target`` of an attempt's sshd: raw bytes, no HTTP (docs/dev-envs.md, "SSH")."""
+    return f"dev-ssh.{job_id}.{attempt}"
 
 
 def tunnel_target(job_id: str, attempt: int) -> str:
@@ -64,8 +71,9 @@ def tunnel_target(job_id: str, attempt: int) -> str:
     return f"dev-env.{job_id}.{attempt}"
 
 
-def parse_target(target: str) -> tuple[str, int] | None:
+def parse_target(target: str) -> tuple[str, str, int] | None:
+    """(``dev-env`` or ``dev-ssh``, job id, attempt) of a dev environment's target, or None."""
     parts = target.split(".")
-    if len(parts) != 3 or parts[0] != "dev-env" or not parts[2].isdigit():
+    if len(parts) != 3 or parts[0] not in ("dev-env", "dev-ssh") or not parts[2].isdigit():
         return None
-    return parts[1], int(parts[2])
+    return parts[0], parts[1], int(parts[2])

@@ -6,16 +6,19 @@ and the proxy's token not turning off its XSRF and Origin checks (agent/jupyter_
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 import stat
+import subprocess
 import sys
 import tarfile
+from collections.abc import Callable
 from pathlib import Path
 
 from sxwl.agent.inputs import writable_tree
 from sxwl.agent.runtimes.sandbox import SandboxPaths
-from sxwl.agent.runtimes.sandbox_mounts import CODE_ROOT
+from sxwl.agent.runtimes.sandbox_mounts import CODE_ROOT, JOB_WORK
 from sxwl.protocol.devenvs import WORKSPACE_ARTIFACT, DevEnvSpec
 
 # In the workspace, hidden from JupyterLab's file browser: the socket and the token file.
@@ -23,14 +26,19 @@ RUN_DIR = ".sxwl-dev"
 SOCKET = "jupyter.sock"
 TOKEN_FILE = "token"  # noqa: S105 - a file's name
 PROXIED = "sxwl.agent.jupyter_identity"
+SSH_SOCKET = "ssh.sock"  # where the environment's sshd is reached, one sshd -i per connection
+SSH_USER = "sxwl"  # the attempt's uid, as the sandbox's /etc/passwd names it for sshd
+SSHD = "/usr/sbin/sshd"
+SHELL = "/bin/bash" if Path("/bin/bash").exists() else "/bin/sh"
 WORKSPACE_TAR = WORKSPACE_ARTIFACT  # an output of each attempt: the cloud keeps it for a resume elsewhere
 GIVEN = ("inputs", RUN_DIR)  # what each attempt is given afresh: not the user's work
 
 
 def jupyter_command(
     spec: DevEnvSpec, paths: SandboxPaths, isolated: bool, uid: int | None
-) -> tuple[list[str], dict[str, str]]:
-    """Writes the token file and returns JupyterLab's command and the variables it adds."""
+) -> tuple[list[str], dict[str, str], SandboxPaths]:
+    """Writes the token file (and the sshd's files) and returns JupyterLab's command, the variables
+    it adds and the attempt's paths with the files bound over the machine's."""
 
     def seen(path: Path) -> str:
         return str(paths.inside(path) if isolated else path)
@@ -62,9 +70,37 @@ def jupyter_command(
     env = {
         "JUPYTER_TOKEN_FILE": seen(token),
         "PYTHONPATH": str(CODE_ROOT),  # the agent's own sxwl, for the identity provider
-        "SHELL": "/bin/bash" if Path("/bin/bash").exists() else "/bin/sh",  # the terminals'
+        "SHELL": SHELL,  # the terminals'
     }
-    return argv, env
+    if spec.ssh_keys and isolated and uid is not None and Path(SSHD).exists():
+        config = ssh_files(spec, paths.work, run, uid, seen)
+        passwd = paths.output.parent / "passwd"  # the agent's own dir: the attempt cannot change it
+        passwd.write_text(Path("/etc/passwd").read_text() + f"{SSH_USER}:x:{uid}:{uid}::{JOB_WORK}:{SHELL}\n")
+        paths = dataclasses.replace(paths, files=(*paths.files, (passwd, Path("/etc/passwd"))))
+        env |= {"SXWL_DEV_SSH_CONFIG": seen(config), "SXWL_DEV_SSH_SOCKET": seen(run / SSH_SOCKET)}
+    return argv, env, paths
+
+
+def ssh_files(spec: DevEnvSpec, work: Path, run: Path, uid: int, seen: Callable[[Path], str]) -> Path:
+    """The environment's sshd: its host key kept in the workspace (the same across resumes), the
+    owner's keys of this start, and a config that takes only those keys, for the one user it runs as."""
+    keys = work / ".sxwl-ssh"
+    keys.mkdir(mode=0o700, exist_ok=True)
+    host_key = keys / "ssh_host_ed25519_key"
+    if not host_key.exists():
+        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(host_key)], check=True)
+    authorized = run / "authorized_keys"
+    authorized.write_text("".join(f"{line}\n" for line in spec.ssh_keys))
+    config = run / "sshd_config"
+    config.write_text(
+        f"HostKey {seen(host_key)}\nAuthorizedKeysFile {seen(authorized)}\nAllowUsers {SSH_USER}\n"
+        "PubkeyAuthentication yes\nPasswordAuthentication no\nKbdInteractiveAuthentication no\n"
+        "UsePAM no\nStrictModes no\nPidFile none\nPermitUserEnvironment no\n"
+        "Subsystem sftp internal-sftp\n"
+    )
+    for path in (keys, *keys.iterdir(), authorized, config):
+        os.chown(path, uid, uid)
+    return config
 
 
 def workspace(state_dir: Path, spec: DevEnvSpec, uid: int | None, saved: Path | None = None) -> Path:

@@ -22,7 +22,14 @@ from pathlib import Path
 from sxwl.agent.inputs import READ_ONLY_DIR, materialise, writable_tree
 from sxwl.agent.runtimes.base import RECORD_FILE, AttemptDirs, AttemptRecord, Outcome
 from sxwl.agent.runtimes.cgroups import NONE, Cgroups
-from sxwl.agent.runtimes.jupyter import RUN_DIR, SOCKET, jupyter_command, save_workspace, workspace
+from sxwl.agent.runtimes.jupyter import (
+    RUN_DIR,
+    SOCKET,
+    SSH_SOCKET,
+    jupyter_command,
+    save_workspace,
+    workspace,
+)
 from sxwl.agent.runtimes.launcher import EXIT_FILE, NET_FDS, REASON_FD, REASON_FILE
 from sxwl.agent.runtimes.sandbox import (
     UID_BASE,
@@ -214,7 +221,7 @@ class LocalRuntime(AttemptDirs[LocalJob]):
             command = trainer_command(assignment.trainer, placed, paths, self.isolation.isolated)
             env["PYTHONPATH"] = str(CODE_ROOT)  # the agent's own sxwl
         if assignment.jupyter is not None:  # a dev environment: its JupyterLab instead
-            command, added = jupyter_command(assignment.jupyter, paths, self.isolation.isolated, uid)
+            command, added, paths = jupyter_command(assignment.jupyter, paths, self.isolation.isolated, uid)
             env.update(added)
         env.update(
             self.job_env(paths),
@@ -409,12 +416,12 @@ class LocalRuntime(AttemptDirs[LocalJob]):
     def attempt_socket(self, target: str) -> SocketTarget | None:
         """The socket a running dev environment's attempt serves JupyterLab on, for the tunnel."""
         named = parse_target(target)
-        job = self.jobs.get(attempt_key(*named)) if named else None
-        if job is None or job.outcome is not None:
+        job = self.jobs.get(attempt_key(*named[1:])) if named else None
+        if named is None or job is None or job.outcome is not None or job.work is None:
             return None
         uid = job.uid if job.uid is not None else os.geteuid()
-        work = Path(job.work) if job.work else self.workdir(job.job_id, job.attempt) / "work"
-        return SocketTarget(work / RUN_DIR, SOCKET, uid)
+        ssh = named[0] == "dev-ssh"  # its sshd: raw bytes, no HTTP
+        return SocketTarget(Path(job.work) / RUN_DIR, SSH_SOCKET if ssh else SOCKET, uid, raw=ssh)
 
     def log_path(self, job: LocalJob) -> Path:
         return self.workdir(job.job_id, job.attempt) / "output.log"

@@ -53,3 +53,16 @@ class DevEnv(Base):
     saved: Mapped[StoredInput | None] = mapped_column(JSON)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
     stopped_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
+
+
+class SshKey(Base):
+    """A public key of a user's, which the sshd of each of their environments accepts."""
+
+    __tablename__ = "ssh_keys"
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True, default=new_id)
+    owner_id: Mapped[str] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"), index=True)
+    name: Mapped[str] = mapped_column(String(100))
+    public_key: Mapped[str] = mapped_column(String(20000))  # "type base64 [comment]", one line
+    fingerprint: Mapped[str] = mapped_column(String(100))  # SHA256:…, as ssh-keygen -l shows it
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import base64
 
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, object_session
 
 from sxwl.cloud.db.devenv_models import DevEnv, DevEnvState
 from sxwl.cloud.db.json_rows import StoredAt, stored_input
 from sxwl.cloud.db.models import AttemptLog, Job, JobState
 from sxwl.cloud.db.types import utcnow
 from sxwl.cloud.kit.security import SecretBox
+from sxwl.cloud.services.devenvs import ssh_keys
 from sxwl.cloud.services.jobs.job_kinds import Kind
 from sxwl.protocol import Assignment
 from sxwl.protocol.devenvs import WORKSPACE_ARTIFACT, WORKSPACE_INPUT, DevEnvSpec, base_url
@@ -70,10 +71,10 @@ class DevEnvKind(Kind):
 
     def handed(self, box: SecretBox, job: Job, assignment: Assignment) -> Assignment:
         assert job.dev_env_id is not None
-        env_id = job.dev_env_id
-        spec = DevEnvSpec(
-            base_url=base_url(env_id), workspace=env_id, token=jupyter_token(box, job.id, job.attempt)
-        )
+        env_id, session = job.dev_env_id, object_session(job)
+        keys = ssh_keys.authorized_keys(session, job.owner_id) if session is not None else []
+        token = jupyter_token(box, job.id, job.attempt)
+        spec = DevEnvSpec(base_url=base_url(env_id), workspace=env_id, token=token, ssh_keys=keys)
         return assignment.model_copy(update={"jupyter": spec})
 
 

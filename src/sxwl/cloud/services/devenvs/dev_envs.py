@@ -24,7 +24,14 @@ from sxwl.cloud.services.devenvs.dev_env_kind import DEV_ENV, jupyter_token
 from sxwl.cloud.services.finetune.fine_tunes import FILES_JOB
 from sxwl.cloud.services.jobs import jobs
 from sxwl.cloud.services.jobs.job_kinds import Workload
-from sxwl.protocol.devenvs import INPUTS_SEEN_AT, DevEnvIn, file_input, model_input, tunnel_target
+from sxwl.protocol.devenvs import (
+    INPUTS_SEEN_AT,
+    DevEnvIn,
+    file_input,
+    model_input,
+    ssh_target,
+    tunnel_target,
+)
 from sxwl.protocol.finetune import JobInput
 from sxwl.protocol.jobs import MAX_NAME, JobIn
 from sxwl.protocol.reasons import Reason
@@ -235,6 +242,13 @@ def upstream(ctx: CloudContext, session: Session, user: User, env_id: str) -> Up
     if job is None or found != Status.RUNNING or job.cpod_id is None:
         raise _is(env, job, "dev_env_not_running")
     return upstream_at(ctx, job.cpod_id, job.id, job.attempt)
+
+
+def ssh_upstream(ctx: CloudContext, session: Session, user: User, env_id: str) -> Upstream:
+    """The sshd of the caller's running environment (its token unused: sshd takes the user's keys)."""
+    found = upstream(ctx, session, user, env_id)
+    job_id, attempt = found.target.split(".")[1], int(found.target.split(".")[2])
+    return Upstream(found.cpod_id, ssh_target(job_id, attempt), "")
 
 
 def upstream_at(ctx: CloudContext, cpod_id: str, job_id: str, attempt: int) -> Upstream:

@@ -1,6 +1,7 @@
 """Dev environments (docs/dev-envs.md): ``dev_envs``, one row per environment, which outlives its
 jobs (a paused environment has none running; resuming it submits another), and ``jobs.dev_env_id``,
-which marks a job as an environment's, so its workload kind knows it from the job's row alone.
+which marks a job as an environment's, so its workload kind knows it from the job's row alone;
+``ssh_keys``, the public keys a user's environments accept.
 
 Revision ID: 0017
 Revises: 0016
@@ -51,6 +52,17 @@ def upgrade() -> None:
         sqlite_where=sa.text("state != 'stopped'"),
         postgresql_where=sa.text("state != 'stopped'"),
     )
+    # The public keys a user's environments' sshd accepts (docs/dev-envs.md, "SSH").
+    op.create_table(
+        "ssh_keys",
+        sa.Column("id", sa.String(32), primary_key=True),
+        sa.Column("owner_id", sa.String(32), sa.ForeignKey("users.id", ondelete="CASCADE"), nullable=False),
+        sa.Column("name", sa.String(100), nullable=False),
+        sa.Column("public_key", sa.String(20000), nullable=False),
+        sa.Column("fingerprint", sa.String(100), nullable=False),
+        sa.Column("created_at", _WHEN, nullable=False),
+    )
+    op.create_index("ix_ssh_keys_owner_id", "ssh_keys", ["owner_id"])
     with op.batch_alter_table("jobs") as batch:
         batch.add_column(sa.Column("dev_env_id", sa.String(32), nullable=True))
 
@@ -59,4 +71,5 @@ def downgrade() -> None:
     # Plain ALTER TABLE … DROP COLUMN (SQLite 3.35+): a batch would recreate "jobs", which other
     # tables reference.
     op.drop_column("jobs", "dev_env_id")
+    op.drop_table("ssh_keys")
     op.drop_table("dev_envs")
