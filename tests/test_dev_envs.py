@@ -84,10 +84,30 @@ class World:
         return console(self.url, email)
 
     def close(self) -> None:
-        for agent in self.others:
-            agent.stop()
-        self.agent.stop()
+        """Stops every environment and waits until the agents say their processes ended (a job's
+        processes outlive its agent by design), then the agents and the cloud."""
+        try:
+            stop_all(self.url, self.user)
+        finally:
+            for agent in self.others:
+                agent.stop()
+            self.agent.stop()
         self.cloud.stop()
+
+
+def stop_all(cloud: str, user: dict[str, str]) -> None:
+    """Stops the user's environments and waits for their CPods to report them ended."""
+    ended = ("stopped", "failed")
+    for env in httpx.get(f"{cloud}/api/v1/dev-envs", headers=user).json():
+        if env["status"] not in ended:
+            httpx.delete(f"{cloud}/api/v1/dev-envs/{env['id']}", headers=user)
+
+    def all_ended() -> bool:
+        return all(
+            env["status"] in ended for env in httpx.get(f"{cloud}/api/v1/dev-envs", headers=user).json()
+        )
+
+    eventually(all_ended, timeout=60, what="every environment's processes to end")
 
 
 def console(cloud: str, email: str) -> httpx.Client:

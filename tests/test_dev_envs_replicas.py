@@ -17,7 +17,7 @@ from tests.support.cloud import CloudProcess
 from tests.support.net import free_port
 from tests.support.postgres import TempPostgres
 from tests.support.tunnel import provider_key
-from tests.test_dev_envs import console, kernel_says
+from tests.test_dev_envs import console, kernel_says, stop_all
 
 pytest.importorskip("jupyterlab", reason="JupyterLab comes with the devenv extra")
 
@@ -37,6 +37,7 @@ def test_jupyterlab_is_reached_through_a_replica_without_the_tunnel(
         }
         replicas.append(CloudProcess(tmp_path / name, port, env=env))
     r1, r2 = replicas
+    user: dict[str, str] = {}
     agent = simulated_agent(
         r1.url,
         tmp_path / "agent",
@@ -51,7 +52,7 @@ def test_jupyterlab_is_reached_through_a_replica_without_the_tunnel(
         eventually(lambda: (tmp_path / "agent" / "cpod.json").exists(), what="the agent to register")
         body = {"email": "dev@example.com", "password": PASSWORD, "role": "user"}
         httpx.post(f"{r2.url}/api/v1/auth/register", json=body).raise_for_status()
-        user = {"Authorization": f"Bearer {api_token(r2.url, 'dev@example.com')}"}
+        user["Authorization"] = f"Bearer {api_token(r2.url, 'dev@example.com')}"
         created = httpx.post(f"{r2.url}/api/v1/dev-envs", headers=user, json={"name": "far", "gpus": 1})
         assert created.status_code == 201, created.text
         env_id = created.json()["id"]
@@ -79,6 +80,10 @@ def test_jupyterlab_is_reached_through_a_replica_without_the_tunnel(
         assert "WebSocket /internal/tunnel-relay" in r1_log
         assert httpx.delete(f"{r2.url}/api/v1/dev-envs/{env_id}", headers=user).status_code == 200
     finally:
-        agent.stop()
+        try:
+            if user:
+                stop_all(r2.url, user)  # its processes end before the agent does
+        finally:
+            agent.stop()
         r2.stop()
         r1.stop()
