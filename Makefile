@@ -3,9 +3,10 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
-# The extras installed: EXTRAS=dev,examples leaves out the training stack (torch and its CUDA
-# libraries, about 5 GB; without it `sxwl up` has no fine-tuning demo).
-EXTRAS ?= dev,examples,train
+# The extras installed: EXTRAS=dev,examples,devenv leaves out the training stack (torch and its CUDA
+# libraries, about 5 GB; without it `sxwl up` has no fine-tuning demo); devenv is the dev
+# environments' JupyterLab.
+EXTRAS ?= dev,examples,devenv,train
 
 .PHONY: run test lint test-deps bench clean 3kctl-zipapp k8s-bins seaweedfs-bin test-k8s
 

@@ -3,7 +3,7 @@ big it is, and stops at once, naming the fix, when a disk it writes to is too sh
 otherwise fail with ENOSPC minutes later). Standard library only: it runs before the venv exists,
 with whatever python3 the Makefile was given.
 
-    python3 scripts/install-preflight.py --venv .venv --extras dev,examples,train
+    python3 scripts/install-preflight.py --venv .venv --extras dev,examples,devenv,train
 """
 
 from __future__ import annotations
@@ -20,12 +20,13 @@ GB = 1024**3
 # the pins of pyproject.toml), 5.3 GB of it the training stack (torch 1.2, its CUDA libraries
 # nvidia-* 3.0, triton 1.0). What pip downloads (kept in its cache, and under TMPDIR while it
 # installs) is what the wheels weigh compressed, about 60 % of that.
-INSTALLED_GB = {"base": 0.5, "dev": 0.3, "examples": 0.1, "train": 5.4}
-DOWNLOAD_GB = {"base": 0.15, "dev": 0.1, "examples": 0.02, "train": 3.3}
+INSTALLED_GB = {"base": 0.5, "dev": 0.3, "examples": 0.1, "devenv": 0.2, "train": 5.4}
+DOWNLOAD_GB = {"base": 0.15, "dev": 0.1, "examples": 0.02, "devenv": 0.05, "train": 3.3}
 WHAT = {
     "base": "the cloud, the agent and the CLI",
     "dev": "test and lint tools",
     "examples": "numpy for the example job",
+    "devenv": "JupyterLab for dev environments",
     "train": "the training stack (torch, CUDA libraries, triton, transformers, peft)",
 }
 MIN_PYTHON = (3, 11)
@@ -52,7 +53,7 @@ def existing(path: Path) -> Path:
 def already_installed(venv: Path, extras: list[str]) -> set[str]:
     """The parts a venv from an earlier install already holds: pip adds only what changed."""
     found = {"base"} if any(venv.glob("lib/python3*/site-packages/sxwl*")) else set()
-    markers = {"dev": "mypy", "examples": "numpy", "train": "torch"}
+    markers = {"dev": "mypy", "examples": "numpy", "devenv": "jupyterlab", "train": "torch"}
     for extra in extras:
         if extra in markers and any(venv.glob(f"lib/python3*/site-packages/{markers[extra]}")):
             found.add(extra)
@@ -111,7 +112,7 @@ def check(venv: Path, extras: list[str]) -> list[str]:
         if "train" in new:
             fixes.append(
                 f"leave out the training stack ({INSTALLED_GB['train']:.1f} GB; no fine-tuning demo): "
-                "make run EXTRAS=dev,examples"
+                "make run EXTRAS=dev,examples,devenv"
             )
         problems.append(
             f"Not enough room to install: {', '.join(whats)} need about {need:.1f} GB on the disk of "
@@ -125,7 +126,7 @@ def main(argv: list[str]) -> int:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--venv", type=Path, default=Path(".venv"))
-    parser.add_argument("--extras", default="dev,examples,train", help="comma-separated; may be empty")
+    parser.add_argument("--extras", default="dev,examples,devenv,train", help="comma-separated; may be empty")
     args = parser.parse_args(argv)
     extras = [e for e in args.extras.split(",") if e]
     problems = check(args.venv, extras)

@@ -18,9 +18,10 @@ import pytest
 
 from sxwl.agent.client import CloudClient, Rejected
 from sxwl.agent.inputs import InputCache, InputError, materialise, read_only_tree
-from sxwl.agent.runtimes.local import TRAINER_RUN_FILE, LocalRuntime
+from sxwl.agent.runtimes.local import LocalRuntime
 from sxwl.agent.runtimes.sandbox import detect
 from sxwl.agent.runtimes.sandbox_mounts import JOB_OUTPUT, JOB_WORK
+from sxwl.agent.runtimes.trainer_run import TRAINER_RUN_FILE
 from sxwl.protocol.finetune import CHECKPOINT_DIR, JobInput, ResolvedHyperparameters, TrainerRun, TrainerSpec
 from sxwl.protocol.models import Assignment
 from tests.support.agent import eventually

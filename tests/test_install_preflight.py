@@ -42,7 +42,7 @@ def test_a_short_tmpdir_stops_the_install_at_once_naming_the_fix(tmp_path: Path)
     (problem,) = done.stderr.strip().splitlines()
     assert problem.startswith("Not enough room to install: TMPDIR")
     assert "set TMPDIR to a directory on a disk with room" in problem
-    assert "make run EXTRAS=dev,examples" in problem
+    assert "make run EXTRAS=dev,examples,devenv" in problem
     assert not venv.exists()
 
 

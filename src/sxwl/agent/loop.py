@@ -318,8 +318,10 @@ class Agent(Generic[J]):
                 asyncio.create_task(self._supervise(sync), name="supervise"),
             ]
             if self.config.tunnel.connections > 0:
+                # A runtime that serves attempts' own sockets (the local one's dev environments).
+                sockets = getattr(self.runtime, "attempt_socket", None)
                 tunnel = TunnelClient(
-                    self.config.api_url, saved.cpod_token, self.config.tunnel, backoff_delay
+                    self.config.api_url, saved.cpod_token, self.config.tunnel, backoff_delay, sockets
                 )
                 tasks.append(asyncio.create_task(tunnel.run(), name="tunnel"))
             if self.cache_server is not None and cache is not None:

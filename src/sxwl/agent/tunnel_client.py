@@ -21,7 +21,7 @@ from websockets.asyncio.client import ClientConnection
 from websockets.exceptions import InvalidStatus, WebSocketException
 
 import sxwl
-from sxwl.agent.tunnel_forward import forward
+from sxwl.agent.tunnel_forward import Sockets, forward
 from sxwl.protocol import PROTOCOL_HEADER, PROTOCOL_VERSION, paths
 from sxwl.tunnel.headers import split_target
 from sxwl.tunnel.session import MESSAGE_MAX, PING_S, Session, TunnelStream
@@ -75,9 +75,15 @@ def tls_context() -> ssl.SSLContext:
 
 class TunnelClient:
     def __init__(
-        self, api_url: str, token: str, settings: TunnelSettings, backoff: Callable[[int], float]
+        self,
+        api_url: str,
+        token: str,
+        settings: TunnelSettings,
+        backoff: Callable[[int], float],
+        sockets: Sockets | None = None,
     ) -> None:
         self.url, self.token, self.settings, self.backoff = tunnel_url(api_url), token, settings, backoff
+        self.sockets = sockets  # the attempts' own services (dev environments), found by the runtime
         self.sessions: set[Session] = set()
         normalised = {t.lower() for t in settings.targets if split_target(t) is not None}
         self._targets = frozenset(normalised)
@@ -146,4 +152,4 @@ class TunnelClient:
             self.sessions.discard(session)
 
     async def _on_stream(self, stream: TunnelStream) -> None:
-        await forward(stream, self.allowed)
+        await forward(stream, self.allowed, self.sockets)

@@ -10,7 +10,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
+import socket
+import struct
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
 
 import h11
 
@@ -21,20 +26,45 @@ CONNECT_S = 10.0
 READ_SIZE = 256 * 1024
 
 
-async def forward(stream: TunnelStream, allowed: Callable[[str], bool]) -> None:
+@dataclass(frozen=True)
+class SocketTarget:
+    """A service of one attempt on a Unix socket (a dev environment's JupyterLab): the socket's
+    dir, the socket's name in it, and the uid its server must run as."""
+
+    directory: Path
+    name: str
+    uid: int
+    raw: bool = False  # no HTTP: the stream's bytes both ways (an sshd)
+
+
+# Which attempt's socket a target names (the runtime's lookup); None: not such a target.
+Sockets = Callable[[str], SocketTarget | None]
+
+
+async def forward(
+    stream: TunnelStream, allowed: Callable[[str], bool], sockets: Sockets | None = None
+) -> None:
     head = await stream.head()
     target = first(head, TARGET) or ""
+    at_socket = sockets(target) if sockets is not None else None
     address = split_target(target)
-    if address is None or not allowed(target):
+    if at_socket is None and (address is None or not allowed(target)):
         await _answer(stream, 403, f"the agent does not forward to {target!r}\n")
         return
     try:
-        reader, writer = await asyncio.wait_for(asyncio.open_connection(*address), CONNECT_S)
+        if at_socket is not None:
+            reader, writer = await asyncio.wait_for(_open_socket(at_socket), CONNECT_S)
+        else:
+            assert address is not None
+            reader, writer = await asyncio.wait_for(asyncio.open_connection(*address), CONNECT_S)
     except (OSError, TimeoutError) as exc:
         await _answer(stream, 502, f"the agent could not reach {target}: {exc or type(exc).__name__}\n")
         return
     try:
-        await _exchange(stream, head, target, reader, writer)
+        if at_socket is not None and at_socket.raw:
+            await _spliced(stream, reader, writer)
+        else:
+            await _exchange(stream, head, target, reader, writer)
     finally:
         # Closed at once, unread data or not: the target sees its client gone.
         writer.transport.abort()
@@ -75,6 +105,24 @@ async def _exchange(
         for task in (upload, download):
             task.cancel()
         await asyncio.gather(upload, download, return_exceptions=True)
+
+
+async def _open_socket(target: SocketTarget) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """Connects to the attempt's socket. The attempt owns its dir and could put a link there to any
+    socket on the machine, so the server that answers must run as the attempt's own uid
+    (SO_PEERCRED), or nothing is sent. The dir is reached through a descriptor: the socket's path on
+    the machine may be longer than a socket address holds."""
+    fd = os.open(target.directory, os.O_PATH | os.O_DIRECTORY)
+    try:
+        reader, writer = await asyncio.open_unix_connection(f"/proc/self/fd/{fd}/{target.name}")
+    finally:
+        os.close(fd)
+    sock = writer.get_extra_info("socket")
+    _pid, uid, _gid = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
+    if uid != target.uid:
+        writer.transport.abort()
+        raise OSError(f"its socket is served by uid {uid}, not the attempt's")
+    return reader, writer
 
 
 async def _upload(
@@ -130,6 +178,18 @@ async def _switched(
     leftover, _ = conn.trailing_data
     if leftover:
         await stream.write(bytes(leftover))
+    await _both_ways(stream, conn, reader, writer)
+
+
+async def _spliced(stream: TunnelStream, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """A raw target (an sshd): answered at once as switched, then its bytes both ways."""
+    await stream.send_head([(":status", "200"), (UPGRADED, first(await stream.head(), UPGRADE) or "raw")])
+    await _both_ways(stream, h11.Connection(h11.CLIENT), reader, writer)
+
+
+async def _both_ways(
+    stream: TunnelStream, conn: h11.Connection, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+) -> None:
     upload = asyncio.create_task(_upload(stream, conn, writer, raw=True, body=True))
     try:
         while data := await reader.read(READ_SIZE):

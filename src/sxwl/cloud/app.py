@@ -16,13 +16,32 @@ from pydantic.json_schema import models_json_schema
 
 import sxwl
 from sxwl.cloud import errors, web
-from sxwl.cloud.api import admin, auth, billing, cpods, jobs, me, metrics_route
+from sxwl.cloud.api import (
+    admin,
+    auth,
+    billing,
+    cpods,
+    dev_env_ssh,
+    dev_envs,
+    jobs,
+    me,
+    metrics_route,
+    ssh_keys,
+)
 from sxwl.cloud.api.agent import artifact_uploads, tunnel
 from sxwl.cloud.api.agent import inputs as agent_inputs
 from sxwl.cloud.api.agent import routes as agent
 from sxwl.cloud.api.deps import plain_parameters
 from sxwl.cloud.api.openai import files, fine_tuning, models
-from sxwl.cloud.background import listener, liveness, metering, rate_events, scheduling, sqlite_watch
+from sxwl.cloud.background import (
+    dev_env_idle,
+    listener,
+    liveness,
+    metering,
+    rate_events,
+    scheduling,
+    sqlite_watch,
+)
 from sxwl.cloud.config import Settings
 from sxwl.cloud.context import CloudContext
 from sxwl.cloud.db import migrate, readiness
@@ -47,6 +66,8 @@ API_ROUTERS = (
     admin.router,
     cpods.router,
     jobs.router,
+    dev_envs.router,
+    ssh_keys.router,
     billing.router,
     models.api_router,
 )
@@ -71,6 +92,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             asyncio.create_task(liveness.run(ctx), name="liveness"),
             asyncio.create_task(scheduling.run(ctx), name="scheduling"),
             asyncio.create_task(metering.run(ctx), name="metering"),
+            asyncio.create_task(dev_env_idle.run(ctx), name="dev-env-idle"),
             asyncio.create_task(notifier_counts.run(), name="notifier-metrics"),
             asyncio.create_task(rate_events.run(ctx), name="rate-events"),
             asyncio.create_task(listener.run(ctx), name="listener"),
@@ -110,6 +132,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         openai_api.include_router(router)
     app.include_router(openai_api)
     app.include_router(tunnel.router)  # WebSockets: no HTTP dependencies, nothing in the OpenAPI document
+    app.include_router(dev_env_ssh.router)
 
     registry = CollectorRegistry()
     metrics = HttpMetrics(registry)

@@ -130,6 +130,8 @@ class Settings(BaseSettings):
     # charged, no balance needed); on, work is placed only at a price an admin set.
     billing_enabled: bool = True
     metering_interval_s: float = Field(default=30.0, gt=0)
+    # How often each replica asks the running dev environments whether they are in use.
+    dev_env_idle_check_s: float = Field(default=60.0, gt=0)
     metering_batch: int = Field(default=20_000, ge=1)
     # Earnings wait this long (for disputes) before a provider can be paid them.
     earnings_hold_s: float = Field(default=7 * 24 * 3600.0, ge=0)

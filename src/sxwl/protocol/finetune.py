@@ -103,7 +103,12 @@ class FineTuneRequest(Strict):
     max_cost: NonNegInt64 | None = None  # micro-yuan; refused at creation when the estimate is higher
 
 
-InputName = Literal["model", "training_file", "validation_file", "resume"]
+# A dev environment's mounts are ``model-<i>`` and ``file-<i>``, and its saved ``workspace``
+# (protocol/devenvs.py).
+InputName = (
+    Literal["model", "training_file", "validation_file", "resume", "workspace"]
+    | Annotated[str, Field(pattern=r"^(model|file)-[0-9]{1,2}$")]
+)
 
 
 class JobInput(Wire):

@@ -180,6 +180,7 @@ ENGLISH: dict[str, str] = {
     "queue.no_gpus": "no online CPod has GPUs; the job needs {need}",
     "queue.never_fits": "no online CPod offers {need}",
     "queue.busy": "waiting for {need} to become free",
+    "queue.no_dev_env": "the CPods that offer {need} do not run dev environments yet (only local CPods do)",
     "queue.image": "the CPods that offer {need} run jobs as local processes and cannot run a container "
     "image: submit the job without image, or wait for a Kubernetes CPod",
     "queue.no_trainer": "the CPods that offer {need} do not run fine-tunes (a Kubernetes CPod needs its "
@@ -199,6 +200,9 @@ ENGLISH: dict[str, str] = {
     "job.shape": "{nodes} node(s) × {gpus} GPU(s)",
     "job.placed": "CPod {cpod}, nodes {names}",
     "job.by": "by {who}",
+    "dev.paused_by": "paused by {who}",
+    "dev.idle": "paused after {minutes} min without activity",
+    "dev.stopped_by": "stopped by {who}",
     "job.cancelled_by": "cancelled by {who}",
     "job.cancelled": "cancelled",
     "job.exited_while_serving": "it exited (status {status}), but a {kind} serves until it is stopped",

@@ -22,6 +22,14 @@ from pathlib import Path
 from sxwl.agent.inputs import READ_ONLY_DIR, materialise, writable_tree
 from sxwl.agent.runtimes.base import RECORD_FILE, AttemptDirs, AttemptRecord, Outcome
 from sxwl.agent.runtimes.cgroups import NONE, Cgroups
+from sxwl.agent.runtimes.jupyter import (
+    RUN_DIR,
+    SOCKET,
+    SSH_SOCKET,
+    jupyter_command,
+    save_workspace,
+    workspace,
+)
 from sxwl.agent.runtimes.launcher import EXIT_FILE, NET_FDS, REASON_FD, REASON_FILE
 from sxwl.agent.runtimes.sandbox import (
     UID_BASE,
@@ -32,16 +40,17 @@ from sxwl.agent.runtimes.sandbox import (
     job_argv,
 )
 from sxwl.agent.runtimes.sandbox_mounts import CODE_ROOT, JOB_OUTPUT, JOB_WORK
+from sxwl.agent.runtimes.trainer_run import trainer_command
 from sxwl.agent.tenant_files import OutputTree
+from sxwl.agent.tunnel_forward import SocketTarget
 from sxwl.protocol import Assignment, Node, attempt_key
-from sxwl.protocol.finetune import TrainerRun, TrainerSpec
+from sxwl.protocol.devenvs import WORKSPACE_INPUT, parse_target
 from sxwl.protocol.reasons import Reason
 
 log = logging.getLogger("sxwl.agent.local")
 
 __all__ = ["INHERITED_ENV", "LocalJob", "LocalRuntime", "Outcome", "process_start_time"]
 # Variables a job inherits from the agent's environment; everything else (the accessKey, say) stays out.
-TRAINER_RUN_FILE = "trainer-run.json"
 INHERITED_ENV = ("PATH", "LANG", "LC_ALL", "TZ", "LD_LIBRARY_PATH", "CUDA_HOME", "NVIDIA_DRIVER_CAPABILITIES")
 
 
@@ -55,6 +64,8 @@ class LocalJob(AttemptRecord):
     pid: int
     pid_start: str
     uid: int | None = None
+    # A dev environment's workspace, its work dir kept across attempts (runtimes/jupyter.py).
+    work: str | None = None
 
 
 def process_start_time(pid: int) -> str | None:
@@ -73,33 +84,6 @@ def place_inputs(inputs: Mapping[str, Path], placed: Path) -> None:
     for name, source in sorted(inputs.items()):
         materialise(source, placed / name)
     os.chmod(placed, READ_ONLY_DIR)
-
-
-def trainer_command(spec: TrainerSpec, placed: Path, paths: SandboxPaths, isolated: bool) -> list[str]:
-    """Writes the ``TrainerRun`` (every path as the job sees it) into the work dir and returns the
-    command that runs the agent's own trainer on it."""
-
-    def seen(path: Path) -> Path:
-        return paths.inside(path) if isolated else path
-
-    def where(name: str) -> str | None:
-        return str(seen(placed / name)) if (placed / name).exists() else None
-
-    model_dir, training_file = where("model"), where("training_file")
-    if model_dir is None or training_file is None:
-        raise RuntimeError("a fine-tune needs the inputs model and training_file")
-    run = TrainerRun(
-        **spec.model_dump(),
-        model_dir=model_dir,
-        training_file=training_file,
-        validation_file=where("validation_file"),
-        resume_from=where("resume"),
-        output_dir=str(seen(paths.output)),
-    )
-    run_file = paths.work / TRAINER_RUN_FILE
-    run_file.write_text(run.model_dump_json())
-    os.chmod(run_file, 0o444)
-    return [sys.executable, "-m", "sxwl.trainer", str(seen(run_file))]
 
 
 NOT_ISOLATED = (
@@ -220,7 +204,9 @@ class LocalRuntime(AttemptDirs[LocalJob]):
         uid = self._free_uid() if self.isolation.own_uids else None
         workdir = self.workdir(assignment.job_id, assignment.attempt)
         self.root.mkdir(mode=0o700, parents=True, exist_ok=True)
-        paths = self.make_dirs(workdir, uid, with_inputs=bool(inputs))
+        saved = (inputs or {}).get(WORKSPACE_INPUT)
+        work = workspace(self.state_dir, assignment.jupyter, uid, saved) if assignment.jupyter else None
+        paths = self.make_dirs(workdir, uid, with_inputs=bool(inputs), work=work)
         placed = paths.work / "inputs"
         if inputs:
             place_inputs(inputs, placed)
@@ -234,6 +220,9 @@ class LocalRuntime(AttemptDirs[LocalJob]):
         if assignment.trainer is not None:
             command = trainer_command(assignment.trainer, placed, paths, self.isolation.isolated)
             env["PYTHONPATH"] = str(CODE_ROOT)  # the agent's own sxwl
+        if assignment.jupyter is not None:  # a dev environment: its JupyterLab instead
+            command, added, paths = jupyter_command(assignment.jupyter, paths, self.isolation.isolated, uid)
+            env.update(added)
         env.update(
             self.job_env(paths),
             CUDA_VISIBLE_DEVICES=",".join(map(str, gpus)),
@@ -253,6 +242,7 @@ class LocalRuntime(AttemptDirs[LocalJob]):
             pid=proc.pid,
             pid_start=process_start_time(proc.pid) or "",
             uid=uid,
+            work=str(work) if work else None,
         )
         self.jobs[job.key] = job
         self.save(job)
@@ -266,16 +256,19 @@ class LocalRuntime(AttemptDirs[LocalJob]):
         )
         return job
 
-    def make_dirs(self, workdir: Path, uid: int | None, with_inputs: bool = False) -> SandboxPaths:
-        """The attempt's dir (the agent's, 0700) with its work and output dirs (its uid's, 0700)."""
+    def make_dirs(
+        self, workdir: Path, uid: int | None, with_inputs: bool = False, work: Path | None = None
+    ) -> SandboxPaths:
+        """The attempt's dir (the agent's, 0700) with its work and output dirs (its uid's, 0700);
+        ``work``: a work dir made already (a dev environment's workspace)."""
         paths = SandboxPaths(
             hidden=(self.state_dir,),
-            work=workdir / "work",
+            work=work or workdir / "work",
             output=workdir / "output",
-            readonly=(workdir / "work" / "inputs",) if with_inputs else (),
+            readonly=((work or workdir / "work") / "inputs",) if with_inputs else (),
         )
         workdir.mkdir(mode=0o700)
-        for own in (paths.work, paths.output):
+        for own in (paths.output,) if work else (paths.work, paths.output):
             own.mkdir(mode=0o700)
             if uid is not None:
                 os.chown(own, uid, uid)
@@ -382,6 +375,11 @@ class LocalRuntime(AttemptDirs[LocalJob]):
 
     def _finish(self, job: LocalJob, code: int | None) -> None:
         job.exit_code = code
+        if job.work is not None:  # a dev environment's: its workspace saved for a resume elsewhere
+            output = self.workdir(job.job_id, job.attempt) / "output"
+            owner = job.uid if job.uid is not None else os.geteuid()
+            if not save_workspace(Path(job.work), output, job.artifact_max_bytes, owner):
+                log.warning("job %s: its workspace is over the artifact limit; kept here only", job.job_id)
         reason_file = self.workdir(job.job_id, job.attempt) / REASON_FILE
         if reason_file.exists():
             # The command could not run (the exec shim's code, or the launcher's words).
@@ -414,6 +412,16 @@ class LocalRuntime(AttemptDirs[LocalJob]):
                 shutil.rmtree(entry, ignore_errors=True)
             else:
                 entry.unlink(missing_ok=True)
+
+    def attempt_socket(self, target: str) -> SocketTarget | None:
+        """The socket a running dev environment's attempt serves JupyterLab on, for the tunnel."""
+        named = parse_target(target)
+        job = self.jobs.get(attempt_key(*named[1:])) if named else None
+        if named is None or job is None or job.outcome is not None or job.work is None:
+            return None
+        uid = job.uid if job.uid is not None else os.geteuid()
+        ssh = named[0] == "dev-ssh"  # its sshd: raw bytes, no HTTP
+        return SocketTarget(Path(job.work) / RUN_DIR, SSH_SOCKET if ssh else SOCKET, uid, raw=ssh)
 
     def log_path(self, job: LocalJob) -> Path:
         return self.workdir(job.job_id, job.attempt) / "output.log"

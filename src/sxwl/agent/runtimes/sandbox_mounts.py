@@ -40,6 +40,9 @@ class SandboxPaths:
     output: Path
     # Read-only inside, below ``work``: the attempt's inputs, hard links of the agent's cache.
     readonly: tuple[Path, ...] = ()
+    # Files of the agent's bound read-only over the machine's (a dev environment's /etc/passwd,
+    # which names the attempt's uid for its sshd): (on the machine, inside).
+    files: tuple[tuple[Path, Path], ...] = ()
 
     def inside(self, path: Path) -> Path:
         """Where the job sees ``path``, one of these dirs or below them."""
@@ -119,4 +122,6 @@ def attempt_binds(paths: SandboxPaths) -> list[str]:
     args += ["--bind", str(paths.work), str(JOB_WORK), "--bind", str(paths.output), str(JOB_OUTPUT)]
     for path in paths.readonly:
         args += ["--ro-bind", str(path), str(paths.inside(path))]
+    for host, inside in paths.files:
+        args += ["--ro-bind", str(host), str(inside)]
     return args

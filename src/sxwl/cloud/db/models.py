@@ -239,6 +239,8 @@ class Job(Base):
     # the store keeps it) and, for a fine-tune, the trainer's spec (docs/finetune.md).
     inputs: Mapped[list[StoredInput]] = mapped_column(JSON, server_default=text("'[]'"))
     trainer: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    # The dev environment this job runs (db/devenv_models.py), which names the job's kind.
+    dev_env_id: Mapped[str | None] = mapped_column(String(32))
 
     owner: Mapped[User] = relationship()
 

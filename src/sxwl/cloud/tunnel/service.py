@@ -76,15 +76,22 @@ class TunnelResponse:
 
 
 async def open_stream(
-    tunnels: Tunnels, cpod_id: str, target: str, request: TunnelRequest, head_timeout_s: float | None = None
+    tunnels: Tunnels,
+    cpod_id: str,
+    target: str,
+    request: TunnelRequest,
+    head_timeout_s: float | None = None,
+    authority: str | None = None,
 ) -> TunnelResponse:
-    """Opens a stream to ``target`` (host:port, which the agent must allow) on CPod ``cpod_id``.
-    Raises NoTunnel when no replica holds a tunnel of that CPod, TunnelError when the stream is reset
-    before its answer's head, TimeoutError past ``head_timeout_s``."""
+    """Opens a stream to ``target`` (host:port, which the agent must allow) on CPod ``cpod_id``;
+    ``authority``: the Host the target is told (default: the target), for a target that compares it
+    with the request's Origin. Raises NoTunnel when no replica holds a tunnel of that CPod,
+    TunnelError when the stream is reset before its answer's head, TimeoutError past
+    ``head_timeout_s``."""
     head = [
         (":method", request.method),
         (":scheme", "http"),
-        (":authority", target),
+        (":authority", authority or target),
         (":path", request.path or "/"),
         (TARGET, target),
         *end_to_end(request.headers),

@@ -14,6 +14,8 @@ from sxwl.cloud.web.admin import pages as admin_pages
 from sxwl.cloud.web.auth import pages as auth_pages
 from sxwl.cloud.web.compute import downloads
 from sxwl.cloud.web.compute import pages as compute_pages
+from sxwl.cloud.web.devenvs import pages as dev_pages
+from sxwl.cloud.web.devenvs import proxy as dev_proxy
 from sxwl.cloud.web.finetune import pages as finetune_pages
 from sxwl.cloud.web.jobs import pages as jobs_pages
 from sxwl.cloud.web.kit import HERE, PageRefused, error_page, page_refused
@@ -22,7 +24,7 @@ from sxwl.cloud.web.money import pages as billing_pages
 
 # Console routers with routes that take more than the default body (a dataset's upload), each with
 # its prefix, for the app's BodyRules (app.py).
-BODY_RULED = (("", finetune_pages.router),)
+BODY_RULED = (("", finetune_pages.router), ("", dev_proxy.router))
 
 
 def install(app: FastAPI) -> None:
@@ -34,6 +36,7 @@ def install(app: FastAPI) -> None:
         compute_pages,
         jobs_pages,
         finetune_pages,
+        dev_pages,
         models_pages,
         billing_pages,
         admin_pages,
@@ -42,6 +45,8 @@ def install(app: FastAPI) -> None:
     )
     for pages in pages_of:
         app.include_router(pages.router, dependencies=checked)
+    # Its WebSocket route takes no Request: it checks its one path value itself (services/devenvs).
+    app.include_router(dev_proxy.router)
     app.mount("/static", StaticFiles(directory=HERE / "static"), name="static")
     app.add_exception_handler(PageRefused, page_refused)
     app.state.html_error = error_page

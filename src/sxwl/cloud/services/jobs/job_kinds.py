@@ -13,6 +13,8 @@ from sqlalchemy.orm import Session
 
 from sxwl.cloud.db.json_rows import StoredInput
 from sxwl.cloud.db.models import AttemptLog, Job, JobState
+from sxwl.cloud.kit.security import SecretBox
+from sxwl.protocol import Assignment
 from sxwl.protocol.reasons import Reason
 
 
@@ -56,6 +58,11 @@ class Kind(ABC):
         """``fresh``, the bytes the agent sent from offset ``fresh_at``, joined the attempt's log
         (and can be read where the log is stored)."""
 
+    def handed(self, box: SecretBox, job: Job, assignment: Assignment) -> Assignment:
+        """The current attempt as its agent receives it, with what only this kind adds (a dev
+        environment's per-attempt secret, computed with ``box``); by default as read from the row."""
+        return assignment
+
 
 @dataclass(frozen=True)
 class Workload:
@@ -66,6 +73,7 @@ class Workload:
     kind: Kind
     trainer: dict[str, object] | None = None
     inputs: list[StoredInput] = field(default_factory=list)
+    dev_env_id: str | None = None  # the dev environment the job runs (services/devenvs)
 
 
 _KINDS: list[Kind] = []

@@ -46,6 +46,7 @@ def submit(
         reason=Reason.of("queue.scheduler"),
         trainer=workload.trainer if workload else None,
         inputs=list(workload.inputs) if workload else [],
+        dev_env_id=workload.dev_env_id if workload else None,
     )
     # A kind that would not know its own job (or is not registered) would never hear of it again.
     if kind_of(job) is not (workload.kind if workload else None):

@@ -8,16 +8,23 @@ from sqlalchemy import ColumnElement, func, select
 
 from sxwl.cloud.context import CloudContext
 from sxwl.cloud.db.models import AgentCommand, Job, JobState
+from sxwl.cloud.services.jobs.job_kinds import kind_of
 from sxwl.protocol import Assignment, AssignmentsReply, Command
 
 
-def assignment(job: Job, artifact_max_bytes: int, archive_max_bytes: int) -> Assignment:
+def assignment(ctx: CloudContext, job: Job) -> Assignment:
     """The attempt ``job`` is on, as its CPod's agent receives it, with the largest artifact the
-    cloud takes (so that the agent refuses a bigger output before it reads any of it) and the most
-    an input archive may unpack to (the model limit: a bigger one is refused before unpacking)."""
+    cloud takes (so that the agent refuses a bigger output before it reads any of it), the most
+    an input archive may unpack to (the model limit: a bigger one is refused before unpacking), and
+    what the job's workload kind adds."""
     found = Assignment.model_validate(job, from_attributes=True)
-    limits = {"artifact_max_bytes": artifact_max_bytes, "archive_max_bytes": archive_max_bytes}
-    return found.model_copy(update=limits)
+    limits = {
+        "artifact_max_bytes": ctx.settings.artifact_max_bytes,
+        "archive_max_bytes": ctx.settings.model_max_bytes,
+    }
+    found = found.model_copy(update=limits)
+    kind = kind_of(job)
+    return kind.handed(ctx.box, job, found) if kind is not None else found
 
 
 # What a long-poll answers with: a CPod's assigned attempts and its commands not yet acked.
@@ -62,9 +69,7 @@ def pending(ctx: CloudContext, cpod_id: str) -> AssignmentsReply:
             select(AgentCommand).where(AgentCommand.cpod_id == cpod_id, _UNACKED).order_by(AgentCommand.id)
         ).all()
         return AssignmentsReply(
-            assignments=[
-                assignment(job, ctx.settings.artifact_max_bytes, ctx.settings.model_max_bytes) for job in jobs
-            ],
+            assignments=[assignment(ctx, job) for job in jobs],
             commands=[
                 Command(
                     id=c.id,

@@ -42,6 +42,8 @@ class CPodCapacity:
             return "image"
         if need.fine_tune and not self.takes_fine_tunes:
             return "fine-tune"
+        if need.dev_env and self.runtime != "local":
+            return "dev-env"  # only the local runtime runs JupyterLab so far (docs/dev-envs.md)
         if self.takes_only is not None and need.owner_id not in self.takes_only:
             return "isolation"
         return None
@@ -61,6 +63,7 @@ class Need:
     # the same inputs share one answer within a pass; and whether it runs the fine-tune trainer.
     inputs: tuple[tuple[str, int], ...] = ()
     trainer: bool = False
+    dev_env: bool = False  # a dev environment's job: its agent runs JupyterLab
 
     @property
     def fine_tune(self) -> bool:
@@ -278,4 +281,6 @@ def why_not(need: Need, cpods: Iterable[CPodCapacity], pinned_online: bool | Non
     if "fine-tune" in refusals:
         code = "queue.no_trainer" if "isolation" not in refusals else "queue.no_trainer_restricted"
         return Reason.of(code, need=need.describe())
+    if "dev-env" in refusals:
+        return Reason.of("queue.no_dev_env", need=need.describe())
     return Reason.of("queue.restricted", need=need.describe())

@@ -53,6 +53,7 @@ class Queued:
     image: str | None
     inputs: list[StoredInput]
     trainer: dict[str, Any] | None
+    dev_env_id: str | None
 
 
 _QUEUED_COLUMNS = (
@@ -69,6 +70,7 @@ _QUEUED_COLUMNS = (
     Job.image,
     Job.inputs,
     Job.trainer,
+    Job.dev_env_id,
 )
 
 
@@ -192,6 +194,7 @@ def _decide(
             owner_id=job.owner_id if restricted else None,
             inputs=_input_sizes(job.inputs),
             trainer=job.trainer is not None,
+            dev_env=job.dev_env_id is not None,
         )
         total = job.gpus_per_node * job.nodes
         limit = limits.get(job.owner_id) or ctx.settings.default_user_max_gpus

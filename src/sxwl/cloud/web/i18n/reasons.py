@@ -15,6 +15,7 @@ ZH: dict[str, str] = {
     "queue.no_gpus": "没有在线的 CPod 提供 GPU；此任务需要 {need}",
     "queue.never_fits": "没有在线的 CPod 能提供 {need}",
     "queue.busy": "等待 {need} 空闲",
+    "queue.no_dev_env": "提供 {need} 的 CPod 暂不运行开发环境（目前仅本地 CPod 支持）",
     "queue.image": "提供 {need} 的 CPod 以本地进程运行任务，无法运行容器镜像：请不指定镜像提交，或等待 Kubernetes CPod",
     "queue.no_trainer": "提供 {need} 的 CPod 不运行微调（Kubernetes CPod 的 agent 需要 --trainer-image）：请等待能运行微调的 CPod",
     "queue.no_trainer_restricted": "提供 {need} 的 CPod 不运行微调（Kubernetes CPod 的 agent 需要 --trainer-image），"
@@ -29,6 +30,9 @@ ZH: dict[str, str] = {
     "job.shape": "{nodes} 个节点 × 每节点 {gpus} 块 GPU",
     "job.placed": "CPod {cpod}，节点 {names}",
     "job.by": "操作人 {who}",
+    "dev.paused_by": "由 {who} 暂停",
+    "dev.idle": "闲置 {minutes} 分钟后自动暂停",
+    "dev.stopped_by": "由 {who} 停止",
     "job.cancelled_by": "由 {who} 取消",
     "job.cancelled": "已取消",
     "job.exited_while_serving": "进程已退出（状态 {status}），但 {kind} 应一直运行到被停止",
