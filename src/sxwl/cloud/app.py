@@ -16,12 +16,12 @@ from pydantic.json_schema import models_json_schema
 
 import sxwl
 from sxwl.cloud import errors, web
-from sxwl.cloud.api import admin, auth, billing, cpods, jobs, me, metrics_route
+from sxwl.cloud.api import admin, auth, billing, cpods, endpoints, jobs, me, metrics_route
 from sxwl.cloud.api.agent import artifact_uploads, tunnel
 from sxwl.cloud.api.agent import inputs as agent_inputs
 from sxwl.cloud.api.agent import routes as agent
 from sxwl.cloud.api.deps import plain_parameters
-from sxwl.cloud.api.openai import files, fine_tuning, models
+from sxwl.cloud.api.openai import files, fine_tuning, inference, models
 from sxwl.cloud.background import listener, liveness, metering, rate_events, scheduling, sqlite_watch
 from sxwl.cloud.config import Settings
 from sxwl.cloud.context import CloudContext
@@ -49,10 +49,11 @@ API_ROUTERS = (
     jobs.router,
     billing.router,
     models.api_router,
+    endpoints.router,
 )
 # The OpenAI-compatible API (the `openai` client with base_url=<cloud>/v1): docs/finetune.md.
 OPENAI_PREFIX = "/v1"
-OPENAI_ROUTERS = (files.router, models.router, fine_tuning.router)
+OPENAI_ROUTERS = (files.router, models.router, fine_tuning.router, inference.router)
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:

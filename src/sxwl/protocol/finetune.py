@@ -103,7 +103,7 @@ class FineTuneRequest(Strict):
     max_cost: NonNegInt64 | None = None  # micro-yuan; refused at creation when the estimate is higher
 
 
-InputName = Literal["model", "training_file", "validation_file", "resume"]
+InputName = Literal["model", "training_file", "validation_file", "resume", "adapter"]
 
 
 class JobInput(Wire):

@@ -9,6 +9,7 @@ from typing import Literal
 
 from pydantic import AliasChoices, Field, field_validator, model_validator
 
+from sxwl.protocol.endpoints import EngineSpec
 from sxwl.protocol.fields import Int32, Int64, Name, NonNegInt32, NonNegInt64, PosInt32, Text, Wire, WireIn
 from sxwl.protocol.finetune import CachedInput, JobInput, TrainerSpec
 from sxwl.protocol.reasons import Reason
@@ -185,6 +186,9 @@ class Assignment(Wire):
     # spec (docs/finetune.md): the agent then runs its own trainer instead of ``command``.
     inputs: list[JobInput] = Field(default_factory=list)
     trainer: TrainerSpec | None = None
+    # For an endpoint's replica (docs/endpoints.md): the engine the agent runs, under its supervisor,
+    # instead of ``command``; a cloud that predates endpoints sends none.
+    engine: EngineSpec | None = None
     # The largest artifact the cloud stores; None from a cloud that predates it (it still refuses).
     artifact_max_bytes: int | None = Field(default=None, ge=1)
     # The most bytes an input archive's files may add up to once unpacked (the cloud's model limit):

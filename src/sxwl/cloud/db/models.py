@@ -239,6 +239,8 @@ class Job(Base):
     # the store keeps it) and, for a fine-tune, the trainer's spec (docs/finetune.md).
     inputs: Mapped[list[StoredInput]] = mapped_column(JSON, server_default=text("'[]'"))
     trainer: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    # For an endpoint's replica, the engine it serves (protocol.endpoints.EngineSpec; migration 0017).
+    engine: Mapped[dict[str, Any] | None] = mapped_column(JSON)
 
     owner: Mapped[User] = relationship()
 

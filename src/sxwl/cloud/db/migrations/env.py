@@ -3,7 +3,7 @@ from __future__ import annotations
 from alembic import context
 from sqlalchemy import create_engine
 
-from sxwl.cloud.db import finetune_models, money_models, shared_state, tunnel_models  # noqa: F401  (their tables join Base.metadata)
+from sxwl.cloud.db import endpoint_models, finetune_models, money_models, shared_state, tunnel_models  # noqa: F401  (their tables join Base.metadata)
 from sxwl.cloud.db.models import Base
 
 config = context.config

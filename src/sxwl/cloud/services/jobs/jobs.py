@@ -45,6 +45,7 @@ def submit(
         node_names=[],
         reason=Reason.of("queue.scheduler"),
         trainer=workload.trainer if workload else None,
+        engine=workload.engine if workload else None,
         inputs=list(workload.inputs) if workload else [],
     )
     # A kind that would not know its own job (or is not registered) would never hear of it again.

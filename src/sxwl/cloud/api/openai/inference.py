@@ -1,0 +1,230 @@
+"""Calling an endpoint, OpenAI-compatible (docs/endpoints.md): ``POST /v1/chat/completions`` and
+``/v1/completions`` with ``model`` naming one of the caller's endpoints, proxied through the CPod's
+tunnel to a replica's engine. The body is checked (and bounded, by the edge's default rule) before it
+travels; a stream is passed on chunk by chunk, with ``:`` comment lines while the engine has not
+produced its first bytes, so an idle timeout between the client and the cloud never cuts it; the
+engine's token counts are recorded per endpoint, credential and day."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import APIRouter, Request, Response
+from fastapi.concurrency import run_in_threadpool
+from fastapi.responses import StreamingResponse
+
+from sxwl.cloud.api.deps import Ctx, CurrentUser
+from sxwl.cloud.api.responses import SIGNED_IN, WITH_BODY, errors
+from sxwl.cloud.context import CloudContext
+from sxwl.cloud.errors import AppError, invalid
+from sxwl.cloud.services.endpoints import routing
+from sxwl.cloud.tunnel import service
+from sxwl.cloud.tunnel.service import NoTunnel, TunnelError, TunnelRequest
+
+router = APIRouter(tags=["inference"], responses=SIGNED_IN)  # mounted at /v1
+# Seconds until the engine's answer starts (its head), and between two of its chunks after that.
+FIRST_BYTE_S = 120.0
+BETWEEN_BYTES_S = 120.0
+# A comment line this often while the engine has said nothing: below common 60 s idle timeouts.
+KEEPALIVE_S = 15.0
+MAX_ANSWER_BYTES = 32 * 1024 * 1024  # a non-streamed answer the cloud reads whole
+ERRORS = WITH_BODY | errors(404, 502, 503, 504)
+SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
+def _checked(raw: bytes, prompt_field: str) -> dict[str, Any]:
+    try:
+        body = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise invalid("body", f"not JSON: {exc}") from None
+    if not isinstance(body, dict):
+        raise invalid("body", "must be a JSON object")
+    model = body.get("model")
+    if not isinstance(model, str) or not model.strip() or len(model) > 200:
+        raise invalid("model", "required: the name of one of your endpoints")
+    prompt = body.get(prompt_field)
+    if prompt_field == "messages":
+        if not isinstance(prompt, list) or not prompt or not all(isinstance(m, dict) for m in prompt):
+            raise invalid("messages", "required: a non-empty list of message objects")
+        for index, message in enumerate(prompt):
+            if not isinstance(message.get("role"), str):
+                raise invalid(f"messages.{index}.role", "required: a string")
+    elif not isinstance(prompt, str | list) or not prompt:
+        raise invalid("prompt", "required: a string or a list of strings or tokens")
+    if "stream" in body and not isinstance(body["stream"], bool):
+        raise invalid("stream", "must be true or false")
+    for field in ("max_tokens", "max_completion_tokens", "n"):
+        value = body.get(field)
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+            raise invalid(field, "must be a positive integer")
+    return body
+
+
+def _usage_of(answer: dict[str, Any]) -> tuple[int, int] | None:
+    usage = answer.get("usage")
+    if not isinstance(usage, dict):
+        return None
+    prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens")
+    if isinstance(prompt, int) and isinstance(completion, int):
+        return max(prompt, 0), max(completion, 0)
+    return None
+
+
+class _UsageScanner:
+    """Reads the SSE lines going by for the chunk that carries ``usage`` (the last, from either
+    engine), without holding more than one unfinished line."""
+
+    def __init__(self) -> None:
+        self.pending = b""
+        self.found: tuple[int, int] | None = None
+
+    def feed(self, chunk: bytes) -> None:
+        self.pending += chunk
+        *lines, self.pending = self.pending.split(b"\n")
+        if len(self.pending) > 1024 * 1024:
+            self.pending = b""  # a line this long is no usage chunk
+        for line in lines:
+            if line.startswith(b"data:") and b'"usage"' in line:
+                try:
+                    said = json.loads(line[5:].strip())
+                except (UnicodeDecodeError, json.JSONDecodeError):
+                    continue
+                if isinstance(said, dict) and (usage := _usage_of(said)) is not None:
+                    self.found = usage
+
+
+async def _record(ctx: CloudContext, route: routing.Route, usage: tuple[int, int] | None) -> None:
+    prompt, completion = usage or (0, 0)
+
+    def write() -> None:
+        with ctx.db.session() as session:
+            routing.record_usage(session, route.endpoint_id, "", prompt, completion)
+
+    await run_in_threadpool(write)
+
+
+def _unreachable(route: routing.Route, why: str) -> AppError:
+    return AppError(
+        503,
+        f"endpoint {route.name}: its replica cannot be reached now ({why}); retry in a few seconds",
+        code="endpoint_unreachable",
+        headers={"Retry-After": str(routing.RETRY_AFTER_S)},
+    )
+
+
+async def _proxy(request: Request, user_id: str, ctx: CloudContext, path: str, prompt_field: str) -> Response:
+    body = _checked(await request.body(), prompt_field)
+
+    def find() -> routing.Route:
+        with ctx.db.session() as session:
+            return routing.route(session, user_id, body["model"])
+
+    route = await run_in_threadpool(find)
+    body["model"] = route.name  # the engine serves the endpoint under its name
+    streaming = body.get("stream") is True
+    if streaming and not isinstance(body.get("stream_options"), dict):
+        body["stream_options"] = {"include_usage": True}  # the last chunk then carries the counts
+    payload = json.dumps(body).encode()
+
+    async def one() -> AsyncIterator[bytes]:
+        yield payload
+
+    headers = [
+        ("content-type", "application/json"),
+        ("accept", "text/event-stream" if streaming else "application/json"),
+    ]
+    try:
+        reply = await service.open_stream(
+            ctx.tunnels,
+            route.cpod_id,
+            route.target,
+            TunnelRequest("POST", path, headers, one()),
+            FIRST_BYTE_S,
+        )
+    except NoTunnel:
+        raise _unreachable(route, "its CPod's tunnel is down") from None
+    except TunnelError as exc:
+        raise _unreachable(route, str(exc)) from None
+    except TimeoutError:
+        raise AppError(504, f"endpoint {route.name}: no answer within {FIRST_BYTE_S:.0f} s") from None
+    if reply.from_agent:
+        reply.close()
+        raise _unreachable(route, "its engine does not answer")
+    kind = next((v for n, v in reply.headers if n == "content-type"), "application/json")
+    if not (streaming and reply.status == 200):
+        async with reply:
+            data = b""
+            try:
+                async for chunk in _paced(reply.chunks(), None):
+                    data += chunk
+                    if len(data) > MAX_ANSWER_BYTES:
+                        raise AppError(502, f"endpoint {route.name}: the engine's answer is too large")
+            except (TunnelError, TimeoutError) as exc:
+                raise AppError(
+                    502, f"endpoint {route.name}: the answer was cut ({exc or 'timed out'})"
+                ) from None
+        if reply.status == 200:
+            try:
+                answer = json.loads(data)
+            except (UnicodeDecodeError, json.JSONDecodeError):
+                answer = {}
+            await _record(ctx, route, _usage_of(answer) if isinstance(answer, dict) else None)
+        return Response(data, reply.status, media_type=kind)
+
+    async def relay() -> AsyncIterator[bytes]:
+        scanner = _UsageScanner()
+        async with reply:
+            try:
+                async for chunk in _paced(reply.chunks(), b": waiting for the first token\n\n"):
+                    if not chunk.startswith(b":"):
+                        scanner.feed(chunk)
+                    yield chunk
+            except (TunnelError, TimeoutError):
+                return  # the client sees the stream end without [DONE]: cut
+        await _record(ctx, route, scanner.found)
+
+    return StreamingResponse(relay(), media_type="text/event-stream", headers=SSE_HEADERS)
+
+
+async def _paced(chunks: AsyncIterator[bytes], keepalive: bytes | None) -> AsyncIterator[bytes]:
+    """``chunks`` with the between-bytes timeout; until the first, ``keepalive`` every KEEPALIVE_S
+    (its wait counting toward FIRST_BYTE_S)."""
+    it = aiter(chunks)
+    first = True
+    waited = 0.0
+    while True:
+        step = asyncio.ensure_future(anext(it))
+        try:
+            while True:
+                limit = KEEPALIVE_S if (first and keepalive is not None) else BETWEEN_BYTES_S
+                done, _ = await asyncio.wait({step}, timeout=limit)
+                if done:
+                    break
+                if not (first and keepalive is not None) or waited >= FIRST_BYTE_S:
+                    raise TimeoutError(f"nothing for {limit:.0f} s")
+                waited += limit
+                yield keepalive
+            try:
+                chunk = step.result()
+            except StopAsyncIteration:
+                return
+        finally:
+            if not step.done():
+                step.cancel()
+        first = False
+        yield chunk
+
+
+@router.post("/chat/completions", responses=ERRORS)
+async def chat_completions(request: Request, user: CurrentUser, ctx: Ctx) -> Response:
+    """OpenAI's chat completions, answered by the endpoint ``model`` names."""
+    return await _proxy(request, user.id, ctx, "/v1/chat/completions", "messages")
+
+
+@router.post("/completions", responses=ERRORS)
+async def completions(request: Request, user: CurrentUser, ctx: Ctx) -> Response:
+    """OpenAI's legacy text completions, answered by the endpoint ``model`` names."""
+    return await _proxy(request, user.id, ctx, "/v1/completions", "prompt")
