@@ -22,7 +22,7 @@ MAX_LINES = 450
 # Lowest first. A prefix names a package and everything in it; the longest matching prefix wins.
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("sxwl.protocol", "sxwl.tunnel"),
-    ("sxwl.trainer",),
+    ("sxwl.trainer", "sxwl.engine"),
     ("sxwl.agent",),
     ("sxwl.ctl",),
     ("sxwl.cloud.errors", "sxwl.cloud.kit.logs"),

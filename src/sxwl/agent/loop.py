@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Generic, Protocol, TypeVar
 
 import sxwl
+from sxwl.agent import engine_probe
 from sxwl.agent.client import CloudClient, Refused, Rejected, Unreachable
 from sxwl.agent.inputs import InputCache
 from sxwl.agent.jobsync import JobSync
@@ -318,8 +319,13 @@ class Agent(Generic[J]):
                 asyncio.create_task(self._supervise(sync), name="supervise"),
             ]
             if self.config.tunnel.connections > 0:
+                runtime = self.runtime
                 tunnel = TunnelClient(
-                    self.config.api_url, saved.cpod_token, self.config.tunnel, backoff_delay
+                    self.config.api_url,
+                    saved.cpod_token,
+                    self.config.tunnel,
+                    backoff_delay,
+                    engines=lambda target: engine_probe.socket_for(runtime.jobs, target),
                 )
                 tasks.append(asyncio.create_task(tunnel.run(), name="tunnel"))
             if self.cache_server is not None and cache is not None:

@@ -75,9 +75,16 @@ def tls_context() -> ssl.SSLContext:
 
 class TunnelClient:
     def __init__(
-        self, api_url: str, token: str, settings: TunnelSettings, backoff: Callable[[int], float]
+        self,
+        api_url: str,
+        token: str,
+        settings: TunnelSettings,
+        backoff: Callable[[int], float],
+        engines: Callable[[str], str | None] = lambda _: None,
     ) -> None:
+        """``engines``: the socket of the engine a stream's target names (docs/endpoints.md)."""
         self.url, self.token, self.settings, self.backoff = tunnel_url(api_url), token, settings, backoff
+        self.engines = engines
         self.sessions: set[Session] = set()
         normalised = {t.lower() for t in settings.targets if split_target(t) is not None}
         self._targets = frozenset(normalised)
@@ -146,4 +153,4 @@ class TunnelClient:
             self.sessions.discard(session)
 
     async def _on_stream(self, stream: TunnelStream) -> None:
-        await forward(stream, self.allowed)
+        await forward(stream, self.allowed, self.engines)

@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 
 import h11
 
+from sxwl.agent.engine_probe import open_socket
 from sxwl.tunnel.headers import ERROR, TARGET, UPGRADE, UPGRADED, Headers, end_to_end, first, split_target
 from sxwl.tunnel.session import StreamReset, TunnelStream
 
@@ -21,15 +22,23 @@ CONNECT_S = 10.0
 READ_SIZE = 256 * 1024
 
 
-async def forward(stream: TunnelStream, allowed: Callable[[str], bool]) -> None:
+async def forward(
+    stream: TunnelStream,
+    allowed: Callable[[str], bool],
+    engines: Callable[[str], str | None] = lambda _: None,
+) -> None:
+    """``engines``: the unix socket of the replica's engine a target names (docs/endpoints.md), else
+    None; those targets need no --tunnel-allow, as the agent itself runs what they lead to."""
     head = await stream.head()
     target = first(head, TARGET) or ""
     address = split_target(target)
-    if address is None or not allowed(target):
+    socket = engines(target) if address is not None else None
+    if address is None or (socket is None and not allowed(target)):
         await _answer(stream, 403, f"the agent does not forward to {target!r}\n")
         return
     try:
-        reader, writer = await asyncio.wait_for(asyncio.open_connection(*address), CONNECT_S)
+        opening = open_socket(socket) if socket is not None else asyncio.open_connection(*address)
+        reader, writer = await asyncio.wait_for(opening, CONNECT_S)
     except (OSError, TimeoutError) as exc:
         await _answer(stream, 502, f"the agent could not reach {target}: {exc or type(exc).__name__}\n")
         return

@@ -22,6 +22,7 @@ from pathlib import Path
 from sxwl.agent.inputs import READ_ONLY_DIR, materialise, writable_tree
 from sxwl.agent.runtimes.base import RECORD_FILE, AttemptDirs, AttemptRecord, Outcome
 from sxwl.agent.runtimes.cgroups import NONE, Cgroups
+from sxwl.agent.runtimes.engine_local import engine_command
 from sxwl.agent.runtimes.launcher import EXIT_FILE, NET_FDS, REASON_FD, REASON_FILE
 from sxwl.agent.runtimes.sandbox import (
     UID_BASE,
@@ -234,6 +235,11 @@ class LocalRuntime(AttemptDirs[LocalJob]):
         if assignment.trainer is not None:
             command = trainer_command(assignment.trainer, placed, paths, self.isolation.isolated)
             env["PYTHONPATH"] = str(CODE_ROOT)  # the agent's own sxwl
+        engine_socket = None
+        if assignment.engine is not None:
+            isolated = self.isolation.isolated
+            command, engine_socket = engine_command(assignment.engine, placed, paths, isolated, len(gpus))
+            env["PYTHONPATH"] = str(CODE_ROOT)
         env.update(
             self.job_env(paths),
             CUDA_VISIBLE_DEVICES=",".join(map(str, gpus)),
@@ -253,6 +259,7 @@ class LocalRuntime(AttemptDirs[LocalJob]):
             pid=proc.pid,
             pid_start=process_start_time(proc.pid) or "",
             uid=uid,
+            engine_socket=str(engine_socket) if engine_socket else None,
         )
         self.jobs[job.key] = job
         self.save(job)

@@ -33,6 +33,8 @@ KEEPALIVE_S = 15.0
 MAX_ANSWER_BYTES = 32 * 1024 * 1024  # a non-streamed answer the cloud reads whole
 ERRORS = WITH_BODY | errors(404, 502, 503, 504)
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+KEEPALIVE = b": waiting for the first token\n\n"
+DONE = b"data: [DONE]\n\n"
 
 
 def _checked(raw: bytes, prompt_field: str) -> dict[str, Any]:
@@ -80,6 +82,7 @@ class _UsageScanner:
     def __init__(self) -> None:
         self.pending = b""
         self.found: tuple[int, int] | None = None
+        self.done = False  # the engine sent ``data: [DONE]``
 
     def feed(self, chunk: bytes) -> None:
         self.pending += chunk
@@ -87,7 +90,9 @@ class _UsageScanner:
         if len(self.pending) > 1024 * 1024:
             self.pending = b""  # a line this long is no usage chunk
         for line in lines:
-            if line.startswith(b"data:") and b'"usage"' in line:
+            if line.strip() == DONE.strip():
+                self.done = True
+            elif line.startswith(b"data:") and b'"usage"' in line:
                 try:
                     said = json.loads(line[5:].strip())
                 except (UnicodeDecodeError, json.JSONDecodeError):
@@ -178,12 +183,14 @@ async def _proxy(request: Request, user_id: str, ctx: CloudContext, path: str, p
         scanner = _UsageScanner()
         async with reply:
             try:
-                async for chunk in _paced(reply.chunks(), b": waiting for the first token\n\n"):
-                    if not chunk.startswith(b":"):
+                async for chunk in _paced(reply.chunks(), KEEPALIVE):
+                    if chunk is not KEEPALIVE:
                         scanner.feed(chunk)
                     yield chunk
             except (TunnelError, TimeoutError):
                 return  # the client sees the stream end without [DONE]: cut
+        if not scanner.done:
+            yield DONE  # `transformers serve` ends without it; OpenAI's streams end with it
         await _record(ctx, route, scanner.found)
 
     return StreamingResponse(relay(), media_type="text/event-stream", headers=SSE_HEADERS)
