@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Coroutine
 from typing import Any
 
 from fastapi import APIRouter, Request, Response
@@ -111,6 +111,16 @@ async def _record(ctx: CloudContext, route: routing.Route, usage: tuple[int, int
     await run_in_threadpool(write)
 
 
+_BACKGROUND: set[asyncio.Task[None]] = set()
+
+
+def _later(work: Coroutine[None, None, None]) -> None:
+    """``work`` in a task of its own: a generator closed by its client cannot await any more."""
+    task = asyncio.get_running_loop().create_task(work)
+    _BACKGROUND.add(task)
+    task.add_done_callback(_BACKGROUND.discard)
+
+
 def _unreachable(route: routing.Route, why: str) -> AppError:
     return AppError(
         503,
@@ -139,6 +149,7 @@ async def _proxy(request: Request, user_id: str, ctx: CloudContext, path: str, p
 
     headers = [
         ("content-type", "application/json"),
+        ("content-length", str(len(payload))),
         ("accept", "text/event-stream" if streaming else "application/json"),
     ]
     try:
@@ -181,17 +192,26 @@ async def _proxy(request: Request, user_id: str, ctx: CloudContext, path: str, p
 
     async def relay() -> AsyncIterator[bytes]:
         scanner = _UsageScanner()
-        async with reply:
-            try:
-                async for chunk in _paced(reply.chunks(), KEEPALIVE):
-                    if chunk is not KEEPALIVE:
-                        scanner.feed(chunk)
-                    yield chunk
-            except (TunnelError, TimeoutError):
-                return  # the client sees the stream end without [DONE]: cut
-        if not scanner.done:
-            yield DONE  # `transformers serve` ends without it; OpenAI's streams end with it
-        await _record(ctx, route, scanner.found)
+        recorded = False
+        try:
+            async with reply:
+                try:
+                    async for chunk in _paced(reply.chunks(), KEEPALIVE):
+                        if chunk is not KEEPALIVE:
+                            scanner.feed(chunk)
+                        if scanner.found is not None and not recorded:
+                            # Before the chunk goes: a client that stops at [DONE] and closes ends
+                            # this generator at its next yield.
+                            recorded = True
+                            await _record(ctx, route, scanner.found)
+                        yield chunk
+                except (TunnelError, TimeoutError):
+                    return  # the client sees the stream end without [DONE]: cut
+            if not scanner.done:
+                yield DONE  # `transformers serve` ends without it; OpenAI's streams end with it
+        finally:
+            if not recorded:  # a request without counts (cut, or an engine that gave none)
+                _later(_record(ctx, route, None))
 
     return StreamingResponse(relay(), media_type="text/event-stream", headers=SSE_HEADERS)
 
