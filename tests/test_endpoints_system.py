@@ -6,7 +6,10 @@ official `openai` client, with and without streaming; usage, cost and the ledger
 from __future__ import annotations
 
 import os
+import shutil
 import stat
+import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,13 +21,15 @@ from sqlalchemy.orm import Session
 
 from sxwl.cloud.db.models import JobAttempt
 from sxwl.cloud.services.money import ledger
-from tests.support.agent import eventually
+from tests.support.agent import AgentProcess, eventually
 from tests.support.browser import api_token, create_admin
+from tests.support.outbound_only import Relay
 from tests.test_finetune_system import MODEL, FineTuneWorld
 
 pytest.importorskip("peft", reason="the CPU engine needs the training extra: pip install -e '.[train]'")
 openai = pytest.importorskip("openai")
 URL = "/api/v1/endpoints"
+OUTBOUND_ONLY = Path(__file__).parent / "support" / "outbound_only.py"
 
 
 class ServingWorld(FineTuneWorld):
@@ -40,6 +45,26 @@ class ServingWorld(FineTuneWorld):
         me = httpx.get(f"{self.url}/api/v1/me", headers=self.user).json()
         top_up = {"user_id": me["id"], "amount_yuan": "1000", "note": "test"}
         httpx.post(f"{self.url}/api/v1/admin/top-ups", headers=self.admin, json=top_up).raise_for_status()
+
+    def outbound_agent(self, name: str) -> AgentProcess:
+        """An agent in a network namespace of its own with only its loopback: it dials the cloud
+        through tests/support/outbound_only.py's one door and accepts nothing."""
+        self.door_dir = Path(tempfile.mkdtemp(prefix="sxwl-door-"))  # a unix socket's path is short
+        door = self.door_dir / "cloud.sock"
+        self.relay = Relay(door, self.port)
+        wrapper = self.root / "outbound-python"
+        wrapper.write_text(
+            f"#!/bin/sh\nexec unshare --net -- {sys.executable} {OUTBOUND_ONLY} {door} {self.port} -- "
+            f'{sys.executable} "$@"\n'
+        )
+        wrapper.chmod(0o755)
+        return self.agent(name, python=str(wrapper))
+
+    def close(self) -> None:
+        super().close()
+        if hasattr(self, "relay"):
+            self.relay.close()
+            shutil.rmtree(self.door_dir, ignore_errors=True)
 
     def endpoint(self, endpoint_id: str) -> dict[str, Any]:
         response = httpx.get(f"{self.url}{URL}/{endpoint_id}", headers=self.user)
@@ -63,8 +88,16 @@ def sworld(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[ServingW
 
 
 def test_the_openai_client_chats_with_the_tiny_llama_through_the_tunnel(sworld: ServingWorld) -> None:
-    sworld.agent("a")
+    agent = sworld.outbound_agent("a")
     sworld.online()
+    # The CPod accepts no inbound connection: its agent's network namespace is not ours and has no
+    # interface but its loopback, so there is no address at which to reach it.
+    assert os.readlink(f"/proc/{agent.proc.pid}/ns/net") != os.readlink("/proc/self/ns/net")
+    interfaces = [
+        line.split(":")[0].strip()
+        for line in Path(f"/proc/{agent.proc.pid}/net/dev").read_text().splitlines()[2:]
+    ]
+    assert interfaces == ["lo"]
     created = httpx.post(
         f"{sworld.url}{URL}", headers=sworld.user, json={"name": "chat", "model": MODEL, "gpus": 0}
     )
@@ -101,10 +134,14 @@ def test_the_openai_client_chats_with_the_tiny_llama_through_the_tunnel(sworld: 
     assert day["requests"] == 3 and day["completion_tokens"] == 5 + 4 + 3 and day["prompt_tokens"] > 0
 
     # Nothing but the agent reaches the engine: it listens in the sandbox's own network namespace
-    # (no port of the machine is its), and its socket is the attempt's alone.
+    # (no port of ours nor of the agent's namespace is its), and its socket is the attempt's alone.
     sockets = list((sworld.root / "agent-a" / "jobs").glob(f"{replica['job_id']}*/work/engine.sock"))
     assert len(sockets) == 1 and stat.S_IMODE(os.stat(sockets[0]).st_mode) == 0o600
-    listening = Path("/proc/net/tcp").read_text().splitlines()[1:]
+    listening = [
+        line
+        for table in ("/proc/net/tcp", f"/proc/{agent.proc.pid}/net/tcp")
+        for line in Path(table).read_text().splitlines()[1:]
+    ]
     assert not [line for line in listening if line.split()[1].endswith(":1F40") and line.split()[3] == "0A"]
 
     deleted = httpx.delete(f"{sworld.url}{URL}/{endpoint_id}", headers=sworld.user).json()
@@ -127,3 +164,39 @@ def test_the_openai_client_chats_with_the_tiny_llama_through_the_tunnel(sworld: 
             assert ledger.check(session).ok
     finally:
         engine.dispose()
+
+
+def test_the_adapter_of_a_real_fine_tune_is_deployed_and_answers(sworld: ServingWorld) -> None:
+    sworld.outbound_agent("a")
+    sworld.online()
+    training = sworld.dataset(8)
+    job = sworld.api.fine_tuning.jobs.create(
+        model=MODEL,
+        training_file=training,
+        hyperparameters={"n_epochs": 1, "batch_size": 4},
+        suffix="served",
+        extra_body={"gpus": 0},
+    )
+    done = sworld.wait_status(job.id, "succeeded", "failed", "cancelled")
+    assert done.status == "succeeded", sworld.messages(job.id)
+    created = httpx.post(
+        f"{sworld.url}{URL}",
+        headers=sworld.user,
+        json={"name": "tuned", "model": done.fine_tuned_model, "gpus": 0},
+    )
+    assert created.status_code == 201, created.text
+    endpoint_id = created.json()["id"]
+    ready = sworld.wait_endpoint(endpoint_id, "ready", "failed")
+    (replica,) = ready["replica_jobs"]
+    log = sworld.logs(replica["job_id"])
+    assert ready["state"] == "ready", log
+    assert "merging the adapter into its base model" in log  # transformers serve loads one directory
+    answer = sworld.api.chat.completions.create(
+        model="tuned", messages=[{"role": "user", "content": "Translate to Chinese: cat"}], max_tokens=3
+    )
+    assert answer.usage is not None and answer.usage.completion_tokens == 3
+    # Called by the model it serves, too.
+    again = sworld.api.completions.create(model=done.fine_tuned_model, prompt="cat", max_tokens=2)
+    assert again.usage is not None and again.usage.completion_tokens == 2
+    httpx.delete(f"{sworld.url}{URL}/{endpoint_id}", headers=sworld.user).raise_for_status()
+    sworld.wait_state(replica["job_id"], "cancelled", timeout=60)
