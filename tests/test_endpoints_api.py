@@ -197,3 +197,45 @@ def test_an_endpoint_answers_only_its_owner(eps: Endpoints) -> None:
     (mine,) = eps.client.get(URL, headers=eps.user).json()
     assert eps.client.get(f"{URL}/{mine['id']}", headers=other).status_code == 404
     assert eps.client.delete(f"{URL}/{mine['id']}", headers=other).status_code == 404
+
+
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+def test_inference_keys_are_shown_once_call_only_their_owner_s_endpoints_and_are_revocable(
+    eps: Endpoints,
+) -> None:
+    eps.top_up("100")
+    eps.created()
+    made = eps.client.post("/api/v1/keys", headers=eps.user, json={"name": "script", "rpm": 2})
+    assert made.status_code == 201, made.text
+    secret = made.json()["key"]
+    assert secret.startswith("sk-") and made.json()["prefix"] == secret[:10]
+    (listed,) = eps.client.get("/api/v1/keys", headers=eps.user).json()
+    assert "key" not in listed and listed["name"] == "script" and secret not in str(listed)
+    key = {"Authorization": f"Bearer {secret}"}
+    payload = {"model": "chat", "messages": [{"role": "user", "content": "hi"}]}
+    # The key reaches its owner's endpoint (not serving yet: 503), within its 2 requests a minute.
+    for _ in range(2):
+        assert eps.client.post("/v1/chat/completions", headers=key, json=payload).status_code == 503
+    over = eps.client.post("/v1/chat/completions", headers=key, json=payload)
+    assert over.status_code == 429 and int(over.headers["retry-after"]) >= 1
+    assert eps.client.get("/v1/models", headers=key).status_code == 200
+    # A key is no user token: the rest of the API refuses it.
+    assert eps.client.get(URL, headers=key).status_code == 401
+    # Another user's key does not reach this endpoint.
+    register(eps.client, "other@example.com", "user")
+    other = login(eps.client, "other@example.com")
+    theirs = eps.client.post("/api/v1/keys", headers=other, json={"name": "x"}).json()["key"]
+    foreign = eps.client.post(
+        "/v1/chat/completions", headers={"Authorization": f"Bearer {theirs}"}, json=payload
+    )
+    assert foreign.status_code == 404
+    assert eps.client.delete(f"/api/v1/keys/{listed['id']}", headers=other).status_code == 404
+    revoked = eps.client.delete(f"/api/v1/keys/{listed['id']}", headers=eps.user).json()
+    assert revoked["revoked_at"] is not None
+    gone = eps.client.post("/v1/chat/completions", headers=key, json=payload)
+    assert gone.status_code == 401
+    bad = eps.client.post(
+        "/v1/chat/completions", headers={"Authorization": "Bearer sk-nothing"}, json=payload
+    )
+    assert bad.status_code == 401
+    assert eps.client.post("/api/v1/keys", headers=eps.user, json={"rpm": 0}).status_code == 422

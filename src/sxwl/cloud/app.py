@@ -16,7 +16,7 @@ from pydantic.json_schema import models_json_schema
 
 import sxwl
 from sxwl.cloud import errors, web
-from sxwl.cloud.api import admin, auth, billing, cpods, endpoints, jobs, me, metrics_route
+from sxwl.cloud.api import admin, auth, billing, cpods, endpoints, jobs, keys, me, metrics_route
 from sxwl.cloud.api.agent import artifact_uploads, tunnel
 from sxwl.cloud.api.agent import inputs as agent_inputs
 from sxwl.cloud.api.agent import routes as agent
@@ -50,6 +50,7 @@ API_ROUTERS = (
     billing.router,
     models.api_router,
     endpoints.router,
+    keys.router,
 )
 # The OpenAI-compatible API (the `openai` client with base_url=<cloud>/v1): docs/finetune.md.
 OPENAI_PREFIX = "/v1"

@@ -1,5 +1,6 @@
 """The endpoints' tables (docs/endpoints.md): an endpoint as its user asked for it, its replicas
-(each an ordinary job of the endpoint kind) and the tokens its answers counted, per key and day."""
+(each an ordinary job of the endpoint kind), the tokens its answers counted per key and day, and the
+inference keys (``sk-…``) that call endpoints."""
 
 from __future__ import annotations
 
@@ -59,3 +60,20 @@ class EndpointUsage(Base):
     requests: Mapped[int] = mapped_column(BigInteger, default=0)
     prompt_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
     completion_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
+
+
+class InferenceKey(Base):
+    """A key that calls its owner's endpoints (and nothing else): stored as the SHA-256 of the
+    high-entropy secret (shown once), named, revocable, with an optional requests-per-minute limit."""
+
+    __tablename__ = "inference_keys"
+    __table_args__ = (Index("ix_inference_keys_owner_created", "owner_id", "created_at"),)
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)  # "key-…"
+    owner_id: Mapped[str] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"))
+    name: Mapped[str] = mapped_column(String(100))
+    token_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    prefix: Mapped[str] = mapped_column(String(12))  # the secret's start, to tell keys apart
+    rpm: Mapped[int | None] = mapped_column(Integer)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    revoked_at: Mapped[datetime | None] = mapped_column(UTCDateTime())

@@ -16,7 +16,8 @@ from fastapi import APIRouter, Request, Response
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import StreamingResponse
 
-from sxwl.cloud.api.deps import Ctx, CurrentUser
+from sxwl.cloud.api.deps import Ctx
+from sxwl.cloud.api.openai.callers import Caller, InferenceCaller
 from sxwl.cloud.api.responses import SIGNED_IN, WITH_BODY, errors
 from sxwl.cloud.context import CloudContext
 from sxwl.cloud.errors import AppError, invalid
@@ -31,7 +32,7 @@ BETWEEN_BYTES_S = 120.0
 # A comment line this often while the engine has said nothing: below common 60 s idle timeouts.
 KEEPALIVE_S = 15.0
 MAX_ANSWER_BYTES = 32 * 1024 * 1024  # a non-streamed answer the cloud reads whole
-ERRORS = WITH_BODY | errors(404, 502, 503, 504)
+ERRORS = WITH_BODY | errors(404, 429, 502, 503, 504)
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 KEEPALIVE = b": waiting for the first token\n\n"
 DONE = b"data: [DONE]\n\n"
@@ -101,12 +102,14 @@ class _UsageScanner:
                     self.found = usage
 
 
-async def _record(ctx: CloudContext, route: routing.Route, usage: tuple[int, int] | None) -> None:
+async def _record(
+    ctx: CloudContext, route: routing.Route, key_id: str, usage: tuple[int, int] | None
+) -> None:
     prompt, completion = usage or (0, 0)
 
     def write() -> None:
         with ctx.db.session() as session:
-            routing.record_usage(session, route.endpoint_id, "", prompt, completion)
+            routing.record_usage(session, route.endpoint_id, key_id, prompt, completion)
 
     await run_in_threadpool(write)
 
@@ -130,12 +133,14 @@ def _unreachable(route: routing.Route, why: str) -> AppError:
     )
 
 
-async def _proxy(request: Request, user_id: str, ctx: CloudContext, path: str, prompt_field: str) -> Response:
+async def _proxy(
+    request: Request, caller: Caller, ctx: CloudContext, path: str, prompt_field: str
+) -> Response:
     body = _checked(await request.body(), prompt_field)
 
     def find() -> routing.Route:
         with ctx.db.session() as session:
-            return routing.route(session, user_id, body["model"])
+            return routing.route(session, caller.user.id, body["model"])
 
     route = await run_in_threadpool(find)
     body["model"] = route.name  # the engine serves the endpoint under its name
@@ -187,7 +192,7 @@ async def _proxy(request: Request, user_id: str, ctx: CloudContext, path: str, p
                 answer = json.loads(data)
             except (UnicodeDecodeError, json.JSONDecodeError):
                 answer = {}
-            await _record(ctx, route, _usage_of(answer) if isinstance(answer, dict) else None)
+            await _record(ctx, route, caller.key_id, _usage_of(answer) if isinstance(answer, dict) else None)
         return Response(data, reply.status, media_type=kind)
 
     async def relay() -> AsyncIterator[bytes]:
@@ -203,7 +208,7 @@ async def _proxy(request: Request, user_id: str, ctx: CloudContext, path: str, p
                             # Before the chunk goes: a client that stops at [DONE] and closes ends
                             # this generator at its next yield.
                             recorded = True
-                            await _record(ctx, route, scanner.found)
+                            await _record(ctx, route, caller.key_id, scanner.found)
                         yield chunk
                 except (TunnelError, TimeoutError):
                     return  # the client sees the stream end without [DONE]: cut
@@ -211,7 +216,7 @@ async def _proxy(request: Request, user_id: str, ctx: CloudContext, path: str, p
                 yield DONE  # `transformers serve` ends without it; OpenAI's streams end with it
         finally:
             if not recorded:  # a request without counts (cut, or an engine that gave none)
-                _later(_record(ctx, route, None))
+                _later(_record(ctx, route, caller.key_id, None))
 
     return StreamingResponse(relay(), media_type="text/event-stream", headers=SSE_HEADERS)
 
@@ -246,12 +251,12 @@ async def _paced(chunks: AsyncIterator[bytes], keepalive: bytes | None) -> Async
 
 
 @router.post("/chat/completions", responses=ERRORS)
-async def chat_completions(request: Request, user: CurrentUser, ctx: Ctx) -> Response:
+async def chat_completions(request: Request, caller: InferenceCaller, ctx: Ctx) -> Response:
     """OpenAI's chat completions, answered by the endpoint ``model`` names."""
-    return await _proxy(request, user.id, ctx, "/v1/chat/completions", "messages")
+    return await _proxy(request, caller, ctx, "/v1/chat/completions", "messages")
 
 
 @router.post("/completions", responses=ERRORS)
-async def completions(request: Request, user: CurrentUser, ctx: Ctx) -> Response:
+async def completions(request: Request, caller: InferenceCaller, ctx: Ctx) -> Response:
     """OpenAI's legacy text completions, answered by the endpoint ``model`` names."""
-    return await _proxy(request, user.id, ctx, "/v1/completions", "prompt")
+    return await _proxy(request, caller, ctx, "/v1/completions", "prompt")

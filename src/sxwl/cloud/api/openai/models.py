@@ -8,6 +8,7 @@ from fastapi.responses import Response
 
 from sxwl.cloud.api.deps import Ctx, CurrentAdmin, CurrentUser
 from sxwl.cloud.api.jobs import ARTIFACT_HEADERS, ARTIFACT_TYPE
+from sxwl.cloud.api.openai.callers import ListingCaller
 from sxwl.cloud.api.openai.catalog_schemas import ModelListOut, ModelOut, endpoint_model_out, model_out
 from sxwl.cloud.api.openai.files import DOWNLOAD
 from sxwl.cloud.api.responses import SIGNED_IN, WITH_BODY, errors
@@ -25,9 +26,10 @@ MODEL_FORM = multipart_body("tar or tar.gz of a model directory, files at its ro
 
 
 @router.get("", response_model=ModelListOut)
-def list_models(user: CurrentUser, ctx: Ctx) -> ModelListOut:
+def list_models(caller: ListingCaller, ctx: Ctx) -> ModelListOut:
     """Public models, the caller's own base models and the adapters of their fine-tunes, then the
-    caller's ready endpoints (docs/endpoints.md)."""
+    caller's ready endpoints (docs/endpoints.md). An inference key lists them too."""
+    user = caller.user
     with ctx.db.session() as session:
         catalogue = [model_out(m) for m in model_catalog.visible(session, user=user)]
         serving = [

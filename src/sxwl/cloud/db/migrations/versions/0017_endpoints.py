@@ -1,6 +1,6 @@
 """Inference endpoints (docs/endpoints.md): ``endpoints``, their replicas (each a job of the
 endpoint kind, whose ``jobs.engine`` holds the engine it serves) and ``endpoint_usage``, the
-requests and tokens each answered per credential and day.
+requests and tokens each answered per credential and day, and ``inference_keys`` (``sk-…``, hashed).
 
 Revision ID: 0017
 Revises: 0016
@@ -72,9 +72,23 @@ def upgrade() -> None:
         sa.Column("prompt_tokens", sa.BigInteger, nullable=False),
         sa.Column("completion_tokens", sa.BigInteger, nullable=False),
     )
+    op.create_table(
+        "inference_keys",
+        sa.Column("id", sa.String(40), primary_key=True),
+        sa.Column("owner_id", sa.String(32), sa.ForeignKey("users.id", ondelete="CASCADE"), nullable=False),
+        sa.Column("name", sa.String(100), nullable=False),
+        sa.Column("token_hash", sa.String(64), nullable=False, unique=True),
+        sa.Column("prefix", sa.String(12), nullable=False),
+        sa.Column("rpm", sa.Integer),
+        sa.Column("created_at", _WHEN, nullable=False),
+        sa.Column("revoked_at", _WHEN),
+    )
+    op.create_index("ix_inference_keys_owner_created", "inference_keys", ["owner_id", "created_at"])
 
 
 def downgrade() -> None:
+    op.drop_index("ix_inference_keys_owner_created", "inference_keys")
+    op.drop_table("inference_keys")
     op.drop_table("endpoint_usage")
     op.drop_index("ix_endpoint_replicas_endpoint_id", "endpoint_replicas")
     op.drop_table("endpoint_replicas")
