@@ -11,7 +11,7 @@ from typing import Annotated
 import typer
 from rich.markup import escape
 
-from sxwl.cli import admin_models, admin_money, billing, client, finetune, jobs
+from sxwl.cli import admin_models, admin_money, billing, client, endpoints, finetune, jobs
 from sxwl.cli.client import CliError, Credentials
 from sxwl.cli.cloud_settings import settings_for
 from sxwl.cli.output import err, listing, out, show
@@ -28,6 +28,8 @@ cpods_app = typer.Typer(help="CPods: the GPU clusters providers register.", no_a
 app.add_typer(cpods_app, name="cpods")
 app.add_typer(jobs.app, name="jobs")
 app.add_typer(finetune.app, name="finetune")
+app.add_typer(endpoints.app, name="endpoints")
+app.add_typer(endpoints.keys_app, name="keys")
 app.add_typer(finetune.files_app, name="files")
 app.add_typer(finetune.models_app, name="models")
 app.add_typer(admin_app, name="admin")
