@@ -14,6 +14,7 @@ from sxwl.cloud.web.admin import pages as admin_pages
 from sxwl.cloud.web.auth import pages as auth_pages
 from sxwl.cloud.web.compute import downloads
 from sxwl.cloud.web.compute import pages as compute_pages
+from sxwl.cloud.web.endpoints import pages as endpoints_pages
 from sxwl.cloud.web.finetune import pages as finetune_pages
 from sxwl.cloud.web.jobs import pages as jobs_pages
 from sxwl.cloud.web.kit import HERE, PageRefused, error_page, page_refused
@@ -35,6 +36,7 @@ def install(app: FastAPI) -> None:
         jobs_pages,
         finetune_pages,
         models_pages,
+        endpoints_pages,
         billing_pages,
         admin_pages,
         money_admin_pages,

@@ -1,5 +1,5 @@
 """Console texts in zh-CN (default) and English, one table per area (common, jobs, compute, money,
-finetune, storage, console, models), merged here; reasons/events are worded from their codes by
+finetune, storage, console, models, endpoints), merged here; reasons/events are worded from their codes by
 ``reasons``."""
 
 from __future__ import annotations
@@ -7,6 +7,7 @@ from __future__ import annotations
 from sxwl.cloud.web.i18n.common import COMMON_MESSAGES
 from sxwl.cloud.web.i18n.compute import COMPUTE_MESSAGES
 from sxwl.cloud.web.i18n.console import CONSOLE_MESSAGES, SINGULAR
+from sxwl.cloud.web.i18n.endpoints import ENDPOINTS_MESSAGES
 from sxwl.cloud.web.i18n.finetune import FINETUNE_MESSAGES
 from sxwl.cloud.web.i18n.jobs import JOBS_MESSAGES
 from sxwl.cloud.web.i18n.models import MODELS_MESSAGES
@@ -26,6 +27,7 @@ TABLES: tuple[dict[str, dict[str, str]], ...] = (
     STORAGE_MESSAGES,
     CONSOLE_MESSAGES,
     MODELS_MESSAGES,
+    ENDPOINTS_MESSAGES,
 )
 MESSAGES: dict[str, dict[str, str]] = {lang: {} for lang in LANGUAGES}
 for _table in TABLES:
