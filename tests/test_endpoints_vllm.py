@@ -182,3 +182,43 @@ def test_an_engine_that_keeps_exiting_is_restarted_in_place_then_fails_with_its_
         call.create(model="crashy", messages=[{"role": "user", "content": "hi"}])
     assert refused.value.status_code == 503
     assert refused.value.response.headers["retry-after"] == "10"
+
+
+def test_a_replica_whose_cpod_is_lost_mid_stream_is_requeued_and_the_endpoint_serves_again(
+    gworld: GpuWorld,
+) -> None:
+    endpoint = gworld.create(name="slow")
+    ready = gworld.wait_endpoint(endpoint["id"], "ready", "failed")
+    (replica,) = ready["replica_jobs"]
+    (record,) = (gworld.root / "agent-g" / "jobs").glob(f"{replica['job_id']}*/job.json")
+    supervisor = json.loads(record.read_text())["pid"]
+    stream = gworld.api.chat.completions.create(
+        model="slow", messages=[{"role": "user", "content": "hi"}], max_tokens=4, stream=True
+    )
+    first = next(iter(stream))
+    assert first.choices[0].delta.content == "fake "
+    # The CPod is lost mid-stream: its agent dies (its replica's processes run on, unreachable).
+    gworld.agents[0].stop()
+    with pytest.raises((openai.APIError, httpx.HTTPError)):
+        list(stream)  # cut, not a short answer that looks whole
+    lost = gworld.wait_endpoint(endpoint["id"], "degraded", "pending", "deploying")
+    assert lost["replica_jobs"][0]["state"] in ("queued", "lost", "assigned", "starting")
+    # Another CPod takes the requeued replica, and the endpoint serves again.
+    path = f"{gworld.bin}:{os.environ['PATH']}"
+    gworld.agent("h", 2, "--share-dir", str(gworld.bin), env={"PATH": path})
+    again = gworld.wait_endpoint(endpoint["id"], "ready")
+    assert again["replica_jobs"][0]["attempt"] == 2
+    answer = gworld.api.chat.completions.create(model="slow", messages=[{"role": "user", "content": "hi"}])
+    assert answer.choices[0].message.content == "fake vllm says hi"
+    # The lost CPod comes back: its stale attempt is stopped (fencing), its engine with it.
+    gworld.agent("g", 2, "--share-dir", str(gworld.bin), env={"PATH": path})
+
+    def gone() -> bool:
+        try:
+            os.kill(supervisor, 0)
+        except ProcessLookupError:
+            return True
+        return False
+
+    eventually(gone, timeout=60, what="the stale replica's supervisor stopped")
+    gworld.delete(endpoint["id"])

@@ -3,7 +3,8 @@ an executable named `vllm` on the agent's PATH, it parses the command line the a
 supervisor gives it, records that command line and every request it gets in `vllm-calls.jsonl` in
 its working directory (the attempt's work dir), and answers the OpenAI API as vLLM does, streaming
 included, with the served names it was given. An endpoint named `crash…` makes it print a few lines
-and exit 1 at once, as an engine that cannot start does. Standard library only: it runs in the
+and exit 1 at once, as an engine that cannot start does; one named `slow…` streams a word a second.
+Standard library only: it runs in the
 attempt's sandbox."""
 
 from __future__ import annotations
@@ -112,7 +113,7 @@ def main() -> None:
                 }
                 self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
                 self.wfile.flush()
-                time.sleep(0.05)
+                time.sleep(1.0 if body["model"].startswith("slow") else 0.05)
             last = {
                 "id": "x",
                 "object": "chat.completion.chunk",

@@ -114,6 +114,10 @@ async def _record(
     await run_in_threadpool(write)
 
 
+class StreamCut(Exception):
+    """An engine's stream ended before its end (its replica's CPod lost, a timeout between bytes)."""
+
+
 _BACKGROUND: set[asyncio.Task[None]] = set()
 
 
@@ -210,8 +214,12 @@ async def _proxy(
                             recorded = True
                             await _record(ctx, route, caller.key_id, scanner.found)
                         yield chunk
-                except (TunnelError, TimeoutError):
-                    return  # the client sees the stream end without [DONE]: cut
+                except (TunnelError, TimeoutError) as exc:
+                    # Raised past the response's start: the server closes the connection, which is
+                    # how HTTP says a body is cut, so the client sees an error, not a short answer.
+                    raise StreamCut(
+                        f"endpoint {route.name}: the stream was cut ({exc or 'timed out'})"
+                    ) from exc
             if not scanner.done:
                 yield DONE  # `transformers serve` ends without it; OpenAI's streams end with it
         finally:
