@@ -55,7 +55,6 @@ def eps(clock: TestClock, make_client: Callable[..., TestClient]) -> Iterator[En
     setup.check_ledger()
 
 
-@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
 def test_an_endpoint_s_replicas_are_jobs_that_serve_until_stopped_and_are_billed(eps: Endpoints) -> None:
     eps.top_up("100")
     endpoint = eps.created(replicas=2, max_model_len=512, engine_args={"dtype": "float16"})
@@ -199,7 +198,6 @@ def test_an_endpoint_answers_only_its_owner(eps: Endpoints) -> None:
     assert eps.client.delete(f"{URL}/{mine['id']}", headers=other).status_code == 404
 
 
-@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
 def test_inference_keys_are_shown_once_call_only_their_owner_s_endpoints_and_are_revocable(
     eps: Endpoints,
 ) -> None:

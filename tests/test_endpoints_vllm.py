@@ -24,6 +24,7 @@ from sqlalchemy import select
 from sxwl.cloud.context import CloudContext
 from sxwl.cloud.db.finetune_models import CatalogModel, ModelKind
 from tests.support import cloud as cloud_support
+from tests.support import scrape
 from tests.support.agent import eventually
 from tests.support.finetune_rows import add_model
 from tests.test_finetune_system import MODEL, FineTuneWorld
@@ -130,6 +131,13 @@ def test_a_gpu_replica_runs_pinned_vllm_and_the_openai_client_reaches_it(gworld:
     ]
     (day,) = httpx.get(f"{gworld.url}{URL}/{endpoint['id']}", headers=gworld.user).json()["usage"]
     assert (day["requests"], day["prompt_tokens"], day["completion_tokens"]) == (3, 21, 4 + 3 + 2)
+    # Per endpoint in Prometheus: calls, tokens, time to first token, no stream left open.
+    found = scrape.samples(httpx.get(f"{gworld.url}/metrics", headers=cloud_support.METRICS_AUTH).text)
+    labels = {"endpoint": endpoint["id"]}
+    assert scrape.value(found, "sxwl_endpoint_requests_total", outcome="ok", **labels) == 3
+    assert scrape.value(found, "sxwl_endpoint_tokens_total", kind="completion", **labels) == 9
+    assert scrape.value(found, "sxwl_endpoint_time_to_first_token_seconds_count", **labels) == 3
+    assert scrape.value(found, "sxwl_endpoint_open_streams", **labels) == 0
     gworld.delete(endpoint["id"])
 
 

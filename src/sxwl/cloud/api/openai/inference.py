@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import AsyncIterator, Coroutine
 from typing import Any
 
@@ -21,6 +22,7 @@ from sxwl.cloud.api.openai.callers import Caller, InferenceCaller
 from sxwl.cloud.api.responses import SIGNED_IN, WITH_BODY, errors
 from sxwl.cloud.context import CloudContext
 from sxwl.cloud.errors import AppError, invalid
+from sxwl.cloud.kit import metrics
 from sxwl.cloud.services.endpoints import routing
 from sxwl.cloud.tunnel import service
 from sxwl.cloud.tunnel.service import NoTunnel, TunnelError, TunnelRequest
@@ -84,8 +86,10 @@ class _UsageScanner:
         self.pending = b""
         self.found: tuple[int, int] | None = None
         self.done = False  # the engine sent ``data: [DONE]``
+        self.seen = False  # any of the engine's bytes
 
     def feed(self, chunk: bytes) -> None:
+        self.seen = True
         self.pending += chunk
         *lines, self.pending = self.pending.split(b"\n")
         if len(self.pending) > 1024 * 1024:
@@ -106,6 +110,8 @@ async def _record(
     ctx: CloudContext, route: routing.Route, key_id: str, usage: tuple[int, int] | None
 ) -> None:
     prompt, completion = usage or (0, 0)
+    metrics.ENDPOINT_TOKENS.labels(route.endpoint_id, "prompt").inc(prompt)
+    metrics.ENDPOINT_TOKENS.labels(route.endpoint_id, "completion").inc(completion)
 
     def write() -> None:
         with ctx.db.session() as session:
@@ -140,6 +146,7 @@ def _unreachable(route: routing.Route, why: str) -> AppError:
 async def _proxy(
     request: Request, caller: Caller, ctx: CloudContext, path: str, prompt_field: str
 ) -> Response:
+    arrived = time.perf_counter()
     body = _checked(await request.body(), prompt_field)
 
     def find() -> routing.Route:
@@ -180,6 +187,9 @@ async def _proxy(
         raise _unreachable(route, "its engine does not answer")
     kind = next((v for n, v in reply.headers if n == "content-type"), "application/json")
     if not (streaming and reply.status == 200):
+        metrics.ENDPOINT_FIRST_TOKEN.labels(route.endpoint_id).observe(time.perf_counter() - arrived)
+        outcome = "ok" if reply.status == 200 else "error"
+        metrics.ENDPOINT_REQUESTS.labels(route.endpoint_id, outcome).inc()
         async with reply:
             data = b""
             try:
@@ -202,11 +212,18 @@ async def _proxy(
     async def relay() -> AsyncIterator[bytes]:
         scanner = _UsageScanner()
         recorded = False
+        outcome = "cut"
+        open_streams = metrics.ENDPOINT_STREAMS.labels(route.endpoint_id)
+        open_streams.inc()
         try:
             async with reply:
                 try:
                     async for chunk in _paced(reply.chunks(), KEEPALIVE):
                         if chunk is not KEEPALIVE:
+                            if not scanner.seen:
+                                metrics.ENDPOINT_FIRST_TOKEN.labels(route.endpoint_id).observe(
+                                    time.perf_counter() - arrived
+                                )
                             scanner.feed(chunk)
                         if scanner.found is not None and not recorded:
                             # Before the chunk goes: a client that stops at [DONE] and closes ends
@@ -220,9 +237,12 @@ async def _proxy(
                     raise StreamCut(
                         f"endpoint {route.name}: the stream was cut ({exc or 'timed out'})"
                     ) from exc
+            outcome = "ok"
             if not scanner.done:
                 yield DONE  # `transformers serve` ends without it; OpenAI's streams end with it
         finally:
+            open_streams.dec()
+            metrics.ENDPOINT_REQUESTS.labels(route.endpoint_id, outcome).inc()
             if not recorded:  # a request without counts (cut, or an engine that gave none)
                 _later(_record(ctx, route, caller.key_id, None))
 
