@@ -3,9 +3,9 @@ an executable named `vllm` on the agent's PATH, it parses the command line the a
 supervisor gives it, records that command line and every request it gets in `vllm-calls.jsonl` in
 its working directory (the attempt's work dir), and answers the OpenAI API as vLLM does, streaming
 included, with the served names it was given. An endpoint named `crash…` makes it print a few lines
-and exit 1 at once, as an engine that cannot start does; one named `slow…` streams a word a second.
-Standard library only: it runs in the
-attempt's sandbox."""
+and exit 1 at once, as an engine that cannot start does; one named `slow…` streams a word a second;
+one named `fast…` streams max_tokens one-token chunks as fast as it can (bench/serving.py measures
+the path, not a model). Standard library only: it runs in the attempt's sandbox."""
 
 from __future__ import annotations
 
@@ -77,7 +77,12 @@ def main() -> None:
             if body.get("model") not in names:
                 self._json(404, {"error": {"message": f"model {body.get('model')} does not exist"}})
                 return
-            words = ["fake", "vllm", "says", "hi"][: body.get("max_tokens") or 4]
+            fast = body["model"].startswith("fast")
+            words = (
+                ["t"] * (body.get("max_tokens") or 4)
+                if fast
+                else ["fake", "vllm", "says", "hi"][: body.get("max_tokens") or 4]
+            )
             usage = {"prompt_tokens": 7, "completion_tokens": len(words), "total_tokens": 7 + len(words)}
             chat = self.path == "/v1/chat/completions"
             if not body.get("stream"):
@@ -113,7 +118,7 @@ def main() -> None:
                 }
                 self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
                 self.wfile.flush()
-                time.sleep(1.0 if body["model"].startswith("slow") else 0.05)
+                time.sleep(1.0 if body["model"].startswith("slow") else 0 if fast else 0.05)
             last = {
                 "id": "x",
                 "object": "chat.completion.chunk",
@@ -125,7 +130,11 @@ def main() -> None:
             self.wfile.write(f"data: {json.dumps(last)}\n\ndata: [DONE]\n\n".encode())
             self.wfile.flush()
 
-    ThreadingHTTPServer((args.host, args.port), Handler).serve_forever()
+    class Server(ThreadingHTTPServer):
+        request_queue_size = 1024  # as uvicorn's backlog: hundreds of streams connect at once
+        daemon_threads = True
+
+    Server((args.host, args.port), Handler).serve_forever()
 
 
 if __name__ == "__main__":
