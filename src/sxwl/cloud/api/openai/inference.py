@@ -191,16 +191,19 @@ async def _proxy(
         outcome = "ok" if reply.status == 200 else "error"
         metrics.ENDPOINT_REQUESTS.labels(route.endpoint_id, outcome).inc()
         async with reply:
-            data = b""
+            parts: list[bytes] = []
+            size = 0
             try:
                 async for chunk in _paced(reply.chunks(), None):
-                    data += chunk
-                    if len(data) > MAX_ANSWER_BYTES:
+                    parts.append(chunk)
+                    size += len(chunk)
+                    if size > MAX_ANSWER_BYTES:
                         raise AppError(502, f"endpoint {route.name}: the engine's answer is too large")
             except (TunnelError, TimeoutError) as exc:
                 raise AppError(
                     502, f"endpoint {route.name}: the answer was cut ({exc or 'timed out'})"
                 ) from None
+        data = b"".join(parts)
         if reply.status == 200:
             try:
                 answer = json.loads(data)
