@@ -66,3 +66,26 @@ def test_an_inference_key_is_shown_once_and_revoked_from_the_console(client: Tes
         "/v1/chat/completions", headers={"Authorization": f"Bearer {secret.group(1)}"}, json=call
     )
     assert refused.status_code == 401
+
+
+def test_the_playground_chats_through_v1_with_the_console_session(client: TestClient) -> None:
+    register_model(ctx_of(client))
+    browser = browser_user(client)
+    token = csrf(browser, "/endpoints")
+    form = {"csrf_token": token, "model": MODEL, "name": "chat", "gpus": "0", "replicas": "1"}
+    assert browser.post("/endpoints/deploy", data=form, follow_redirects=False).status_code == 303
+    endpoint_id = re.search(r'href="/endpoints/(ep-[0-9a-f]+)/playground"', browser.get("/endpoints").text)
+    assert endpoint_id
+    page = browser.get(f"/endpoints/{endpoint_id.group(1)}/playground")
+    assert page.status_code == 200
+    assert f'data-model="chat" data-csrf="{token}"' in page.text and "/static/playground.js" in page.text
+    assert browser.get("/static/playground.js").status_code == 200
+    # The page's script calls /v1 with the session and its CSRF token: that reaches the endpoint
+    # (not serving yet here: 503); without the token, a forged cross-site call is refused.
+    call = {"model": "chat", "messages": [{"role": "user", "content": "hi"}], "stream": True}
+    reached = browser.post("/v1/chat/completions", json=call, headers={"x-csrf-token": token})
+    assert reached.status_code == 503 and reached.headers["retry-after"] == "10"
+    assert browser.post("/v1/chat/completions", json=call).status_code == 403
+    # Another user's endpoint has no playground for them.
+    other = browser_user(client, "other@example.com")
+    assert other.get(f"/endpoints/{endpoint_id.group(1)}/playground").status_code == 404

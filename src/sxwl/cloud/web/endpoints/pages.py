@@ -19,7 +19,7 @@ from sxwl.cloud.services.catalog import model_catalog
 from sxwl.cloud.services.endpoints import endpoints, inference_keys, routing
 from sxwl.cloud.web.i18n import translate
 from sxwl.cloud.web.i18n.reasons import reason_text
-from sxwl.cloud.web.kit import JobsViewer, ctx_of, field_errors, language, redirect, render
+from sxwl.cloud.web.kit import JobsViewer, ctx_of, error_page, field_errors, language, redirect, render
 from sxwl.protocol.endpoints import EndpointRequest
 
 router = APIRouter(include_in_schema=False)
@@ -94,6 +94,23 @@ def endpoints_page(request: Request, principal: JobsViewer) -> Response:
     name = model.replace(":", "-")[:63] if model else ""
     form = {"name": name, "model": model, "gpus": "1", "gpu_product": "", "replicas": "1"}
     return _page(request, principal, form)
+
+
+@router.get("/endpoints/{endpoint_id}/playground")
+def playground(request: Request, principal: JobsViewer, endpoint_id: str) -> Response:
+    """A chat with the endpoint, streamed (static/playground.js calls /v1 with this session)."""
+    try:
+        with ctx_of(request).db.session() as session:
+            view = endpoints.view(session, endpoints.get(session, principal.user, endpoint_id))
+    except AppError as exc:
+        return error_page(request, exc.status, principal)
+    return render(
+        request,
+        "endpoint_playground.html",
+        principal,
+        endpoint_name=view.endpoint.name,
+        state=view.state.value,
+    )
 
 
 @router.post("/endpoints/deploy")

@@ -45,6 +45,10 @@ ENDPOINTS_MESSAGES: dict[str, dict[str, str]] = {
         "endpoints.key_revoked": "已吊销",
         "endpoints.key_revoke": "吊销",
         "models.deploy": "部署",
+        "endpoints.playground": "试用",
+        "endpoints.playground_intro": "和这个推理服务对话，回答边生成边显示。它现在的状态：{state}。",
+        "endpoints.playground_message": "消息",
+        "endpoints.playground_send": "发送",
     },
     "en": {
         "nav.endpoints": "Endpoints",
@@ -87,5 +91,9 @@ ENDPOINTS_MESSAGES: dict[str, dict[str, str]] = {
         "endpoints.key_revoked": "Revoked",
         "endpoints.key_revoke": "Revoke",
         "models.deploy": "Deploy",
+        "endpoints.playground": "Playground",
+        "endpoints.playground_intro": "Chat with this endpoint; the answer shows as it is generated. It is now: {state}.",
+        "endpoints.playground_message": "Message",
+        "endpoints.playground_send": "Send",
     },
 }
