@@ -65,6 +65,10 @@ class GpuWorld(FineTuneWorld):
         (work,) = (self.root / "agent-g" / "jobs").glob(f"{job_id}*/work")
         return [json.loads(line) for line in (work / "vllm-calls.jsonl").read_text().splitlines()]
 
+    def client_endpoints(self) -> list[dict[str, Any]]:
+        found: list[dict[str, Any]] = httpx.get(f"{self.url}{URL}", headers=self.user).json()
+        return found
+
     def delete(self, endpoint_id: str) -> None:
         deleted = httpx.delete(f"{self.url}{URL}/{endpoint_id}", headers=self.user).json()
         for replica in deleted["replica_jobs"]:
