@@ -16,6 +16,7 @@ import struct
 import tarfile
 from collections.abc import Callable
 from typing import Any
+from urllib.parse import quote
 
 import pytest
 from fastapi.testclient import TestClient
@@ -539,6 +540,8 @@ def test_a_succeeded_fine_tune_offers_its_adapter(money: Money) -> None:
     assert f'<code class="secret" id="adapter-name">{name}</code>' in page
     url = finetune_view.model_url(name)
     assert f'href="{url}" download id="adapter-download"' in page
+    # Deployed from here as an endpoint: the Endpoints page's form, filled in with the adapter.
+    assert f'href="/endpoints?model={quote(name)}" id="adapter-deploy"' in page
     assert 'id="cancel-ft"' not in page
     # One training loss: the one logged at the latest step, in the summary and the chart alike (not
     # the run's mean an older trainer's last line carries).

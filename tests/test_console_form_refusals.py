@@ -211,6 +211,48 @@ def money_forms(world: World) -> None:
     in_place(payout, "/admin/money/payout", 422, "¥0.00")
 
 
+def deploy_endpoint(world: World) -> None:
+    broke = world.browser("broke@example.com")
+    fields = {
+        "model": "tiny-llama",
+        "name": "kept-name",
+        "gpus": "1",
+        "gpu_product": PRODUCT,
+        "replicas": "1",
+    }
+    in_place(
+        post(broke, "/endpoints", "/endpoints/deploy", **fields),
+        "/endpoints/deploy",
+        402,
+        'value="kept-name"',
+    )
+
+
+def delete_endpoint(world: World) -> None:
+    body = {"name": "chat", "model": "tiny-llama", "gpus": 1, "gpu_product": PRODUCT}
+    made = world.client.post("/api/v1/endpoints", headers=world.user, json=body)
+    assert made.status_code == 201, made.text
+    browser = world.browser("dev@example.com")
+    browser.get("/endpoints")
+    action = f"/endpoints/{made.json()['id']}/delete"
+    response = browser.post(action, data={"csrf_token": "stale"}, follow_redirects=False)
+    in_place(response, action, 403, zh("error.csrf"))
+
+
+def create_key(world: World) -> None:
+    browser = world.browser("dev@example.com")
+    in_place(post(browser, "/endpoints", "/endpoints/keys", key_name="k" * 101), "/endpoints/keys", 422)
+
+
+def revoke_key(world: World) -> None:
+    made = world.client.post("/api/v1/keys", headers=world.user, json={"name": "script"}).json()
+    browser = world.browser("dev@example.com")
+    browser.get("/endpoints")
+    action = f"/endpoints/keys/{made['id']}/revoke"
+    response = browser.post(action, data={"csrf_token": "stale"}, follow_redirects=False)
+    in_place(response, action, 403, zh("error.csrf"))
+
+
 CASES: dict[str, Callable[[World], None]] = {
     "/login": login,
     "/register": register,
@@ -227,6 +269,10 @@ CASES: dict[str, Callable[[World], None]] = {
     "/admin/prices": set_price,
     "/admin/prices/remove": remove_price,
     "/admin/money/{}": money_forms,
+    "/endpoints/deploy": deploy_endpoint,
+    "/endpoints/{}/delete": delete_endpoint,
+    "/endpoints/keys": create_key,
+    "/endpoints/keys/{}/revoke": revoke_key,
 }
 
 

@@ -14,6 +14,7 @@ from collections.abc import Coroutine
 from pathlib import Path
 from typing import Generic
 
+from sxwl.agent import engine_probe
 from sxwl.agent.client import CloudClient, LogGap, Rejected, Stale, Unreachable
 from sxwl.agent.input_grants import InputGrants
 from sxwl.agent.inputs import InputCache, InputError
@@ -303,6 +304,8 @@ class JobSync(Generic[J]):
                     job.outcome is None
                     and job.reported_state != "running"
                     and not job.fenced
+                    # An endpoint's replica runs once its engine serves (docs/endpoints.md).
+                    and (job.engine_socket is None or await engine_probe.serving(job.engine_socket))
                     and await self._report(job, "running")
                 ):
                     job.reported_state = "running"
@@ -412,7 +415,7 @@ class JobSync(Generic[J]):
                 raise Unreachable(f"an artifact could not be sent: {exc}") from None
         await self._ship_log(job)
         assert job.outcome is not None
-        reason = job.stop_reason
+        reason = job.stop_reason or engine_probe.failure(job)
         if reason is None and job.exit_code:
             reason = Reason.of("job.exit_code", code=job.exit_code).stored
         if job.exit_code is None and job.stop_reason is None:

@@ -81,9 +81,12 @@ class TunnelClient:
         settings: TunnelSettings,
         backoff: Callable[[int], float],
         sockets: Sockets | None = None,
+        engines: Callable[[str], str | None] = lambda _: None,
     ) -> None:
+        """``engines``: the socket of the engine a stream's target names (docs/endpoints.md)."""
         self.url, self.token, self.settings, self.backoff = tunnel_url(api_url), token, settings, backoff
         self.sockets = sockets  # the attempts' own services (dev environments), found by the runtime
+        self.engines = engines
         self.sessions: set[Session] = set()
         normalised = {t.lower() for t in settings.targets if split_target(t) is not None}
         self._targets = frozenset(normalised)
@@ -152,4 +155,4 @@ class TunnelClient:
             self.sessions.discard(session)
 
     async def _on_stream(self, stream: TunnelStream) -> None:
-        await forward(stream, self.allowed, self.sockets)
+        await forward(stream, self.allowed, self.sockets, self.engines)

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import h11
 
+from sxwl.agent.engine_probe import open_socket
 from sxwl.tunnel.headers import ERROR, TARGET, UPGRADE, UPGRADED, Headers, end_to_end, first, split_target
 from sxwl.tunnel.session import StreamReset, TunnelStream
 
@@ -42,18 +43,27 @@ Sockets = Callable[[str], SocketTarget | None]
 
 
 async def forward(
-    stream: TunnelStream, allowed: Callable[[str], bool], sockets: Sockets | None = None
+    stream: TunnelStream,
+    allowed: Callable[[str], bool],
+    sockets: Sockets | None = None,
+    engines: Callable[[str], str | None] = lambda _: None,
 ) -> None:
+    """``sockets``: an attempt's own service a target names (a dev environment's JupyterLab or
+    sshd); ``engines``: the socket of an endpoint replica's engine (docs/endpoints.md). Targets of
+    either need no --tunnel-allow: the agent itself runs what they lead to."""
     head = await stream.head()
     target = first(head, TARGET) or ""
     at_socket = sockets(target) if sockets is not None else None
     address = split_target(target)
-    if at_socket is None and (address is None or not allowed(target)):
+    engine = engines(target) if address is not None and at_socket is None else None
+    if at_socket is None and engine is None and (address is None or not allowed(target)):
         await _answer(stream, 403, f"the agent does not forward to {target!r}\n")
         return
     try:
         if at_socket is not None:
             reader, writer = await asyncio.wait_for(_open_socket(at_socket), CONNECT_S)
+        elif engine is not None:
+            reader, writer = await asyncio.wait_for(open_socket(engine), CONNECT_S)
         else:
             assert address is not None
             reader, writer = await asyncio.wait_for(asyncio.open_connection(*address), CONNECT_S)

@@ -11,7 +11,7 @@ from typing import Annotated
 import typer
 from rich.markup import escape
 
-from sxwl.cli import admin_models, admin_money, billing, client, dev, dev_ssh, finetune, jobs
+from sxwl.cli import admin_models, admin_money, billing, client, dev, dev_ssh, endpoints, finetune, jobs
 from sxwl.cli.client import CliError, Credentials
 from sxwl.cli.cloud_settings import settings_for
 from sxwl.cli.output import err, listing, out, show
@@ -31,6 +31,8 @@ app.add_typer(dev.app, name="dev")
 app.add_typer(dev_ssh.keys_app, name="ssh-keys")
 app.command("ssh", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})(dev_ssh.ssh)
 app.add_typer(finetune.app, name="finetune")
+app.add_typer(endpoints.app, name="endpoints")
+app.add_typer(endpoints.keys_app, name="keys")
 app.add_typer(finetune.files_app, name="files")
 app.add_typer(finetune.models_app, name="models")
 app.add_typer(admin_app, name="admin")

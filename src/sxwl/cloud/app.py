@@ -23,7 +23,9 @@ from sxwl.cloud.api import (
     cpods,
     dev_env_ssh,
     dev_envs,
+    endpoints,
     jobs,
+    keys,
     me,
     metrics_route,
     ssh_keys,
@@ -32,7 +34,7 @@ from sxwl.cloud.api.agent import artifact_uploads, tunnel
 from sxwl.cloud.api.agent import inputs as agent_inputs
 from sxwl.cloud.api.agent import routes as agent
 from sxwl.cloud.api.deps import plain_parameters
-from sxwl.cloud.api.openai import files, fine_tuning, models
+from sxwl.cloud.api.openai import files, fine_tuning, inference, models
 from sxwl.cloud.background import (
     dev_env_idle,
     listener,
@@ -70,10 +72,12 @@ API_ROUTERS = (
     ssh_keys.router,
     billing.router,
     models.api_router,
+    endpoints.router,
+    keys.router,
 )
 # The OpenAI-compatible API (the `openai` client with base_url=<cloud>/v1): docs/finetune.md.
 OPENAI_PREFIX = "/v1"
-OPENAI_ROUTERS = (files.router, models.router, fine_tuning.router)
+OPENAI_ROUTERS = (files.router, models.router, fine_tuning.router, inference.router)
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:

@@ -104,9 +104,9 @@ class FineTuneRequest(Strict):
 
 
 # A dev environment's mounts are ``model-<i>`` and ``file-<i>``, and its saved ``workspace``
-# (protocol/devenvs.py).
+# (protocol/devenvs.py); an endpoint's replica fetches its ``adapter`` beside its ``model``.
 InputName = (
-    Literal["model", "training_file", "validation_file", "resume", "workspace"]
+    Literal["model", "training_file", "validation_file", "resume", "workspace", "adapter"]
     | Annotated[str, Field(pattern=r"^(model|file)-[0-9]{1,2}$")]
 )
 

@@ -10,6 +10,7 @@ from typing import Annotated, Literal
 from pydantic import AliasChoices, Field, field_validator, model_validator
 
 from sxwl.protocol.devenvs import DevEnvSpec
+from sxwl.protocol.endpoints import EngineSpec
 from sxwl.protocol.fields import Int32, Int64, Name, NonNegInt32, NonNegInt64, PosInt32, Text, Wire, WireIn
 from sxwl.protocol.finetune import CachedInput, JobInput, TrainerSpec
 from sxwl.protocol.reasons import Reason
@@ -189,6 +190,9 @@ class Assignment(Wire):
     # For a dev environment's attempt, its JupyterLab (docs/dev-envs.md): the agent runs it instead
     # of ``command``. Filled in by the dev-env kind as the attempt is handed out, not read from the row.
     jupyter: DevEnvSpec | None = None
+    # For an endpoint's replica (docs/endpoints.md): the engine the agent runs, under its supervisor,
+    # instead of ``command``; a cloud that predates endpoints sends none.
+    engine: EngineSpec | None = None
     # The largest artifact the cloud stores; None from a cloud that predates it (it still refuses).
     artifact_max_bytes: int | None = Field(default=None, ge=1)
     # The most bytes an input archive's files may add up to once unpacked (the cloud's model limit):

@@ -306,4 +306,7 @@ ENGLISH: dict[str, str] = {
     "ft.requeued_resume": "Attempt {attempt} was lost ({why}); queued again, it resumes from the checkpoint "
     "at step {step}",
     "ft.requeued_fresh": "Attempt {attempt} was lost ({why}); queued again, it starts again",
+    # endpoints (docs/endpoints.md)
+    "endpoint.engine_failed": "the engine exited {exits} times and was not started again; its last "
+    "lines:\n{lines}",
 }

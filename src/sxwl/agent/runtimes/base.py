@@ -47,6 +47,9 @@ class AttemptRecord:
     artifacts_uploaded: list[str] = field(default_factory=list)  # refused ones too: never sent twice
     artifact_problems: list[str] = field(default_factory=list)  # why the cloud refused an artifact
     artifact_max_bytes: int | None = None  # the cloud's limit, from the assignment: bigger is not read
+    # An endpoint replica's: the unix socket its engine's supervisor serves (docs/endpoints.md). The
+    # attempt is reported running once the engine answers there; the tunnel's streams lead to it.
+    engine_socket: str | None = None
 
     @property
     def key(self) -> str:

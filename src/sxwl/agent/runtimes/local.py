@@ -22,6 +22,7 @@ from pathlib import Path
 from sxwl.agent.inputs import READ_ONLY_DIR, materialise, writable_tree
 from sxwl.agent.runtimes.base import RECORD_FILE, AttemptDirs, AttemptRecord, Outcome
 from sxwl.agent.runtimes.cgroups import NONE, Cgroups
+from sxwl.agent.runtimes.engine_local import engine_command
 from sxwl.agent.runtimes.jupyter import (
     RUN_DIR,
     SOCKET,
@@ -220,9 +221,14 @@ class LocalRuntime(AttemptDirs[LocalJob]):
         if assignment.trainer is not None:
             command = trainer_command(assignment.trainer, placed, paths, self.isolation.isolated)
             env["PYTHONPATH"] = str(CODE_ROOT)  # the agent's own sxwl
+        engine_socket = None
         if assignment.jupyter is not None:  # a dev environment: its JupyterLab instead
             command, added, paths = jupyter_command(assignment.jupyter, paths, self.isolation.isolated, uid)
             env.update(added)
+        elif assignment.engine is not None:
+            isolated = self.isolation.isolated
+            command, engine_socket = engine_command(assignment.engine, placed, paths, isolated, len(gpus))
+            env["PYTHONPATH"] = str(CODE_ROOT)
         env.update(
             self.job_env(paths),
             CUDA_VISIBLE_DEVICES=",".join(map(str, gpus)),
@@ -243,6 +249,7 @@ class LocalRuntime(AttemptDirs[LocalJob]):
             pid_start=process_start_time(proc.pid) or "",
             uid=uid,
             work=str(work) if work else None,
+            engine_socket=str(engine_socket) if engine_socket else None,
         )
         self.jobs[job.key] = job
         self.save(job)

@@ -41,7 +41,9 @@ _WHY = {
     413: "Body too large",
     422: "Invalid input; details name the fields",
     429: "Too many attempts; retry later",
-    503: "The object store did not answer; nothing was recorded, retry later",
+    502: "An endpoint's engine answered wrongly or its answer was cut",
+    503: "The object store did not answer, or an endpoint does not serve yet (Retry-After); retry later",
+    504: "An endpoint's engine did not start answering in time",
 }
 
 Responses = dict[int | str, dict[str, Any]]

@@ -241,6 +241,8 @@ class Job(Base):
     trainer: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     # The dev environment this job runs (db/devenv_models.py), which names the job's kind.
     dev_env_id: Mapped[str | None] = mapped_column(String(32))
+    # For an endpoint's replica, the engine it serves (protocol.endpoints.EngineSpec; migration 0018).
+    engine: Mapped[dict[str, Any] | None] = mapped_column(JSON)
 
     owner: Mapped[User] = relationship()
 

@@ -46,6 +46,33 @@ NOTIFICATIONS_SENT = Counter(
 NOTIFICATIONS_RECEIVED = Counter(
     "sxwl_notifications_received", "Wake-up notifications this replica received from others", registry=None
 )
+# Endpoints (docs/endpoints.md), labelled by the endpoint's id: as many series as live endpoints.
+ENDPOINT_REQUESTS = Counter(
+    "sxwl_endpoint_requests",
+    "Calls to an endpoint, by outcome (ok, error, cut)",
+    ["endpoint", "outcome"],
+    registry=None,
+)
+ENDPOINT_FIRST_TOKEN = Histogram(
+    "sxwl_endpoint_time_to_first_token_seconds",
+    "From a call's arrival to the engine's first bytes of answer (the first chunk of a stream)",
+    ["endpoint"],
+    buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120),
+    registry=None,
+)
+ENDPOINT_TOKENS = Counter(
+    "sxwl_endpoint_tokens",
+    "Tokens the engines counted, by kind (prompt, completion)",
+    ["endpoint", "kind"],
+    registry=None,
+)
+ENDPOINT_STREAMS = Gauge(
+    "sxwl_endpoint_open_streams",
+    "Streams this process relays now",
+    ["endpoint"],
+    multiprocess_mode="livesum",
+    registry=None,
+)
 INSTRUMENTS = (
     SCHEDULING_PASS,
     DISPATCH_LATENCY,
@@ -53,6 +80,10 @@ INSTRUMENTS = (
     NOTIFICATIONS_SENT,
     NOTIFICATIONS_RECEIVED,
     LONGPOLLS_HELD,
+    ENDPOINT_REQUESTS,
+    ENDPOINT_FIRST_TOKEN,
+    ENDPOINT_TOKENS,
+    ENDPOINT_STREAMS,
 )
 
 # How often a worker copies its notifier's counts into the shared metric files, so that a scrape

@@ -3,14 +3,16 @@ codes beyond the ``AppError`` a refusal raises (the edge renders it). Routers, p
 loops and the CLI call these; only these touch the database models and the artifact store.
 
 Domains, lowest first; a domain imports only itself and those before it (`make lint` checks,
-scripts/check_layers.py): accounts, money, catalog, jobs, fleet, scheduling, finetune, devenvs.
+scripts/check_layers.py): accounts, money, catalog, jobs, fleet, scheduling, finetune, endpoints, devenvs.
 
 The workload kinds built on jobs are installed here, so that every process that runs services runs
 their hooks (services/jobs/job_kinds.py); the jobs domain itself names no kind."""
 
 from sxwl.cloud.services.devenvs.dev_env_kind import DEV_ENV
+from sxwl.cloud.services.endpoints.endpoint_kind import ENDPOINT
 from sxwl.cloud.services.finetune.fine_tune_kind import FINE_TUNE
 from sxwl.cloud.services.jobs import job_kinds
 
 job_kinds.register(FINE_TUNE)
 job_kinds.register(DEV_ENV)
+job_kinds.register(ENDPOINT)

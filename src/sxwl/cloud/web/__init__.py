@@ -16,6 +16,7 @@ from sxwl.cloud.web.compute import downloads
 from sxwl.cloud.web.compute import pages as compute_pages
 from sxwl.cloud.web.devenvs import pages as dev_pages
 from sxwl.cloud.web.devenvs import proxy as dev_proxy
+from sxwl.cloud.web.endpoints import pages as endpoints_pages
 from sxwl.cloud.web.finetune import pages as finetune_pages
 from sxwl.cloud.web.jobs import pages as jobs_pages
 from sxwl.cloud.web.kit import HERE, PageRefused, error_page, page_refused
@@ -38,6 +39,7 @@ def install(app: FastAPI) -> None:
         finetune_pages,
         dev_pages,
         models_pages,
+        endpoints_pages,
         billing_pages,
         admin_pages,
         money_admin_pages,

@@ -69,11 +69,11 @@ class ModelOut(BaseModel):
     object: Literal["model"] = "model"
     created: int = Field(description="Unix time, seconds")
     owned_by: str = Field(description='"system" for public models, else the owner\'s user id')
-    kind: ModelKind
-    base_model: str | None
+    kind: ModelKind | Literal["endpoint"] = Field(description='"endpoint": one of your ready endpoints')
+    base_model: str | None = Field(description="an adapter's base; the model an endpoint serves")
     architecture: str | None
     parameters: int | None
-    bytes: int
+    bytes: int | None = Field(description="the archive's size; none for an endpoint")
 
 
 class ModelListOut(BaseModel):
@@ -98,6 +98,20 @@ def file_out(file: DataFile) -> FileOut:
             problem_count=file.problem_count,
             tokens={m: FileTokensOut.model_validate(c) for m, c in file.token_counts.items()},
         ),
+    )
+
+
+def endpoint_model_out(name: str, serves: str, created: int, owner_id: str) -> ModelOut:
+    """A ready endpoint as /v1/models lists it: its name is the ``model`` to call it with."""
+    return ModelOut(
+        id=name,
+        created=created,
+        owned_by=owner_id,
+        kind="endpoint",
+        base_model=serves,
+        architecture=None,
+        parameters=None,
+        bytes=None,
     )
 
 

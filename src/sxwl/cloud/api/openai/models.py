@@ -8,12 +8,14 @@ from fastapi.responses import Response
 
 from sxwl.cloud.api.deps import Ctx, CurrentAdmin, CurrentUser
 from sxwl.cloud.api.jobs import ARTIFACT_HEADERS, ARTIFACT_TYPE
-from sxwl.cloud.api.openai.catalog_schemas import ModelListOut, ModelOut, model_out
+from sxwl.cloud.api.openai.callers import ListingCaller
+from sxwl.cloud.api.openai.catalog_schemas import ModelListOut, ModelOut, endpoint_model_out, model_out
 from sxwl.cloud.api.openai.files import DOWNLOAD
 from sxwl.cloud.api.responses import SIGNED_IN, WITH_BODY, errors
 from sxwl.cloud.api.uploads import MULTIPART_SLACK, CallerRoom, multipart_body, read_upload
 from sxwl.cloud.edge.body_rules import body_rule
 from sxwl.cloud.services.catalog import model_catalog
+from sxwl.cloud.services.endpoints import routing
 
 router = APIRouter(prefix="/models", tags=["models"], responses=SIGNED_IN)  # mounted at /v1
 api_router = APIRouter(tags=["models"], responses=SIGNED_IN)  # mounted at /api/v1
@@ -24,10 +26,17 @@ MODEL_FORM = multipart_body("tar or tar.gz of a model directory, files at its ro
 
 
 @router.get("", response_model=ModelListOut)
-def list_models(user: CurrentUser, ctx: Ctx) -> ModelListOut:
-    """Public models, the caller's own base models and the adapters of their fine-tunes."""
+def list_models(caller: ListingCaller, ctx: Ctx) -> ModelListOut:
+    """Public models, the caller's own base models and the adapters of their fine-tunes, then the
+    caller's ready endpoints (docs/endpoints.md). An inference key lists them too."""
+    user = caller.user
     with ctx.db.session() as session:
-        return ModelListOut(data=[model_out(m) for m in model_catalog.visible(session, user=user)])
+        catalogue = [model_out(m) for m in model_catalog.visible(session, user=user)]
+        serving = [
+            endpoint_model_out(name, serves, created, user.id)
+            for name, serves, created in routing.ready_names(session, user.id)
+        ]
+        return ModelListOut(data=catalogue + serving)
 
 
 @router.get("/{model_id}", response_model=ModelOut, responses=NOT_FOUND)

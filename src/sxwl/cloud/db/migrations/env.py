@@ -3,7 +3,15 @@ from __future__ import annotations
 from alembic import context
 from sqlalchemy import create_engine
 
-from sxwl.cloud.db import devenv_models, finetune_models, money_models, shared_state, tunnel_models  # noqa: F401  (their tables join Base.metadata)
+# Imported for their tables, which join Base.metadata.
+from sxwl.cloud.db import (  # noqa: F401
+    devenv_models,
+    endpoint_models,
+    finetune_models,
+    money_models,
+    shared_state,
+    tunnel_models,
+)
 from sxwl.cloud.db.models import Base
 
 config = context.config

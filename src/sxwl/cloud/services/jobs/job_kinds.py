@@ -1,4 +1,4 @@
-"""Workload kinds: what a kind of work built on jobs (fine-tunes now; endpoints and dev environments
+"""Workload kinds: what a kind of work built on jobs (fine-tunes, endpoints; dev environments
 next) adds to the life of its jobs. The job state machine (attempts.py, job_logs.py) calls the
 kind's hooks in its own transaction and names no kind; a kind registers itself here
 (services/__init__.py installs the cloud's kinds) and hands ``jobs.submit`` its ``Workload``."""
@@ -68,10 +68,12 @@ class Kind(ABC):
 class Workload:
     """What a kind gives ``jobs.submit`` beside the job's own fields: everything the job row holds
     for it from the start. ``trainer``: the run spec its agent is handed (``Assignment.trainer``);
-    ``inputs``: what each attempt fetches onto its CPod."""
+    ``inputs``: what each attempt fetches onto its CPod; ``engine``: the engine an endpoint's
+    replica serves (``Assignment.engine``)."""
 
     kind: Kind
     trainer: dict[str, object] | None = None
+    engine: dict[str, object] | None = None
     inputs: list[StoredInput] = field(default_factory=list)
     dev_env_id: str | None = None  # the dev environment the job runs (services/devenvs)
 

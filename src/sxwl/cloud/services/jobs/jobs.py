@@ -45,6 +45,7 @@ def submit(
         node_names=[],
         reason=Reason.of("queue.scheduler"),
         trainer=workload.trainer if workload else None,
+        engine=workload.engine if workload else None,
         inputs=list(workload.inputs) if workload else [],
         dev_env_id=workload.dev_env_id if workload else None,
     )

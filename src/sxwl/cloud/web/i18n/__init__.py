@@ -1,5 +1,5 @@
 """Console texts in zh-CN (default) and English, one table per area (common, jobs, compute, money,
-finetune, storage, console, models), merged here; reasons/events are worded from their codes by
+finetune, storage, console, models, endpoints), merged here; reasons/events are worded from their codes by
 ``reasons``."""
 
 from __future__ import annotations
@@ -8,6 +8,7 @@ from sxwl.cloud.web.i18n.common import COMMON_MESSAGES
 from sxwl.cloud.web.i18n.compute import COMPUTE_MESSAGES
 from sxwl.cloud.web.i18n.console import CONSOLE_MESSAGES, SINGULAR
 from sxwl.cloud.web.i18n.devenvs import DEVENVS_MESSAGES
+from sxwl.cloud.web.i18n.endpoints import ENDPOINTS_MESSAGES
 from sxwl.cloud.web.i18n.finetune import FINETUNE_MESSAGES
 from sxwl.cloud.web.i18n.jobs import JOBS_MESSAGES
 from sxwl.cloud.web.i18n.models import MODELS_MESSAGES
@@ -28,6 +29,7 @@ TABLES: tuple[dict[str, dict[str, str]], ...] = (
     CONSOLE_MESSAGES,
     MODELS_MESSAGES,
     DEVENVS_MESSAGES,
+    ENDPOINTS_MESSAGES,
 )
 MESSAGES: dict[str, dict[str, str]] = {lang: {} for lang in LANGUAGES}
 for _table in TABLES:

@@ -127,6 +127,8 @@ ZH: dict[str, str] = {
     "ft.no_reason": "未说明原因",
     "ft.requeued_resume": "第 {attempt} 次尝试丢失（{why}）；已重新排队，将从第 {step} 步的检查点继续",
     "ft.requeued_fresh": "第 {attempt} 次尝试丢失（{why}）；已重新排队，将从头开始",
+    # endpoints (docs/endpoints.md)
+    "endpoint.engine_failed": "推理引擎已退出 {exits} 次，不再重启；最后几行输出：\n{lines}",
 }
 
 _BY_LANGUAGE = {"zh": ZH, "en": ENGLISH}

@@ -1,0 +1,158 @@
+"""What the serving path costs (docs/endpoints.md): one engine reached directly (its supervisor's
+unix socket, as the agent reaches it) and through the whole path (the cloud's /v1, the tunnel, the
+agent, the socket), in one run.
+
+- **added time to first token**: ``--ttft-requests`` streamed chat calls, one at a time; p50 and
+  p99 of the first content chunk's arrival, direct and through, and the difference;
+- **chunks/s** at 1, 16, 64 and 256 concurrent streams of ``--tokens`` one-token chunks each.
+
+The engine is the recording vLLM stand-in (tests/support/fake_vllm.py) in its fast mode, streaming
+as fast as it can, run by a real agent (simulated GPUs) as an endpoint's replica in its sandbox: the
+path is measured, not a model. The cloud is `sxwl serve` on SQLite. Appends a dated section to
+bench/RESULTS.md. Run: ``.venv/bin/python bench/serving.py``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import functools
+import os
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Coroutine
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "src"))
+
+import httpx  # noqa: E402
+from bench.common import Processes, append_results, interrupt_on_sigterm, machine_line, percentile, utc_now  # noqa: E402
+from tests.support.agent import eventually  # noqa: E402
+from tests.test_endpoints_vllm import FAKE  # noqa: E402
+from tests.test_finetune_system import MODEL, FineTuneWorld  # noqa: E402
+from tests.test_jobs_process import PRODUCT  # noqa: E402
+
+from sxwl.engine.sockets import reachable  # noqa: E402
+
+CONCURRENCY = (1, 16, 64, 256)
+BODY: dict[str, Any] = {"model": "fast", "messages": [{"role": "user", "content": "hi"}], "stream": True}
+
+
+async def stream_once(client: httpx.AsyncClient, url: str, tokens: int) -> tuple[float, int]:
+    """(seconds to the first content chunk, content chunks) of one streamed call."""
+    started = time.perf_counter()
+    first, chunks = 0.0, 0
+    async with client.stream("POST", url, json=BODY | {"max_tokens": tokens}) as reply:
+        assert reply.status_code == 200, await reply.aread()
+        async for line in reply.aiter_lines():
+            if line.startswith("data: {") and '"content"' in line:
+                chunks += 1
+                if chunks == 1:
+                    first = time.perf_counter() - started
+    return first, chunks
+
+
+async def first_tokens(client: httpx.AsyncClient, url: str, requests: int) -> list[float]:
+    return [(await stream_once(client, url, 4))[0] for _ in range(requests)]
+
+
+async def chunk_rate(client: httpx.AsyncClient, url: str, streams: int, tokens: int) -> float:
+    started = time.perf_counter()
+    done = await asyncio.gather(*(stream_once(client, url, tokens) for _ in range(streams)))
+    assert all(chunks == tokens for _, chunks in done)
+    return streams * tokens / (time.perf_counter() - started)
+
+
+def client_for(
+    make: Callable[[], httpx.AsyncClient],
+) -> Callable[[Callable[[httpx.AsyncClient], Coroutine[Any, Any, Any]]], Any]:
+    def run(work: Callable[[httpx.AsyncClient], Coroutine[Any, Any, Any]]) -> Any:
+        async def go() -> Any:
+            async with make() as client:
+                return await work(client)
+
+        return asyncio.run(go())
+
+    return run
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--ttft-requests", type=int, default=100)
+    parser.add_argument("--tokens", type=int, default=200)
+    args = parser.parse_args()
+    processes = Processes()
+    with interrupt_on_sigterm(), tempfile.TemporaryDirectory() as tmp:
+        try:
+            run(Path(tmp), args, processes)
+        finally:
+            processes.stop_all()
+
+
+def run(root: Path, args: argparse.Namespace, processes: Processes) -> None:
+    world = FineTuneWorld(root, f"sqlite:///{root / 'sxwl.db'}")
+    processes.add(world.close)
+    fakebin = root / "fakebin"
+    fakebin.mkdir()
+    (fakebin / "vllm").write_text(f"#!{sys.executable}\n" + FAKE.read_text())
+    (fakebin / "vllm").chmod(0o755)
+    world.agent("bench", 1, "--share-dir", str(fakebin), env={"PATH": f"{fakebin}:{os.environ['PATH']}"})
+    world.online()
+    body = {"name": "fast", "model": MODEL, "gpus": 1, "gpu_product": PRODUCT}
+    created = httpx.post(f"{world.url}/api/v1/endpoints", headers=world.user, json=body).json()
+
+    def ready() -> dict[str, Any] | None:
+        found: dict[str, Any] = httpx.get(
+            f"{world.url}/api/v1/endpoints/{created['id']}", headers=world.user
+        ).json()
+        return found if found["state"] == "ready" else None
+
+    replica = eventually(ready, timeout=120, what="the endpoint ready")["replica_jobs"][0]
+    (socket,) = (root / "agent-bench" / "jobs").glob(f"{replica['job_id']}*/work/engine.sock")
+
+    def stop_endpoint() -> None:
+        """Before the agent stops (reverse order): its replica's engine ends with it."""
+        httpx.delete(f"{world.url}/api/v1/endpoints/{created['id']}", headers=world.user)
+        eventually(lambda: world.job(replica["job_id"])["state"] == "cancelled", timeout=60, what="stopped")
+
+    processes.add(stop_endpoint)
+    limits = httpx.Limits(max_connections=300, max_keepalive_connections=300)
+    with reachable(str(socket)) as short:
+        direct = client_for(
+            lambda: httpx.AsyncClient(
+                transport=httpx.AsyncHTTPTransport(uds=short, limits=limits), timeout=120
+            )
+        )
+        through = client_for(lambda: httpx.AsyncClient(headers=world.user, limits=limits, timeout=120))
+        direct_url, through_url = "http://engine/v1/chat/completions", f"{world.url}/v1/chat/completions"
+        lines = [f"## Serving: {utc_now()}", "", machine_line(), ""]
+        firsts = {
+            "direct": direct(lambda c: first_tokens(c, direct_url, args.ttft_requests)),
+            "through": through(lambda c: first_tokens(c, through_url, args.ttft_requests)),
+        }
+        p = {k: (percentile(v, 50) * 1000, percentile(v, 99) * 1000) for k, v in firsts.items()}
+        added = (p["through"][0] - p["direct"][0], p["through"][1] - p["direct"][1])
+        lines.append(
+            f"- time to first token at concurrency 1 ({args.ttft_requests} calls): direct p50 "
+            f"{p['direct'][0]:.1f} ms, p99 {p['direct'][1]:.1f} ms; through the cloud p50 "
+            f"{p['through'][0]:.1f} ms, p99 {p['through'][1]:.1f} ms; added p50 {added[0]:.1f} ms "
+            f"(target 5 ms), p99 {added[1]:.1f} ms"
+        )
+        for streams in CONCURRENCY:
+            d = direct(functools.partial(chunk_rate, url=direct_url, streams=streams, tokens=args.tokens))
+            t = through(functools.partial(chunk_rate, url=through_url, streams=streams, tokens=args.tokens))
+            target = " (target 0.90)" if streams == 64 else ""
+            lines.append(
+                f"- {streams} concurrent streams of {args.tokens} chunks: direct {d:,.0f} chunks/s, "
+                f"through {t:,.0f} chunks/s, ratio {t / d:.2f}{target}"
+            )
+    print("\n".join(lines))
+    append_results("\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,293 @@
+"""Calling an endpoint, OpenAI-compatible (docs/endpoints.md): ``POST /v1/chat/completions`` and
+``/v1/completions`` with ``model`` naming one of the caller's endpoints, proxied through the CPod's
+tunnel to a replica's engine. The body is checked (and bounded, by the edge's default rule) before it
+travels; a stream is passed on chunk by chunk, with ``:`` comment lines while the engine has not
+produced its first bytes, so an idle timeout between the client and the cloud never cuts it; the
+engine's token counts are recorded per endpoint, credential and day."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator, Coroutine
+from typing import Any
+
+from fastapi import APIRouter, Request, Response
+from fastapi.concurrency import run_in_threadpool
+from fastapi.responses import StreamingResponse
+
+from sxwl.cloud.api.deps import Ctx
+from sxwl.cloud.api.openai.callers import Caller, InferenceCaller
+from sxwl.cloud.api.responses import SIGNED_IN, WITH_BODY, errors
+from sxwl.cloud.context import CloudContext
+from sxwl.cloud.errors import AppError, invalid
+from sxwl.cloud.kit import metrics
+from sxwl.cloud.services.endpoints import routing
+from sxwl.cloud.tunnel import service
+from sxwl.cloud.tunnel.service import NoTunnel, TunnelError, TunnelRequest
+
+router = APIRouter(tags=["inference"], responses=SIGNED_IN)  # mounted at /v1
+# Seconds until the engine's answer starts (its head), and between two of its chunks after that.
+FIRST_BYTE_S = 120.0
+BETWEEN_BYTES_S = 120.0
+# A comment line this often while the engine has said nothing: below common 60 s idle timeouts.
+KEEPALIVE_S = 15.0
+MAX_ANSWER_BYTES = 32 * 1024 * 1024  # a non-streamed answer the cloud reads whole
+ERRORS = WITH_BODY | errors(404, 429, 502, 503, 504)
+SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+KEEPALIVE = b": waiting for the first token\n\n"
+DONE = b"data: [DONE]\n\n"
+
+
+def _checked(raw: bytes, prompt_field: str) -> dict[str, Any]:
+    try:
+        body = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise invalid("body", f"not JSON: {exc}") from None
+    if not isinstance(body, dict):
+        raise invalid("body", "must be a JSON object")
+    model = body.get("model")
+    if not isinstance(model, str) or not model.strip() or len(model) > 200:
+        raise invalid("model", "required: the name of one of your endpoints")
+    prompt = body.get(prompt_field)
+    if prompt_field == "messages":
+        if not isinstance(prompt, list) or not prompt or not all(isinstance(m, dict) for m in prompt):
+            raise invalid("messages", "required: a non-empty list of message objects")
+        for index, message in enumerate(prompt):
+            if not isinstance(message.get("role"), str):
+                raise invalid(f"messages.{index}.role", "required: a string")
+    elif not isinstance(prompt, str | list) or not prompt:
+        raise invalid("prompt", "required: a string or a list of strings or tokens")
+    if "stream" in body and not isinstance(body["stream"], bool):
+        raise invalid("stream", "must be true or false")
+    for field in ("max_tokens", "max_completion_tokens", "n"):
+        value = body.get(field)
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+            raise invalid(field, "must be a positive integer")
+    return body
+
+
+def _usage_of(answer: dict[str, Any]) -> tuple[int, int] | None:
+    usage = answer.get("usage")
+    if not isinstance(usage, dict):
+        return None
+    prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens")
+    if isinstance(prompt, int) and isinstance(completion, int):
+        return max(prompt, 0), max(completion, 0)
+    return None
+
+
+class _UsageScanner:
+    """Reads the SSE lines going by for the chunk that carries ``usage`` (the last, from either
+    engine), without holding more than one unfinished line."""
+
+    def __init__(self) -> None:
+        self.pending = b""
+        self.found: tuple[int, int] | None = None
+        self.done = False  # the engine sent ``data: [DONE]``
+        self.seen = False  # any of the engine's bytes
+
+    def feed(self, chunk: bytes) -> None:
+        self.seen = True
+        self.pending += chunk
+        *lines, self.pending = self.pending.split(b"\n")
+        if len(self.pending) > 1024 * 1024:
+            self.pending = b""  # a line this long is no usage chunk
+        for line in lines:
+            if line.strip() == DONE.strip():
+                self.done = True
+            elif line.startswith(b"data:") and b'"usage"' in line:
+                try:
+                    said = json.loads(line[5:].strip())
+                except (UnicodeDecodeError, json.JSONDecodeError):
+                    continue
+                if isinstance(said, dict) and (usage := _usage_of(said)) is not None:
+                    self.found = usage
+
+
+async def _record(
+    ctx: CloudContext, route: routing.Route, key_id: str, usage: tuple[int, int] | None
+) -> None:
+    prompt, completion = usage or (0, 0)
+    metrics.ENDPOINT_TOKENS.labels(route.endpoint_id, "prompt").inc(prompt)
+    metrics.ENDPOINT_TOKENS.labels(route.endpoint_id, "completion").inc(completion)
+
+    def write() -> None:
+        with ctx.db.session() as session:
+            routing.record_usage(session, route.endpoint_id, key_id, prompt, completion)
+
+    await run_in_threadpool(write)
+
+
+class StreamCut(Exception):
+    """An engine's stream ended before its end (its replica's CPod lost, a timeout between bytes)."""
+
+
+_BACKGROUND: set[asyncio.Task[None]] = set()
+
+
+def _later(work: Coroutine[None, None, None]) -> None:
+    """``work`` in a task of its own: a generator closed by its client cannot await any more."""
+    task = asyncio.get_running_loop().create_task(work)
+    _BACKGROUND.add(task)
+    task.add_done_callback(_BACKGROUND.discard)
+
+
+def _unreachable(route: routing.Route, why: str) -> AppError:
+    return AppError(
+        503,
+        f"endpoint {route.name}: its replica cannot be reached now ({why}); retry in a few seconds",
+        code="endpoint_unreachable",
+        headers={"Retry-After": str(routing.RETRY_AFTER_S)},
+    )
+
+
+async def _proxy(
+    request: Request, caller: Caller, ctx: CloudContext, path: str, prompt_field: str
+) -> Response:
+    arrived = time.perf_counter()
+    body = _checked(await request.body(), prompt_field)
+
+    def find() -> routing.Route:
+        with ctx.db.session() as session:
+            return routing.route(session, caller.user.id, body["model"])
+
+    route = await run_in_threadpool(find)
+    body["model"] = route.name  # the engine serves the endpoint under its name
+    streaming = body.get("stream") is True
+    if streaming and not isinstance(body.get("stream_options"), dict):
+        body["stream_options"] = {"include_usage": True}  # the last chunk then carries the counts
+    payload = json.dumps(body).encode()
+
+    async def one() -> AsyncIterator[bytes]:
+        yield payload
+
+    headers = [
+        ("content-type", "application/json"),
+        ("content-length", str(len(payload))),
+        ("accept", "text/event-stream" if streaming else "application/json"),
+    ]
+    try:
+        reply = await service.open_stream(
+            ctx.tunnels,
+            route.cpod_id,
+            route.target,
+            TunnelRequest("POST", path, headers, one()),
+            FIRST_BYTE_S,
+        )
+    except NoTunnel:
+        raise _unreachable(route, "its CPod's tunnel is down") from None
+    except TunnelError as exc:
+        raise _unreachable(route, str(exc)) from None
+    except TimeoutError:
+        raise AppError(504, f"endpoint {route.name}: no answer within {FIRST_BYTE_S:.0f} s") from None
+    if reply.from_agent:
+        reply.close()
+        raise _unreachable(route, "its engine does not answer")
+    kind = next((v for n, v in reply.headers if n == "content-type"), "application/json")
+    if not (streaming and reply.status == 200):
+        metrics.ENDPOINT_FIRST_TOKEN.labels(route.endpoint_id).observe(time.perf_counter() - arrived)
+        outcome = "ok" if reply.status == 200 else "error"
+        metrics.ENDPOINT_REQUESTS.labels(route.endpoint_id, outcome).inc()
+        async with reply:
+            parts: list[bytes] = []
+            size = 0
+            try:
+                async for chunk in _paced(reply.chunks(), None):
+                    parts.append(chunk)
+                    size += len(chunk)
+                    if size > MAX_ANSWER_BYTES:
+                        raise AppError(502, f"endpoint {route.name}: the engine's answer is too large")
+            except (TunnelError, TimeoutError) as exc:
+                raise AppError(
+                    502, f"endpoint {route.name}: the answer was cut ({exc or 'timed out'})"
+                ) from None
+        data = b"".join(parts)
+        if reply.status == 200:
+            try:
+                answer = json.loads(data)
+            except (UnicodeDecodeError, json.JSONDecodeError):
+                answer = {}
+            await _record(ctx, route, caller.key_id, _usage_of(answer) if isinstance(answer, dict) else None)
+        return Response(data, reply.status, media_type=kind)
+
+    async def relay() -> AsyncIterator[bytes]:
+        scanner = _UsageScanner()
+        recorded = False
+        outcome = "cut"
+        open_streams = metrics.ENDPOINT_STREAMS.labels(route.endpoint_id)
+        open_streams.inc()
+        try:
+            async with reply:
+                try:
+                    async for chunk in _paced(reply.chunks(), KEEPALIVE):
+                        if chunk is not KEEPALIVE:
+                            if not scanner.seen:
+                                metrics.ENDPOINT_FIRST_TOKEN.labels(route.endpoint_id).observe(
+                                    time.perf_counter() - arrived
+                                )
+                            scanner.feed(chunk)
+                        if scanner.found is not None and not recorded:
+                            # Before the chunk goes: a client that stops at [DONE] and closes ends
+                            # this generator at its next yield.
+                            recorded = True
+                            await _record(ctx, route, caller.key_id, scanner.found)
+                        yield chunk
+                except (TunnelError, TimeoutError) as exc:
+                    # Raised past the response's start: the server closes the connection, which is
+                    # how HTTP says a body is cut, so the client sees an error, not a short answer.
+                    raise StreamCut(
+                        f"endpoint {route.name}: the stream was cut ({exc or 'timed out'})"
+                    ) from exc
+            outcome = "ok"
+            if not scanner.done:
+                yield DONE  # `transformers serve` ends without it; OpenAI's streams end with it
+        finally:
+            open_streams.dec()
+            metrics.ENDPOINT_REQUESTS.labels(route.endpoint_id, outcome).inc()
+            if not recorded:  # a request without counts (cut, or an engine that gave none)
+                _later(_record(ctx, route, caller.key_id, None))
+
+    return StreamingResponse(relay(), media_type="text/event-stream", headers=SSE_HEADERS)
+
+
+async def _paced(chunks: AsyncIterator[bytes], keepalive: bytes | None) -> AsyncIterator[bytes]:
+    """``chunks`` with the between-bytes timeout; until the first, ``keepalive`` every KEEPALIVE_S
+    (its wait counting toward FIRST_BYTE_S)."""
+    it = aiter(chunks)
+    first = True
+    waited = 0.0
+    while True:
+        step = asyncio.ensure_future(anext(it))
+        try:
+            while True:
+                limit = KEEPALIVE_S if (first and keepalive is not None) else BETWEEN_BYTES_S
+                done, _ = await asyncio.wait({step}, timeout=limit)
+                if done:
+                    break
+                if not (first and keepalive is not None) or waited >= FIRST_BYTE_S:
+                    raise TimeoutError(f"nothing for {limit:.0f} s")
+                waited += limit
+                yield keepalive
+            try:
+                chunk = step.result()
+            except StopAsyncIteration:
+                return
+        finally:
+            if not step.done():
+                step.cancel()
+        first = False
+        yield chunk
+
+
+@router.post("/chat/completions", responses=ERRORS)
+async def chat_completions(request: Request, caller: InferenceCaller, ctx: Ctx) -> Response:
+    """OpenAI's chat completions, answered by the endpoint ``model`` names."""
+    return await _proxy(request, caller, ctx, "/v1/chat/completions", "messages")
+
+
+@router.post("/completions", responses=ERRORS)
+async def completions(request: Request, caller: InferenceCaller, ctx: Ctx) -> Response:
+    """OpenAI's legacy text completions, answered by the endpoint ``model`` names."""
+    return await _proxy(request, caller, ctx, "/v1/completions", "prompt")

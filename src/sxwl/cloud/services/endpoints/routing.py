@@ -1,0 +1,120 @@
+"""Which replica answers a /v1 call (docs/endpoints.md, "Calling an endpoint"), and what its answer
+counted. ``model`` names one of the caller's endpoints, or the model one of them serves; only the
+owner's credentials reach an endpoint."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+from sqlalchemy import select, update
+from sqlalchemy.orm import Session
+
+from sxwl.cloud.db.endpoint_models import Endpoint, EndpointUsage
+from sxwl.cloud.db.types import utcnow
+from sxwl.cloud.errors import AppError
+from sxwl.cloud.services.endpoints import endpoints
+from sxwl.cloud.services.endpoints.endpoints import State
+from sxwl.protocol.endpoints import engine_target
+
+RETRY_AFTER_S = 10  # what a call to an endpoint that does not serve yet is told to wait
+
+
+@dataclass(frozen=True)
+class Route:
+    endpoint_id: str
+    name: str
+    cpod_id: str
+    target: str
+
+
+def _not_ready(view: endpoints.View) -> AppError:
+    name = view.endpoint.name
+    message = f"endpoint {name} is {view.state.value}; retry in a few seconds"
+    return AppError(
+        503,
+        message,
+        code="endpoint_not_ready",
+        details={"endpoint": view.endpoint.id, "state": view.state.value},
+        headers={"Retry-After": str(RETRY_AFTER_S)},
+    )
+
+
+def find(session: Session, owner_id: str, model: str) -> endpoints.View:
+    """The caller's live endpoint called ``model``, else the ready one serving model ``model``."""
+    live = select(Endpoint).where(Endpoint.owner_id == owner_id, Endpoint.stopped_at.is_(None))
+    named = session.scalar(live.where(Endpoint.name == model))
+    if named is not None:
+        return endpoints.view(session, named)
+    serving = [endpoints.view(session, e) for e in session.scalars(live.where(Endpoint.model_name == model))]
+    for view in serving:
+        if view.ready:
+            return view
+    if serving:
+        return serving[0]
+    message = f"no endpoint named {model}, nor one serving it; GET /v1/models lists your ready endpoints"
+    raise AppError(
+        404, f"model: {message}", code="model_not_found", details=[{"field": "model", "message": message}]
+    )
+
+
+def route(session: Session, owner_id: str, model: str) -> Route:
+    """A replica that serves now, picked at random among them; 503 with Retry-After when none does."""
+    view = find(session, owner_id, model)
+    ready = [job for job in view.ready if job.cpod_id is not None]
+    if view.state in (State.STOPPED, State.FAILED) or not ready:
+        raise _not_ready(view)
+    job = random.choice(ready)  # noqa: S311  (spreading load, not a secret)
+    assert job.cpod_id is not None
+    return Route(view.endpoint.id, view.endpoint.name, job.cpod_id, engine_target(job.id, job.attempt))
+
+
+def ready_names(session: Session, owner_id: str) -> list[tuple[str, str, int]]:
+    """The caller's ready endpoints for /v1/models: (name, model served, created unix time)."""
+    found = session.scalars(
+        select(Endpoint)
+        .where(Endpoint.owner_id == owner_id, Endpoint.stopped_at.is_(None))
+        .order_by(Endpoint.created_at)
+    )
+    out = []
+    for endpoint in found:
+        view = endpoints.view(session, endpoint)
+        if view.state in (State.READY, State.DEGRADED) and view.ready:
+            out.append((endpoint.name, endpoint.model_name, int(endpoint.created_at.timestamp())))
+    return out
+
+
+def record_usage(session: Session, endpoint_id: str, key_id: str, prompt: int, completion: int) -> None:
+    """One answered request and its tokens on today's row (UTC), added in the database (replicas
+    count into the same row)."""
+    day = utcnow().strftime("%Y-%m-%d")
+    changed = session.execute(
+        update(EndpointUsage)
+        .where(
+            EndpointUsage.endpoint_id == endpoint_id, EndpointUsage.key_id == key_id, EndpointUsage.day == day
+        )
+        .values(
+            requests=EndpointUsage.requests + 1,
+            prompt_tokens=EndpointUsage.prompt_tokens + prompt,
+            completion_tokens=EndpointUsage.completion_tokens + completion,
+        )
+    )
+    if changed.rowcount == 0:  # type: ignore[attr-defined]
+        session.add(
+            EndpointUsage(
+                endpoint_id=endpoint_id,
+                key_id=key_id,
+                day=day,
+                requests=1,
+                prompt_tokens=prompt,
+                completion_tokens=completion,
+            )
+        )
+
+
+def usage(session: Session, endpoint_id: str) -> list[EndpointUsage]:
+    return list(
+        session.scalars(
+            select(EndpointUsage).where(EndpointUsage.endpoint_id == endpoint_id).order_by(EndpointUsage.day)
+        )
+    )

@@ -1,0 +1,179 @@
+"""推理服务 (Endpoints, docs/endpoints.md): the caller's endpoints (state, replicas, the URL and model
+to call, model, requests and tokens today), a Deploy form (prefilled from the Models page's Deploy
+buttons), delete, and the inference keys (a new key's secret shown once, revoke). The same services
+as ``/api/v1/endpoints`` and ``/api/v1/keys``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from fastapi import APIRouter, Request
+from fastapi.responses import Response
+from pydantic import ValidationError
+
+from sxwl.cloud.api.deps import Principal, csrf_ok
+from sxwl.cloud.db.endpoint_models import InferenceKey
+from sxwl.cloud.db.types import utcnow
+from sxwl.cloud.errors import AppError
+from sxwl.cloud.services.catalog import model_catalog
+from sxwl.cloud.services.endpoints import endpoints, inference_keys, routing
+from sxwl.cloud.web.i18n import translate
+from sxwl.cloud.web.i18n.reasons import reason_text
+from sxwl.cloud.web.kit import JobsViewer, ctx_of, error_page, field_errors, language, redirect, render
+from sxwl.protocol.endpoints import EndpointRequest
+
+router = APIRouter(include_in_schema=False)
+FORM_FIELDS = ("name", "model", "gpus", "gpu_product", "replicas")
+
+
+@dataclass(frozen=True)
+class EndpointRow:
+    id: str
+    name: str
+    model: str
+    state: str
+    reason: str
+    ready: int
+    replicas: int
+    requests_today: int
+    tokens_today: int
+
+
+def _rows(request: Request, principal: Principal) -> tuple[list[EndpointRow], list[InferenceKey], list[str]]:
+    lang, today = language(request), utcnow().strftime("%Y-%m-%d")
+    with ctx_of(request).db.session() as session:
+        rows = []
+        for view in endpoints.list_for(session, principal.user):
+            used = [u for u in routing.usage(session, view.endpoint.id) if u.day == today]
+            rows.append(
+                EndpointRow(
+                    id=view.endpoint.id,
+                    name=view.endpoint.name,
+                    model=view.endpoint.model_name,
+                    state=view.state.value,
+                    reason=reason_text(lang, view.reason),
+                    ready=len(view.ready),
+                    replicas=view.endpoint.replicas,
+                    requests_today=sum(u.requests for u in used),
+                    tokens_today=sum(u.prompt_tokens + u.completion_tokens for u in used),
+                )
+            )
+        keys = inference_keys.list_for(session, principal.user)
+        models = [m.name for m in model_catalog.visible(session, user=principal.user)]
+    return rows, keys, models
+
+
+def _page(
+    request: Request,
+    principal: Principal,
+    form: dict[str, str],
+    errors: dict[str, str] | None = None,
+    status: int = 200,
+    new_key: str | None = None,
+) -> Response:
+    rows, keys, models = _rows(request, principal)
+    base_url = str(request.base_url).rstrip("/") + "/v1"
+    return render(
+        request,
+        "endpoints.html",
+        principal,
+        status=status,
+        endpoints=rows,
+        keys=keys,
+        models=models,
+        form=form,
+        errors=errors or {},
+        base_url=base_url,
+        new_key=new_key,
+    )
+
+
+@router.get("/endpoints")
+def endpoints_page(request: Request, principal: JobsViewer) -> Response:
+    model = request.query_params.get("model", "")
+    name = model.replace(":", "-")[:63] if model else ""
+    form = {"name": name, "model": model, "gpus": "1", "gpu_product": "", "replicas": "1"}
+    return _page(request, principal, form)
+
+
+@router.get("/endpoints/{endpoint_id}/playground")
+def playground(request: Request, principal: JobsViewer, endpoint_id: str) -> Response:
+    """A chat with the endpoint, streamed (static/playground.js calls /v1 with this session)."""
+    try:
+        with ctx_of(request).db.session() as session:
+            view = endpoints.view(session, endpoints.get(session, principal.user, endpoint_id))
+    except AppError as exc:
+        return error_page(request, exc.status, principal)
+    return render(
+        request,
+        "endpoint_playground.html",
+        principal,
+        endpoint_name=view.endpoint.name,
+        state=view.state.value,
+    )
+
+
+@router.post("/endpoints/deploy")
+async def deploy(request: Request, principal: JobsViewer) -> Response:
+    ctx, lang = ctx_of(request), language(request)
+    raw = await request.form()
+    form = {k: str(raw.get(k, "")).strip() for k in FORM_FIELDS}
+    if not csrf_ok(request, str(raw.get("csrf_token", ""))):
+        return _page(request, principal, form, {"form": translate(lang, "error.csrf")}, 403)
+    values = {k: v for k, v in form.items() if v != ""}
+    try:
+        body = EndpointRequest.model_validate(values, strict=False)
+    except ValidationError as exc:
+        return _page(request, principal, form, field_errors(lang, exc), 422)
+    try:
+        with ctx.db.session() as session:
+            endpoints.create(ctx, session, owner=session.merge(principal.user), request=body)
+    except AppError as exc:
+        errors = field_errors(lang, exc) if isinstance(exc.details, list) else {}
+        errors.setdefault("form", translate(lang, "endpoints.refused", why=exc.message))
+        return _page(request, principal, form, errors, exc.status)
+    return redirect("/endpoints")
+
+
+@router.post("/endpoints/{endpoint_id}/delete")
+async def delete(request: Request, principal: JobsViewer, endpoint_id: str) -> Response:
+    raw = await request.form()
+    if not csrf_ok(request, str(raw.get("csrf_token", ""))):
+        return _page(request, principal, {}, {"form": translate(language(request), "error.csrf")}, 403)
+    try:
+        with ctx_of(request).db.session() as session:
+            endpoints.delete(session, session.merge(principal.user), endpoint_id)
+    except AppError as exc:  # another user's, or none: said on the page
+        return _page(request, principal, {}, {"form": exc.message}, exc.status)
+    return redirect("/endpoints")
+
+
+@router.post("/endpoints/keys")
+async def create_key(request: Request, principal: JobsViewer) -> Response:
+    lang = language(request)
+    raw = await request.form()
+    if not csrf_ok(request, str(raw.get("csrf_token", ""))):
+        return _page(request, principal, {}, {"key": translate(lang, "error.csrf")}, 403)
+    name = str(raw.get("key_name", "")).strip() or "key"
+    if len(name) > 100:
+        return _page(request, principal, {}, {"key": translate(lang, "error.too_long")}, 422)
+    try:
+        with ctx_of(request).db.session() as session:
+            made = inference_keys.create(session, session.merge(principal.user), name, None)
+            secret = made.secret
+    except AppError as exc:  # too many keys
+        return _page(request, principal, {}, {"key": exc.message}, exc.status)
+    return _page(request, principal, {}, new_key=secret)  # shown in this answer only
+
+
+@router.post("/endpoints/keys/{key_id}/revoke")
+async def revoke_key(request: Request, principal: JobsViewer, key_id: str) -> Response:
+    raw = await request.form()
+    if not csrf_ok(request, str(raw.get("csrf_token", ""))):
+        return _page(request, principal, {}, {"key": translate(language(request), "error.csrf")}, 403)
+    try:
+        with ctx_of(request).db.session() as session:
+            inference_keys.revoke(session, session.merge(principal.user), key_id)
+    except AppError as exc:
+        return _page(request, principal, {}, {"key": exc.message}, exc.status)
+    return redirect("/endpoints")

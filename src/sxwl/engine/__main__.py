@@ -1,0 +1,5 @@
+import sys
+
+from sxwl.engine.supervisor import main
+
+sys.exit(main(sys.argv[1:]))
