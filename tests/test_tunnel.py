@@ -106,6 +106,7 @@ def test_many_concurrent_streams_carry_method_headers_and_bodies(rig: Rig) -> No
 
 def test_a_hundred_streams_open_at_once_on_each_connection_and_all_abort_their_requests(rig: Rig) -> None:
     ids = [f"many{i}" for i in range(200)]
+    rig.wait_connections(2)  # both up again after an earlier test's cut
 
     async def run() -> list[int]:
         async def one(name: str) -> service.TunnelResponse:
