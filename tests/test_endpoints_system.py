@@ -68,7 +68,16 @@ class ServingWorld(FineTuneWorld):
         return self.agent(name, python=str(wrapper))
 
     def close(self) -> None:
-        super().close()
+        # Every endpoint deleted and its replicas stopped before the agent goes: a replica's engine
+        # runs in its own sessions and would outlive it (a test that failed midway included).
+        try:
+            live = httpx.get(f"{self.url}{URL}", headers=self.user).json()
+            for endpoint in live:
+                stopped = httpx.delete(f"{self.url}{URL}/{endpoint['id']}", headers=self.user).json()
+                for replica in stopped["replica_jobs"]:
+                    self.wait_state(replica["job_id"], "cancelled", "failed", timeout=60)
+        finally:
+            super().close()
         if hasattr(self, "relay"):
             self.relay.close()
             shutil.rmtree(self.door_dir, ignore_errors=True)

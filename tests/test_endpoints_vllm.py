@@ -65,6 +65,15 @@ class GpuWorld(FineTuneWorld):
         (work,) = (self.root / "agent-g" / "jobs").glob(f"{job_id}*/work")
         return [json.loads(line) for line in (work / "vllm-calls.jsonl").read_text().splitlines()]
 
+    def close(self) -> None:
+        """Every endpoint deleted and its replicas stopped before the agents go: a replica's engine
+        runs in its own sessions and would outlive them (a test that failed midway included)."""
+        try:
+            for endpoint in self.client_endpoints():
+                self.delete(endpoint["id"])
+        finally:
+            super().close()
+
     def client_endpoints(self) -> list[dict[str, Any]]:
         found: list[dict[str, Any]] = httpx.get(f"{self.url}{URL}", headers=self.user).json()
         return found

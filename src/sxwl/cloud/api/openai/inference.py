@@ -215,9 +215,18 @@ async def _proxy(
     async def relay() -> AsyncIterator[bytes]:
         scanner = _UsageScanner()
         recorded = False
-        outcome = "cut"
         open_streams = metrics.ENDPOINT_STREAMS.labels(route.endpoint_id)
         open_streams.inc()
+        ended: list[str] = []  # its outcome, once counted
+
+        def end(outcome: str) -> None:
+            # Counted before the stream's last bytes go: a client that stops at [DONE] and closes
+            # ends this generator at its next yield, and sees the counts already there.
+            if not ended:
+                ended.append(outcome)
+                open_streams.dec()
+                metrics.ENDPOINT_REQUESTS.labels(route.endpoint_id, outcome).inc()
+
         try:
             async with reply:
                 try:
@@ -229,10 +238,10 @@ async def _proxy(
                                 )
                             scanner.feed(chunk)
                         if scanner.found is not None and not recorded:
-                            # Before the chunk goes: a client that stops at [DONE] and closes ends
-                            # this generator at its next yield.
                             recorded = True
                             await _record(ctx, route, caller.key_id, scanner.found)
+                        if scanner.done:
+                            end("ok")
                         yield chunk
                 except (TunnelError, TimeoutError) as exc:
                     # Raised past the response's start: the server closes the connection, which is
@@ -240,12 +249,11 @@ async def _proxy(
                     raise StreamCut(
                         f"endpoint {route.name}: the stream was cut ({exc or 'timed out'})"
                     ) from exc
-            outcome = "ok"
+            end("ok")
             if not scanner.done:
                 yield DONE  # `transformers serve` ends without it; OpenAI's streams end with it
         finally:
-            open_streams.dec()
-            metrics.ENDPOINT_REQUESTS.labels(route.endpoint_id, outcome).inc()
+            end("cut")
             if not recorded:  # a request without counts (cut, or an engine that gave none)
                 _later(_record(ctx, route, caller.key_id, None))
 

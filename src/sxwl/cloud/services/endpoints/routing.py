@@ -8,6 +8,7 @@ import random
 from dataclasses import dataclass
 
 from sqlalchemy import select, update
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from sxwl.cloud.db.endpoint_models import Endpoint, EndpointUsage
@@ -86,12 +87,14 @@ def ready_names(session: Session, owner_id: str) -> list[tuple[str, str, int]]:
 
 def record_usage(session: Session, endpoint_id: str, key_id: str, prompt: int, completion: int) -> None:
     """One answered request and its tokens on today's row (UTC), added in the database (replicas
-    count into the same row)."""
+    count into the same row); the day's first requests racing to create it add to the winner's."""
     day = utcnow().strftime("%Y-%m-%d")
-    changed = session.execute(
+    added = (
         update(EndpointUsage)
         .where(
-            EndpointUsage.endpoint_id == endpoint_id, EndpointUsage.key_id == key_id, EndpointUsage.day == day
+            EndpointUsage.endpoint_id == endpoint_id,
+            EndpointUsage.key_id == key_id,
+            EndpointUsage.day == day,
         )
         .values(
             requests=EndpointUsage.requests + 1,
@@ -99,17 +102,21 @@ def record_usage(session: Session, endpoint_id: str, key_id: str, prompt: int, c
             completion_tokens=EndpointUsage.completion_tokens + completion,
         )
     )
-    if changed.rowcount == 0:  # type: ignore[attr-defined]
-        session.add(
-            EndpointUsage(
-                endpoint_id=endpoint_id,
-                key_id=key_id,
-                day=day,
-                requests=1,
-                prompt_tokens=prompt,
-                completion_tokens=completion,
-            )
-        )
+    if session.execute(added).rowcount:  # type: ignore[attr-defined]
+        return
+    first = EndpointUsage(
+        endpoint_id=endpoint_id,
+        key_id=key_id,
+        day=day,
+        requests=1,
+        prompt_tokens=prompt,
+        completion_tokens=completion,
+    )
+    try:
+        with session.begin_nested():
+            session.add(first)
+    except IntegrityError:
+        session.execute(added)
 
 
 def usage(session: Session, endpoint_id: str) -> list[EndpointUsage]:
