@@ -44,6 +44,8 @@ class CPodCapacity:
             return "fine-tune"
         if need.dev_env and self.runtime != "local":
             return "dev-env"  # only the local runtime runs JupyterLab so far (docs/dev-envs.md)
+        if need.engine and self.runtime != "local":
+            return "endpoint"  # only the local runtime runs an engine so far (docs/endpoints.md)
         if self.takes_only is not None and need.owner_id not in self.takes_only:
             return "isolation"
         return None
@@ -64,6 +66,7 @@ class Need:
     inputs: tuple[tuple[str, int], ...] = ()
     trainer: bool = False
     dev_env: bool = False  # a dev environment's job: its agent runs JupyterLab
+    engine: bool = False  # an endpoint replica's job: its agent runs an inference engine
 
     @property
     def fine_tune(self) -> bool:
@@ -283,4 +286,6 @@ def why_not(need: Need, cpods: Iterable[CPodCapacity], pinned_online: bool | Non
         return Reason.of(code, need=need.describe())
     if "dev-env" in refusals:
         return Reason.of("queue.no_dev_env", need=need.describe())
+    if "endpoint" in refusals:
+        return Reason.of("queue.no_endpoint", need=need.describe())
     return Reason.of("queue.restricted", need=need.describe())

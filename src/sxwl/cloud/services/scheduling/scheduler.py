@@ -54,6 +54,7 @@ class Queued:
     inputs: list[StoredInput]
     trainer: dict[str, Any] | None
     dev_env_id: str | None
+    engine: dict[str, Any] | None
 
 
 _QUEUED_COLUMNS = (
@@ -71,6 +72,7 @@ _QUEUED_COLUMNS = (
     Job.inputs,
     Job.trainer,
     Job.dev_env_id,
+    Job.engine,
 )
 
 
@@ -195,6 +197,7 @@ def _decide(
             inputs=_input_sizes(job.inputs),
             trainer=job.trainer is not None,
             dev_env=job.dev_env_id is not None,
+            engine=job.engine is not None,
         )
         total = job.gpus_per_node * job.nodes
         limit = limits.get(job.owner_id) or ctx.settings.default_user_max_gpus
