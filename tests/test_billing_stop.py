@@ -26,6 +26,7 @@ def test_an_empty_balance_stops_the_job_after_the_grace_and_the_queue_waits_for_
 ) -> None:
     money.top_up("0.72")  # 180 s of 2 GPUs at 7.20 per GPU-hour
     running = money.submit(max_runtime_s=180)
+    money.tick(1)  # submitted later: at the same instant the two would go in the order of their ids
     queued = money.submit(max_runtime_s=60)  # the CPod's 2 GPUs are taken: it waits
     attempt = money.take(running["id"])
     money.status(running["id"], attempt, "running")

@@ -253,6 +253,26 @@ def revoke_key(world: World) -> None:
     in_place(response, action, 403, zh("error.csrf"))
 
 
+def create_dev_env(world: World) -> None:
+    browser = world.browser("dev@example.com")
+    response = post(browser, "/dev-envs", "/dev-envs", name="kept-name", gpus="-1")
+    in_place(response, "/dev-envs", 422, zh("dev.field_invalid"), 'value="kept-name"')
+
+
+def dev_env_actions(world: World) -> None:
+    """Sent from a page left open too long (a stale CSRF token): refused on the environments' page.
+    Pause and resume are offered only in the states that allow them, so their forms are checked by
+    the page they live on; stop is offered to this queued environment, so by its own form."""
+    made = world.client.post("/api/v1/dev-envs", headers=world.user, json={"name": "dev"})
+    assert made.status_code == 201, made.text
+    browser = world.browser("dev@example.com")
+    browser.get("/dev-envs")
+    for verb in ("pause", "resume", "stop"):
+        action = f"/dev-envs/{made.json()['id']}/{verb}"
+        response = browser.post(action, data={"csrf_token": "stale"}, follow_redirects=False)
+        in_place(response, action if verb == "stop" else "/dev-envs", 403, zh("error.csrf"))
+
+
 CASES: dict[str, Callable[[World], None]] = {
     "/login": login,
     "/register": register,
@@ -273,6 +293,10 @@ CASES: dict[str, Callable[[World], None]] = {
     "/endpoints/{}/delete": delete_endpoint,
     "/endpoints/keys": create_key,
     "/endpoints/keys/{}/revoke": revoke_key,
+    "/dev-envs": create_dev_env,
+    "/dev-envs/{}/pause": dev_env_actions,
+    "/dev-envs/{}/resume": dev_env_actions,
+    "/dev-envs/{}/stop": dev_env_actions,
 }
 
 
