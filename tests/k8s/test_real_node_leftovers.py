@@ -39,10 +39,12 @@ def _v1_hierarchies() -> list[Path]:
 
 
 def test_a_killed_sessions_nodes_are_cleared_and_nothing_else(tmp_path: Path) -> None:
-    pids_file, roots_file = tmp_path / "pids", tmp_path / "roots"
+    pids_file, roots_file, log_links = tmp_path / "pids", tmp_path / "roots", tmp_path / "containers"
 
     def clear() -> list[str]:
-        return clear_leftovers([NET], pids_file=pids_file, roots_file=roots_file, firewall=False)
+        return clear_leftovers(
+            [NET], pids_file=pids_file, roots_file=roots_file, log_links=log_links, firewall=False
+        )
 
     # The killed session's nodes' folder: a store, and a volume its kubelet left mounted.
     root = tmp_path / "killed session" / "real-nodes"
@@ -53,6 +55,13 @@ def test_a_killed_sessions_nodes_are_cleared_and_nothing_else(tmp_path: Path) ->
     subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(volume)], check=True)
     (volume / "token").write_text("secret")
     record_root(root, roots_file=roots_file)
+    # Its kubelet's link to a container's log, and one of something else's.
+    log = root / "real-3" / "kubelet" / "pods" / "p" / "main" / "0.log"
+    log.parent.mkdir(parents=True)
+    log.write_text("hello\n")
+    log_links.mkdir()
+    (log_links / "p_ns_main-1.log").symlink_to(log)
+    (log_links / "other.log").symlink_to(tmp_path / "elsewhere.log")
     forwarding = IP_FORWARD.read_text()
     create_network(NET)
     create_cgroup_root(NET)
@@ -80,6 +89,8 @@ def test_a_killed_sessions_nodes_are_cleared_and_nothing_else(tmp_path: Path) ->
         assert NET.pod_subnet not in subprocess.run(["ip", "route"], capture_output=True, text=True).stdout
         assert not any((h / NET.cgroup_root).exists() for h in _v1_hierarchies())
         assert f"folder {root} (0.0 GiB)" in cleared
+        assert f"1 log links into {root}" in cleared
+        assert [link.name for link in log_links.iterdir()] == ["other.log"]
         assert not root.exists() and root.parent.is_dir()
         findmnt = subprocess.run(["findmnt", "--mountpoint", str(volume)], capture_output=True, check=False)
         assert findmnt.returncode == 1  # the volume was unmounted, not removed through

@@ -27,6 +27,9 @@ from tests.support.k8s_node_net import NodeNet
 
 PIDS_FILE = Path("/tmp/sxwl-test-real-nodes.pids")
 ROOTS_FILE = Path("/tmp/sxwl-test-real-nodes.roots")
+# The kubelet links each container's log here, whatever its root; it removes a link whose log is
+# gone in its own time, which would read as a change the next session's nodes made to the host.
+LOG_LINKS = Path("/var/log/containers")
 
 
 def _start_time(pid: int) -> str | None:
@@ -63,11 +66,12 @@ def clear_leftovers(
     *,
     pids_file: Path = PIDS_FILE,
     roots_file: Path = ROOTS_FILE,
+    log_links: Path = LOG_LINKS,
     firewall: bool = True,
 ) -> list[str]:
     """Stops a killed session's processes and removes its namespaces, links, cgroup roots, its
-    nodes' folders and (with `firewall`) its kubelets' nft tables; returns what it cleared, one line
-    each (empty on a clean host). Call it holding the lock."""
+    nodes' folders with the log links into them and (with `firewall`) its kubelets' nft tables;
+    returns what it cleared, one line each (empty on a clean host). Call it holding the lock."""
     cleared = _kill_recorded(pids_file)
     for net in nets:
         cleared += _kill_cgroup(net.cgroup_root)
@@ -76,21 +80,26 @@ def clear_leftovers(
             _ip("link", "delete", net.host_link)
             cleared.append(f"link {net.host_link}")
         cleared += _remove_cgroup(net.cgroup_root)
-    cleared += _remove_roots(roots_file)
+    cleared += _remove_roots(roots_file, log_links)
     if firewall:
         cleared += _delete_kubelet_tables()
     forget_spawned(pids_file=pids_file, roots_file=roots_file)
     return cleared
 
 
-def _remove_roots(roots_file: Path) -> list[str]:
+def _remove_roots(roots_file: Path, log_links: Path) -> list[str]:
     """Removes the recorded folders, first unmounting what the killed containerds and kubelets left
     mounted inside them (containers' root filesystems, pods' volumes), deepest first, so that
-    nothing is removed through a mount."""
+    nothing is removed through a mount, and the kubelets' log links that point into them."""
     if not roots_file.exists():
         return []
     cleared = []
     for root in {Path(line) for line in roots_file.read_text().splitlines() if line.strip()}:
+        links = [link for link in _links_in(log_links) if link.readlink().is_relative_to(root)]
+        for link in links:
+            link.unlink(missing_ok=True)
+        if links:
+            cleared.append(f"{len(links)} log links into {root}")
         for mount in sorted(_mounts_under(root), key=lambda m: -len(m.parts)):
             subprocess.run(["umount", "--lazy", str(mount)], capture_output=True, check=False, timeout=30)
         if root.is_dir() and not _mounts_under(root):
@@ -98,6 +107,10 @@ def _remove_roots(roots_file: Path) -> list[str]:
             shutil.rmtree(root, ignore_errors=True)
             cleared.append(f"folder {root} ({size / 2**30:.1f} GiB)")
     return cleared
+
+
+def _links_in(folder: Path) -> list[Path]:
+    return [entry for entry in folder.iterdir() if entry.is_symlink()] if folder.is_dir() else []
 
 
 def _mounts_under(root: Path) -> list[Path]:
