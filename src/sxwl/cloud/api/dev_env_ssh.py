@@ -5,15 +5,14 @@ environment's sshd, which accepts only the owner's keys. The caller signs in wit
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-from collections.abc import AsyncIterator
 
 from fastapi import APIRouter, WebSocket
 from starlette.concurrency import run_in_threadpool
 from starlette.websockets import WebSocketDisconnect
 
 from sxwl.cloud.api.deps import bearer_token
+from sxwl.cloud.api.websocket_relay import ClientBytes, pump_until_either_ends
 from sxwl.cloud.context import CloudContext
 from sxwl.cloud.db.models import SessionKind
 from sxwl.cloud.errors import AppError
@@ -43,13 +42,8 @@ async def ssh(websocket: WebSocket, env_id: str) -> None:
     except AppError:
         await websocket.close(code=1008)
         return
-    incoming: asyncio.Queue[bytes | None] = asyncio.Queue()
-
-    async def body() -> AsyncIterator[bytes]:
-        while (data := await incoming.get()) is not None:
-            yield data
-
-    call = service.TunnelRequest("GET", "/", [("connection", "upgrade"), ("upgrade", "ssh")], body())
+    incoming = ClientBytes()
+    call = service.TunnelRequest("GET", "/", [("connection", "upgrade"), ("upgrade", "ssh")], incoming)
     try:
         reply = await service.open_stream(ctx.tunnels, up.cpod_id, up.target, call, head_timeout_s=30)
     except (NoTunnel, service.TunnelError, TimeoutError):
@@ -68,19 +62,11 @@ async def ssh(websocket: WebSocket, env_id: str) -> None:
                     if message["type"] == "websocket.disconnect":
                         break
                     if message.get("bytes"):
-                        incoming.put_nowait(message["bytes"])
-            incoming.put_nowait(None)
+                        incoming.put(message["bytes"])
+            incoming.end()
 
         async def to_client() -> None:
             async for chunk in reply.chunks():
                 await websocket.send_bytes(chunk)
 
-        tasks = [asyncio.create_task(from_client()), asyncio.create_task(to_client())]
-        try:
-            await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
-            with contextlib.suppress(Exception):
-                await websocket.close()
+        await pump_until_either_ends(websocket, from_client(), to_client())

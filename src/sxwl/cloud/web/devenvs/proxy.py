@@ -8,7 +8,6 @@ cloud's own cookies never reach the environment, and the environment cannot set 
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import contextlib
 import os
@@ -23,6 +22,7 @@ from websockets.frames import Frame, Opcode
 from websockets.protocol import Protocol, Side
 
 from sxwl.cloud.api.deps import SESSION_COOKIE
+from sxwl.cloud.api.websocket_relay import ClientBytes, pump_until_either_ends
 from sxwl.cloud.config import Settings
 from sxwl.cloud.context import CloudContext
 from sxwl.cloud.db.models import SessionKind, User
@@ -176,17 +176,12 @@ async def proxy_websocket(websocket: WebSocket, env_id: str, rest: str) -> None:
         await websocket.close(code=1008)
         return
     raw = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in websocket.scope["headers"]]
-    outgoing: asyncio.Queue[bytes | None] = asyncio.Queue()
-
-    async def body() -> AsyncIterator[bytes]:
-        while (data := await outgoing.get()) is not None:
-            yield data
-
+    outgoing = ClientBytes()
     headers = [
         *_forwarded(raw, up.token),
         ("sec-websocket-key", base64.b64encode(os.urandom(16)).decode()),
     ]
-    call = service.TunnelRequest("GET", _path(websocket.url.path, websocket.url.query), headers, body())
+    call = service.TunnelRequest("GET", _path(websocket.url.path, websocket.url.query), headers, outgoing)
     try:
         reply = await _open(ctx, up, call, websocket.headers.get("host"))
     except AppError:
@@ -201,15 +196,13 @@ async def proxy_websocket(websocket: WebSocket, env_id: str, rest: str) -> None:
         await _splice(websocket, reply, outgoing)
 
 
-async def _splice(
-    websocket: WebSocket, reply: service.TunnelResponse, outgoing: asyncio.Queue[bytes | None]
-) -> None:
+async def _splice(websocket: WebSocket, reply: service.TunnelResponse, outgoing: ClientBytes) -> None:
     upstream = Protocol(Side.CLIENT, max_size=None)
 
     def flush() -> None:
         for data in upstream.data_to_send():
             if data:
-                outgoing.put_nowait(data)
+                outgoing.put(data)
 
     async def from_browser() -> None:
         try:
@@ -227,7 +220,7 @@ async def _splice(
         with contextlib.suppress(Exception):
             upstream.send_close(1000)
             flush()
-        outgoing.put_nowait(None)
+        outgoing.end()
 
     async def to_browser() -> None:
         opcode, parts = Opcode.TEXT, []
@@ -253,12 +246,4 @@ async def _splice(
                         await websocket.send_bytes(data)
             flush()
 
-    tasks = [asyncio.create_task(from_browser()), asyncio.create_task(to_browser())]
-    try:
-        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        with contextlib.suppress(Exception):
-            await websocket.close()
+    await pump_until_either_ends(websocket, from_browser(), to_browser())
