@@ -244,6 +244,7 @@ ENGLISH: dict[str, str] = {
     "kube.no_image": "the job has no container image; a Kubernetes CPod runs every job as a container",
     "kube.no_fine_tunes": "this CPod runs no fine-tunes: its agent needs --trainer-image and "
     "--uploader-image",
+    "kube.no_engine": "this CPod runs no endpoints: its agent needs --engine-image and --uploader-image",
     "kube.no_upload_token": "the cloud sent no upload token, which the pod needs to fetch its inputs",
     "kube.inputs": "inputs not fetched: {error}",
     "kube.fetcher_failed": "inputs not fetched: the fetcher failed ({detail})",

@@ -71,6 +71,7 @@ ZH: dict[str, str] = {
     "kube.unschedulable": "超过 {seconds} 秒无法调度：{detail}",
     "kube.no_image": "任务没有指定容器镜像；Kubernetes CPod 以容器运行每个任务",
     "kube.no_fine_tunes": "此 CPod 不运行微调：其 agent 需要 --trainer-image 和 --uploader-image",
+    "kube.no_engine": "此 CPod 不运行推理服务：其 agent 需要 --engine-image 和 --uploader-image",
     "kube.no_upload_token": "云端没有发送上传令牌，而 Pod 需要它来获取输入",
     "kube.inputs": "未能获取输入：{error}",
     "kube.fetcher_failed": "未能获取输入：获取程序失败（{detail}）",
