@@ -216,7 +216,8 @@ class Agent(Generic[J]):
             self.runtime.accept_owners(frozenset(reply.accepted_owner_ids))
 
     def _how_jobs_run(self) -> IsolationReport:
-        return self.config.isolation_report().model_copy(update={"fine_tunes": self.runtime.takes_fine_tunes})
+        runs = {"fine_tunes": self.runtime.takes_fine_tunes, "endpoints": self.runtime.takes_endpoints}
+        return self.config.isolation_report().model_copy(update=runs)
 
     def _nodes(self) -> list[Node]:
         return self.runtime.nodes_to_report(self.inventory.nodes())

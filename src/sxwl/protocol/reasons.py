@@ -181,7 +181,8 @@ ENGLISH: dict[str, str] = {
     "queue.never_fits": "no online CPod offers {need}",
     "queue.busy": "waiting for {need} to become free",
     "queue.no_dev_env": "the CPods that offer {need} do not run dev environments yet (only local CPods do)",
-    "queue.no_endpoint": "the CPods that offer {need} do not run inference engines yet (only local CPods do)",
+    "queue.no_endpoint": "the CPods that offer {need} do not run inference engines (a Kubernetes CPod's "
+    "agent needs an engine image)",
     "queue.image": "the CPods that offer {need} run jobs as local processes and cannot run a container "
     "image: submit the job without image, or wait for a Kubernetes CPod",
     "queue.no_trainer": "the CPods that offer {need} do not run fine-tunes (a Kubernetes CPod needs its "

@@ -55,7 +55,7 @@ class Tenancy:
         if not await create_ignoring_conflict(
             self.networking.create_namespaced_network_policy, namespace, policy
         ):
-            await self.networking.replace_namespaced_network_policy(NETWORK_POLICY, namespace, policy)
+            await self.networking.patch_namespaced_network_policy(NETWORK_POLICY, namespace, policy)
         await create_ignoring_conflict(
             self.core.create_namespaced_resource_quota,
             namespace,

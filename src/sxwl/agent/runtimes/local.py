@@ -95,7 +95,7 @@ NOT_ISOLATED = (
 
 
 class LocalRuntime(AttemptDirs[LocalJob]):
-    takes_fine_tunes = True  # the agent's cache fetches the inputs; the agent's own trainer runs
+    takes_fine_tunes = takes_endpoints = True  # the agent's cache, its own trainer and engine's supervisor
 
     def __init__(
         self,
