@@ -174,11 +174,12 @@ class KubernetesRuntime(AttemptDirs[KubeJob]):
         key = attempt_key(assignment.job_id, assignment.attempt)
         if key in self.jobs:
             return self.jobs[key]
-        problem = fine_tune_refusal(assignment, self.takes_fine_tunes)
-        if problem is not None:
-            raise Refusal(problem)
         if assignment.engine is not None and not self.takes_endpoints:
             raise Refusal(Reason.of("kube.no_engine"))
+        # A replica's inputs (its model) come as a fine-tune's do.
+        problem = fine_tune_refusal(assignment, self.takes_fine_tunes or assignment.engine is not None)
+        if problem is not None:
+            raise Refusal(problem)
         if not assignment.image and assignment.trainer is None and assignment.engine is None:
             raise Refusal(Reason.of("kube.no_image"))
         job = KubeJob(
