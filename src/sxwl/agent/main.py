@@ -268,6 +268,7 @@ def run(
         trainer_image=trainer_image,
         engine_image=engine_image,
         agent_labels=_flag_values(agent_pod_label or [], "--agent-pod-label", node_selector),
+        upload_ca=_read_ca(upload_ca_file),
         node_selector=_flag_values(pod_node_selector or [], "--pod-node-selector", node_selector),
         tolerations=_flag_values(pod_toleration or [], "--pod-toleration", toleration),
         memory_limit=next(
