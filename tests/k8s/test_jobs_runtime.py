@@ -17,7 +17,6 @@ import pytest
 from kubernetes_asyncio import client, watch
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from sxwl.agent import main as agent_main
 from sxwl.agent.runtimes.base import Runtime
 from sxwl.agent.runtimes.kube_logs import new_log_lines
 from sxwl.agent.runtimes.kube_objects import ATTEMPT, COMPLETION_INDEX, JOB_ID, TENANT, KubeJob
@@ -419,12 +418,6 @@ def test_agent_kubernetes_runtime_end_to_end(
 ) -> None:
     """Submit in the cloud, Job in the cluster, pod on a KWOK GPU node, final state back in the cloud,
     through `sxwl serve` and `sxwl-agent --runtime kubernetes` as processes."""
-    main = Path(agent_main.__file__).read_text()
-    if "KubernetesRuntime" not in main:
-        pytest.skip(
-            "`sxwl-agent --runtime kubernetes` does not run jobs on KubernetesRuntime yet "
-            "(sxwl/agent/main.py does not construct it); the runtime itself is tested above"
-        )
     from tests.test_jobs_process import World
 
     agent_ns = unique("sxwl-agent")
