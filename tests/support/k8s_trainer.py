@@ -41,10 +41,10 @@ def _key(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()
 
 
-def distributions() -> dict[str, metadata.Distribution]:
-    """The installed distributions ``ROOTS`` need, by normalised name (GPU-only ones left out)."""
+def distributions(roots: tuple[str, ...] = ROOTS) -> dict[str, metadata.Distribution]:
+    """The installed distributions ``roots`` need, by normalised name (GPU-only ones left out)."""
     found: dict[str, metadata.Distribution] = {}
-    todo = list(ROOTS)
+    todo = list(roots)
     while todo:
         name = _key(todo.pop())
         if name in found or LEFT_OUT.match(name):
@@ -61,12 +61,12 @@ def distributions() -> dict[str, metadata.Distribution]:
     return found
 
 
-def trainer_files() -> dict[str, Path]:
+def trainer_files(roots: tuple[str, ...] = ROOTS) -> dict[str, Path]:
     """{path in the image: path here}: each distribution's top-level entries, and ``sxwl``."""
     site = Path(sysconfig.get_paths()["purelib"])
     tops = {
         file.parts[0]
-        for dist in distributions().values()
+        for dist in distributions(roots).values()
         for file in dist.files or []
         if file.parts and file.parts[0] != ".."  # scripts in bin/: the trainer runs none
     }

@@ -16,6 +16,7 @@ import typer
 from sxwl.agent.client import Refused
 from sxwl.agent.inventory.local import LocalInventory
 from sxwl.agent.inventory.simulated import SimulatedGpus
+from sxwl.agent.kube_setup import job_runtime
 from sxwl.agent.leader import LeadershipLost
 from sxwl.agent.local_setup import FLAG_HELP, JobFlags, local_isolation, local_runtime, sandbox_setup
 from sxwl.agent.loop import Agent, AgentConfig
@@ -30,13 +31,11 @@ if TYPE_CHECKING:  # the Kubernetes client is imported only by agents that use i
     from kubernetes_asyncio.client import ApiClient
 
     from sxwl.agent.cache_server import CacheServer
-    from sxwl.agent.runtimes.kubernetes import KubernetesRuntime
 
 # Exit statuses a supervisor can tell apart: restarting helps after 1, never after 3.
 EXIT_FAILED = 1
 EXIT_REFUSED = 3
 DEFAULT_NAMESPACE = "sxwl-system"
-TENANT_NAMESPACE_PREFIX = "sxwl-tenant-"
 DEFAULT_INPUT_CACHE_GIB = 200.0
 
 app = typer.Typer(add_completion=False, context_settings={"help_option_names": ["-h", "--help"]})
@@ -176,6 +175,22 @@ def run(
             "fine-tunes.",
         ),
     ] = None,
+    engine_image: Annotated[
+        str | None,
+        typer.Option(
+            envvar="SXWL_ENGINE_IMAGE",
+            help="kubernetes runtime: the image that runs endpoint replicas (python3 with this project and "
+            "vLLM for GPUs, or transformers' serving extra for CPUs); needs --uploader-image. Without it "
+            "this CPod serves no endpoints.",
+        ),
+    ] = None,
+    agent_pod_label: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="kubernetes runtime: KEY=VALUE, a label of the agent's own pods (in --namespace), the only "
+            "pods an endpoint replica's NetworkPolicy admits; repeatable (the chart sets them).",
+        ),
+    ] = None,
     upload_ca_file: Annotated[
         Path | None,
         typer.Option(
@@ -226,10 +241,10 @@ def run(
     except ValueError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None
-    if trainer_image and not uploader_image:
+    if (trainer_image or engine_image) and not uploader_image:
         typer.echo(
-            "error: --trainer-image needs --uploader-image: a fine-tune's pod fetches its inputs and "
-            "hands back its adapter through the uploader's image and token",
+            f"error: {'--trainer-image' if trainer_image else '--engine-image'} needs --uploader-image: "
+            "a fine-tune's or endpoint's pod fetches its inputs with the uploader's image and token",
             err=True,
         )
         raise typer.Exit(2)
@@ -251,6 +266,8 @@ def run(
         upload_url=(upload_url or api_url).rstrip("/"),
         uploader_image=uploader_image,
         trainer_image=trainer_image,
+        engine_image=engine_image,
+        agent_labels=_flag_values(agent_pod_label or [], "--agent-pod-label", node_selector),
         upload_ca=_read_ca(upload_ca_file),
         node_selector=_flag_values(pod_node_selector or [], "--pod-node-selector", node_selector),
         tolerations=_flag_values(pod_toleration or [], "--pod-toleration", toleration),
@@ -367,34 +384,6 @@ async def kubernetes_api(kubeconfig: Path | None) -> ApiClient:
     return ApiClient(configuration=configuration)
 
 
-def job_runtime(api: ApiClient, config: AgentConfig, pods: PodSettings | None = None) -> KubernetesRuntime:
-    from sxwl.agent.runtimes.kube_uploads import UploadConfig
-    from sxwl.agent.runtimes.kubernetes import KubernetesRuntime
-
-    pods = pods or PodSettings(upload_url=config.api_url)
-    uploads = None
-    if pods.uploader_image:
-        uploads = UploadConfig(
-            url=pods.upload_url, image=pods.uploader_image, ca_pem=pods.upload_ca, cache_url=pods.inputs_url
-        )
-    else:
-        logging.getLogger("sxwl.agent").warning(
-            "no --uploader-image: files that jobs write to $SXWL_OUTPUT_DIR do not reach the cloud"
-        )
-    # Job records under the state dir: on the chart's emptyDir they outlive a container restart.
-    return KubernetesRuntime(
-        api,
-        namespace_prefix=TENANT_NAMESPACE_PREFIX,
-        stop_grace_s=config.stop_grace_s,
-        state_dir=config.state_dir,
-        uploads=uploads,
-        node_selector=dict(pods.node_selector),
-        tolerations=list(pods.tolerations),
-        memory_limit=pods.memory_limit,
-        trainer_image=pods.trainer_image,
-    )
-
-
 async def _run_kubernetes(
     config: AgentConfig,
     pods: PodSettings,
@@ -427,7 +416,7 @@ async def _run_kubernetes(
         agent = Agent(
             config,
             KubernetesInventory(api),
-            runtime=job_runtime(api, config, pods),
+            runtime=job_runtime(api, config, pods, namespace),
             state=SecretState(api, namespace),
             leader=LeaseElector(api, namespace) if leader_elect else None,
             cache_server=cache_server,

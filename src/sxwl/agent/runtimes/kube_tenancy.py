@@ -1,6 +1,8 @@
 """One namespace per tenant, ``<prefix><owner_id>``, labelled ``sxwl.ai/tenant``, made on first use
 with a NetworkPolicy (ingress only from pods of the same namespace: the ranks of a job talk, other
-tenants cannot reach them), a ResourceQuota, and Pod Security ``baseline`` enforced."""
+tenants cannot reach them), a ResourceQuota, and Pod Security ``baseline`` enforced. Endpoint
+replicas' pods are left out of that policy: each has its own, admitting only the agent
+(kube_engine.py); a namespace made before is brought up to date once per agent start."""
 
 from __future__ import annotations
 
@@ -9,7 +11,14 @@ from typing import Any
 
 from kubernetes_asyncio import client
 
-from sxwl.agent.runtimes.kube_objects import MANAGED_BY, MANAGER, TENANT, create_ignoring_conflict, dns_label
+from sxwl.agent.runtimes.kube_objects import (
+    ENGINE,
+    MANAGED_BY,
+    MANAGER,
+    TENANT,
+    create_ignoring_conflict,
+    dns_label,
+)
 
 NETWORK_POLICY = "sxwl-tenant-isolation"
 RESOURCE_QUOTA = "sxwl-tenant-quota"
@@ -42,22 +51,25 @@ class Tenancy:
             self.core.create_namespace, {"metadata": {"name": namespace, "labels": labels}}
         )
         meta = {"name": NETWORK_POLICY, "labels": {MANAGED_BY: MANAGER}}
-        await create_ignoring_conflict(
-            self.networking.create_namespaced_network_policy,
-            namespace,
-            {
-                "metadata": meta,
-                "spec": {
-                    "podSelector": {},
-                    "policyTypes": ["Ingress"],
-                    # Only pods of this namespace (the tenant's own) may connect: ranks talk freely.
-                    "ingress": [{"from": [{"podSelector": {}}]}],
-                },
-            },
-        )
+        policy = {"metadata": meta, "spec": isolation_spec()}
+        if not await create_ignoring_conflict(
+            self.networking.create_namespaced_network_policy, namespace, policy
+        ):
+            await self.networking.patch_namespaced_network_policy(NETWORK_POLICY, namespace, policy)
         await create_ignoring_conflict(
             self.core.create_namespaced_resource_quota,
             namespace,
             {"metadata": {**meta, "name": RESOURCE_QUOTA}, "spec": {"hard": self.quota}},
         )
         self._made.add(namespace)
+
+
+def isolation_spec() -> dict[str, Any]:
+    """Only pods of this namespace (the tenant's own) may connect: ranks talk freely. An endpoint
+    replica's pod is not selected: were it, the tenant's other pods could reach its engine past the
+    agent (policies add up)."""
+    return {
+        "podSelector": {"matchExpressions": [{"key": ENGINE, "operator": "DoesNotExist"}]},
+        "policyTypes": ["Ingress"],
+        "ingress": [{"from": [{"podSelector": {}}]}],
+    }

@@ -13,6 +13,8 @@ kube_logs.py.
   and an attempt ends only once its pods (uploaders included) have finished. A fine-tune's pod
   fetches its inputs with the same token and runs the trainer image (kube_inputs.py).
 
+An endpoint replica's pod runs the engine image behind a NetworkPolicy of its own (kube_engine.py).
+
 All I/O happens in ``refresh`` (one list of Jobs and one of Pods per pass, cluster-wide, filtered by
 label); the other methods only change local state."""
 
@@ -30,7 +32,10 @@ from typing import Any
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
+from sxwl.agent.engine_probe import engine_job
+from sxwl.agent.forward_targets import Target
 from sxwl.agent.runtimes.base import RECORD_FILE, AttemptDirs, Outcome
+from sxwl.agent.runtimes.kube_engine import Engines, EngineSettings
 from sxwl.agent.runtimes.kube_follow import LogFollowers
 from sxwl.agent.runtimes.kube_inputs import FETCHER, FETCHER_KEY, fine_tune_refusal
 from sxwl.agent.runtimes.kube_logs import collect_logs, truncate_spool
@@ -43,6 +48,7 @@ from sxwl.agent.runtimes.kube_objects import (
     MANAGER,
     KubeJob,
     create_ignoring_conflict,
+    delete_objects,
     dns_label,
     record_from,
     short,
@@ -78,6 +84,7 @@ class KubernetesRuntime(AttemptDirs[KubeJob]):
         tolerations: list[dict[str, str]] | None = None,
         memory_limit: str | None = None,
         trainer_image: str | None = None,
+        engine: EngineSettings | None = None,
     ) -> None:
         self.api = api_client
         self.batch = client.BatchV1Api(api_client)
@@ -95,6 +102,7 @@ class KubernetesRuntime(AttemptDirs[KubeJob]):
         self.tolerations = list(tolerations or [])
         self.memory_limit = memory_limit
         self.trainer_image = trainer_image
+        self.engines = Engines(api_client, engine)  # endpoint replicas (kube_engine.py)
         base = state_dir if state_dir is not None else Path(tempfile.mkdtemp(prefix="sxwl-k8s-"))
         super().__init__(base / "k8s-jobs")
         self.jobs: dict[str, KubeJob] = {}
@@ -108,6 +116,11 @@ class KubernetesRuntime(AttemptDirs[KubeJob]):
     def takes_fine_tunes(self) -> bool:
         """A fine-tune's pod fetches its inputs with the upload token and runs the trainer image."""
         return self.uploads is not None and self.trainer_image is not None
+
+    @property
+    def takes_endpoints(self) -> bool:
+        """A replica's pod fetches its model with the upload token and runs the engine image."""
+        return self.uploads is not None and self.engines.settings is not None
 
     # ---- state on disk ---------------------------------------------------------------------------
 
@@ -141,6 +154,12 @@ class KubernetesRuntime(AttemptDirs[KubeJob]):
     def accept_owners(self, owner_ids: frozenset[str] | None) -> None:
         """Nothing to do: every tenant's pods run in a namespace of their own."""
 
+    def engine_target(self, job: KubeJob) -> Target | None:
+        return self.engines.target(job)
+
+    def attempt_target(self, target: str) -> Target | None:
+        return self.engines.target(engine_job(self.jobs, target))
+
     # ---- lifecycle -------------------------------------------------------------------------------
 
     def namespace_for(self, owner_id: str) -> str:
@@ -155,10 +174,13 @@ class KubernetesRuntime(AttemptDirs[KubeJob]):
         key = attempt_key(assignment.job_id, assignment.attempt)
         if key in self.jobs:
             return self.jobs[key]
-        problem = fine_tune_refusal(assignment, self.takes_fine_tunes)
+        if assignment.engine is not None and not self.takes_endpoints:
+            raise Refusal(Reason.of("kube.no_engine"))
+        # A replica's inputs (its model) come as a fine-tune's do.
+        problem = fine_tune_refusal(assignment, self.takes_fine_tunes or assignment.engine is not None)
         if problem is not None:
             raise Refusal(problem)
-        if not assignment.image and assignment.trainer is None:
+        if not assignment.image and assignment.trainer is None and assignment.engine is None:
             raise Refusal(Reason.of("kube.no_image"))
         job = KubeJob(
             job_id=assignment.job_id,
@@ -172,6 +194,7 @@ class KubernetesRuntime(AttemptDirs[KubeJob]):
             max_runtime_s=assignment.max_runtime_s,
             started_at=time.time(),
             spec=assignment.model_dump(mode="json"),
+            engine=assignment.engine is not None,
         )
         self.jobs[key] = job
         self.save(job)
@@ -232,6 +255,8 @@ class KubernetesRuntime(AttemptDirs[KubeJob]):
                 mine = pods.get(job.key, [])
                 if not job.secret_made and job.key in k8s_jobs:
                     await self._make_secret(job, k8s_jobs[job.key])
+                if job.engine and self.engines.observe(job, mine):
+                    self.save(job)
                 polled = [p for p in mine if not self.followers.owns(p)]
                 if await collect_logs(self.core, job, polled, self.log_path(job)):
                     self.save(job)
@@ -301,6 +326,8 @@ class KubernetesRuntime(AttemptDirs[KubeJob]):
         assignment = Assignment.model_validate(job.spec)
         try:
             await self.tenancy.ensure(job.owner_id)
+            if job.engine:
+                await self.engines.allow_agent(job)
             if job.nodes > 1:
                 await create_ignoring_conflict(
                     self.core.create_namespaced_service,
@@ -320,6 +347,7 @@ class KubernetesRuntime(AttemptDirs[KubeJob]):
                 # Pods upload their artifacts when the agent has an upload URL and the cloud sent a token.
                 uploads=self.uploads if assignment.upload_token is not None else None,
                 trainer_image=self.trainer_image,
+                engine_image=self.engines.settings.image if self.engines.settings else None,
             )
             create = self.batch.create_namespaced_job
             created = await create_ignoring_conflict(create, job.namespace, manifest)
@@ -331,13 +359,9 @@ class KubernetesRuntime(AttemptDirs[KubeJob]):
             raise
         job.created = True
         self.save(job)
+        how = "created" if created else "found existing"
         log.info(
-            "%s Job %s/%s for job %s attempt %d",
-            "created" if created else "found existing",
-            job.namespace,
-            job.k8s_name,
-            job.job_id,
-            job.attempt,
+            "%s Job %s/%s for job %s attempt %d", how, job.namespace, job.k8s_name, job.job_id, job.attempt
         )
 
     async def _make_secret(self, job: KubeJob, item: Any) -> None:
@@ -360,31 +384,11 @@ class KubernetesRuntime(AttemptDirs[KubeJob]):
         self.save(job)
 
     async def _delete(self, job: KubeJob, pods: list[Any] | None = None) -> None:
-        grace = max(0, int(job.grace(self.stop_grace_s)))
-        # The pods first, with the stop's grace: the garbage collector then deletes them without a
-        # grace of its own, which leaves a pending deletion as it is (their manifest's grace is the
-        # agent's --stop-grace; the cloud may ask for another, e.g. to save a checkpoint).
-        for pod in pods or []:
-            try:
-                await self.core.delete_namespaced_pod(
-                    pod.metadata.name, pod.metadata.namespace, grace_period_seconds=grace
-                )
-            except ApiException as exc:
-                if exc.status != 404:
-                    raise
-        try:
-            await self.batch.delete_namespaced_job(
-                job.k8s_name, job.namespace, propagation_policy="Foreground", grace_period_seconds=grace
-            )
-        except ApiException as exc:
-            if exc.status != 404:
-                raise
-        if job.nodes > 1:
-            try:
-                await self.core.delete_namespaced_service(job.service, job.namespace)
-            except ApiException as exc:
-                if exc.status != 404:
-                    raise
+        await delete_objects(
+            self.core, self.batch, job, pods or [], max(0, int(job.grace(self.stop_grace_s)))
+        )
+        if job.engine:
+            await self.engines.delete(job)
 
     async def _stop_now(self, job: KubeJob, reason: Reason, *, never_ran: bool) -> None:
         """The agent ends the attempt as failed (image pull, unschedulable); ``never_ran``: no pod's
@@ -417,7 +421,7 @@ class KubernetesRuntime(AttemptDirs[KubeJob]):
             if job.created:
                 self._seen[job.key] = Seen("failed", None, Reason.of("kube.job_deleted"))
             return
-        seen = outcome(job, item, pods)
+        seen = self.engines.said(job, pods, outcome(job, item, pods))
         if seen is not None:
             # Final once every pod has finished, its uploader included, so the artifacts are in the
             # cloud before the final state; pods the Job controller is stopping get their grace.

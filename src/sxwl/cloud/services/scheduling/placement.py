@@ -32,6 +32,9 @@ class CPodCapacity:
     # Its agent fetches inputs and runs the trainer: the local runtime, a Kubernetes one with a
     # trainer image.
     takes_fine_tunes: bool = False
+    # A Kubernetes CPod whose agent runs endpoint replicas (it has an engine image); a local one
+    # always does.
+    takes_endpoints: bool = False
     # The owners whose jobs it may run (a CPod without isolation); None: anyone's.
     takes_only: frozenset[str] | None = None
     cached: frozenset[str] = frozenset()  # the sha256 of the inputs its agent keeps fetched
@@ -44,8 +47,8 @@ class CPodCapacity:
             return "fine-tune"
         if need.dev_env and self.runtime != "local":
             return "dev-env"  # only the local runtime runs JupyterLab so far (docs/dev-envs.md)
-        if need.engine and self.runtime != "local":
-            return "endpoint"  # only the local runtime runs an engine so far (docs/endpoints.md)
+        if need.engine and self.runtime != "local" and not self.takes_endpoints:
+            return "endpoint"  # its agent has no engine image (docs/endpoints.md)
         if self.takes_only is not None and need.owner_id not in self.takes_only:
             return "isolation"
         return None
