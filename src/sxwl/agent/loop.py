@@ -217,7 +217,10 @@ class Agent(Generic[J]):
             self.runtime.accept_owners(frozenset(reply.accepted_owner_ids))
 
     def _how_jobs_run(self) -> IsolationReport:
-        return self.config.isolation_report().model_copy(update={"fine_tunes": self.runtime.takes_fine_tunes})
+        # The local runtime runs dev environments wherever it runs (the cloud assumes so).
+        dev_envs: bool | None = getattr(self.runtime, "takes_dev_envs", None)
+        update = {"fine_tunes": self.runtime.takes_fine_tunes, "dev_envs": dev_envs}
+        return self.config.isolation_report().model_copy(update=update)
 
     def _nodes(self) -> list[Node]:
         return self.runtime.nodes_to_report(self.inventory.nodes())

@@ -16,6 +16,7 @@ import typer
 from sxwl.agent.client import Refused
 from sxwl.agent.inventory.local import LocalInventory
 from sxwl.agent.inventory.simulated import SimulatedGpus
+from sxwl.agent.kube_setup import DEV_ENV_HELP, job_runtime
 from sxwl.agent.leader import LeadershipLost
 from sxwl.agent.local_setup import FLAG_HELP, JobFlags, local_isolation, local_runtime, sandbox_setup
 from sxwl.agent.loop import Agent, AgentConfig
@@ -30,13 +31,11 @@ if TYPE_CHECKING:  # the Kubernetes client is imported only by agents that use i
     from kubernetes_asyncio.client import ApiClient
 
     from sxwl.agent.cache_server import CacheServer
-    from sxwl.agent.runtimes.kubernetes import KubernetesRuntime
 
 # Exit statuses a supervisor can tell apart: restarting helps after 1, never after 3.
 EXIT_FAILED = 1
 EXIT_REFUSED = 3
 DEFAULT_NAMESPACE = "sxwl-system"
-TENANT_NAMESPACE_PREFIX = "sxwl-tenant-"
 DEFAULT_INPUT_CACHE_GIB = 200.0
 
 app = typer.Typer(add_completion=False, context_settings={"help_option_names": ["-h", "--help"]})
@@ -195,6 +194,11 @@ def run(
             help="kubernetes runtime: KEY[=VALUE]:EFFECT, a taint every tenant pod tolerates; repeatable."
         ),
     ] = None,
+    dev_env_image: Annotated[
+        str | None, typer.Option(envvar="SXWL_DEV_ENV_IMAGE", help=DEV_ENV_HELP["image"])
+    ] = None,
+    workspace_storage_class: Annotated[str | None, typer.Option(help=DEV_ENV_HELP["class"])] = None,
+    workspace_size: Annotated[str, typer.Option(help=DEV_ENV_HELP["size"])] = "20Gi",
     pod_memory_limit: Annotated[
         str | None,
         typer.Option(
@@ -251,6 +255,9 @@ def run(
         upload_url=(upload_url or api_url).rstrip("/"),
         uploader_image=uploader_image,
         trainer_image=trainer_image,
+        dev_env_image=dev_env_image,
+        workspace_storage_class=workspace_storage_class,
+        workspace_size=_flag_values([workspace_size], "--workspace-size", memory_quantity)[0],
         upload_ca=_read_ca(upload_ca_file),
         node_selector=_flag_values(pod_node_selector or [], "--pod-node-selector", node_selector),
         tolerations=_flag_values(pod_toleration or [], "--pod-toleration", toleration),
@@ -367,34 +374,6 @@ async def kubernetes_api(kubeconfig: Path | None) -> ApiClient:
     return ApiClient(configuration=configuration)
 
 
-def job_runtime(api: ApiClient, config: AgentConfig, pods: PodSettings | None = None) -> KubernetesRuntime:
-    from sxwl.agent.runtimes.kube_uploads import UploadConfig
-    from sxwl.agent.runtimes.kubernetes import KubernetesRuntime
-
-    pods = pods or PodSettings(upload_url=config.api_url)
-    uploads = None
-    if pods.uploader_image:
-        uploads = UploadConfig(
-            url=pods.upload_url, image=pods.uploader_image, ca_pem=pods.upload_ca, cache_url=pods.inputs_url
-        )
-    else:
-        logging.getLogger("sxwl.agent").warning(
-            "no --uploader-image: files that jobs write to $SXWL_OUTPUT_DIR do not reach the cloud"
-        )
-    # Job records under the state dir: on the chart's emptyDir they outlive a container restart.
-    return KubernetesRuntime(
-        api,
-        namespace_prefix=TENANT_NAMESPACE_PREFIX,
-        stop_grace_s=config.stop_grace_s,
-        state_dir=config.state_dir,
-        uploads=uploads,
-        node_selector=dict(pods.node_selector),
-        tolerations=list(pods.tolerations),
-        memory_limit=pods.memory_limit,
-        trainer_image=pods.trainer_image,
-    )
-
-
 async def _run_kubernetes(
     config: AgentConfig,
     pods: PodSettings,
@@ -427,7 +406,7 @@ async def _run_kubernetes(
         agent = Agent(
             config,
             KubernetesInventory(api),
-            runtime=job_runtime(api, config, pods),
+            runtime=job_runtime(api, config, pods, namespace),
             state=SecretState(api, namespace),
             leader=LeaseElector(api, namespace) if leader_elect else None,
             cache_server=cache_server,

@@ -18,6 +18,9 @@ class PodSettings:
     upload_url: str
     uploader_image: str | None = None
     trainer_image: str | None = None  # runs fine-tunes (kube_inputs.py); None: the CPod takes none
+    dev_env_image: str | None = None  # runs dev environments (kube_devenv.py); None: the CPod runs none
+    workspace_storage_class: str | None = None  # of their workspaces' claims; None: the cluster's default
+    workspace_size: str = "20Gi"
     upload_ca: bytes | None = None
     node_selector: tuple[tuple[str, str], ...] = field(default_factory=tuple)
     tolerations: tuple[dict[str, str], ...] = field(default_factory=tuple)

@@ -38,8 +38,19 @@ class SocketTarget:
     raw: bool = False  # no HTTP: the stream's bytes both ways (an sshd)
 
 
-# Which attempt's socket a target names (the runtime's lookup); None: not such a target.
-Sockets = Callable[[str], SocketTarget | None]
+@dataclass(frozen=True)
+class TcpTarget:
+    """A service of one attempt at its pod's address (a dev environment's JupyterLab or sshd on
+    Kubernetes): the address comes from the cluster's record of the attempt's own pod, never from
+    the cloud or the tenant, and the pod's NetworkPolicy admits only the agent."""
+
+    host: str
+    port: int
+    raw: bool = False
+
+
+# Which attempt's service a target names (the runtime's lookup); None: not such a target.
+Sockets = Callable[[str], SocketTarget | TcpTarget | None]
 
 
 async def forward(
@@ -60,7 +71,10 @@ async def forward(
         await _answer(stream, 403, f"the agent does not forward to {target!r}\n")
         return
     try:
-        if at_socket is not None:
+        if isinstance(at_socket, TcpTarget):
+            opening = asyncio.open_connection(at_socket.host, at_socket.port)
+            reader, writer = await asyncio.wait_for(opening, CONNECT_S)
+        elif at_socket is not None:
             reader, writer = await asyncio.wait_for(_open_socket(at_socket), CONNECT_S)
         elif engine is not None:
             reader, writer = await asyncio.wait_for(open_socket(engine), CONNECT_S)

@@ -1,6 +1,7 @@
 """One namespace per tenant, ``<prefix><owner_id>``, labelled ``sxwl.ai/tenant``, made on first use
 with a NetworkPolicy (ingress only from pods of the same namespace: the ranks of a job talk, other
-tenants cannot reach them), a ResourceQuota, and Pod Security ``baseline`` enforced."""
+tenants cannot reach them; dev environments' pods are left to their own policy, kube_devenv.py), a
+ResourceQuota, and Pod Security ``baseline`` enforced."""
 
 from __future__ import annotations
 
@@ -9,7 +10,14 @@ from typing import Any
 
 from kubernetes_asyncio import client
 
-from sxwl.agent.runtimes.kube_objects import MANAGED_BY, MANAGER, TENANT, create_ignoring_conflict, dns_label
+from sxwl.agent.runtimes.kube_objects import (
+    DEV_ENV,
+    MANAGED_BY,
+    MANAGER,
+    TENANT,
+    create_ignoring_conflict,
+    dns_label,
+)
 
 NETWORK_POLICY = "sxwl-tenant-isolation"
 RESOURCE_QUOTA = "sxwl-tenant-quota"
@@ -48,7 +56,8 @@ class Tenancy:
             {
                 "metadata": meta,
                 "spec": {
-                    "podSelector": {},
+                    # Dev environments' pods are reached by the agent alone (kube_devenv.py's policy).
+                    "podSelector": {"matchExpressions": [{"key": DEV_ENV, "operator": "DoesNotExist"}]},
                     "policyTypes": ["Ingress"],
                     # Only pods of this namespace (the tenant's own) may connect: ranks talk freely.
                     "ingress": [{"from": [{"podSelector": {}}]}],

@@ -12,6 +12,8 @@ kube_logs.py.
   the attempt's in a Secret the Job owns; the agent never reads pod files (``outputs`` is None),
   and an attempt ends only once its pods (uploaders included) have finished. A fine-tune's pod
   fetches its inputs with the same token and runs the trainer image (kube_inputs.py).
+- A dev environment's attempt is such a Job running JupyterLab on a workspace claim that outlives
+  it, reached by the agent at its pod's address (kube_devenv.py).
 
 All I/O happens in ``refresh`` (one list of Jobs and one of Pods per pass, cluster-wide, filtered by
 label); the other methods only change local state."""
@@ -31,19 +33,17 @@ from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from sxwl.agent.runtimes.base import RECORD_FILE, AttemptDirs, Outcome
+from sxwl.agent.runtimes.kube_devenv import DevEnvs, DevEnvSettings, dress, start_refusal
 from sxwl.agent.runtimes.kube_follow import LogFollowers
-from sxwl.agent.runtimes.kube_inputs import FETCHER, FETCHER_KEY, fine_tune_refusal
+from sxwl.agent.runtimes.kube_inputs import FETCHER, FETCHER_KEY
 from sxwl.agent.runtimes.kube_logs import collect_logs, truncate_spool
 from sxwl.agent.runtimes.kube_manifests import job_manifest, service_manifest
 from sxwl.agent.runtimes.kube_objects import (
     API_ERRORS,
-    ATTEMPT,
-    JOB_ID,
-    MANAGED_BY,
-    MANAGER,
     KubeJob,
     create_ignoring_conflict,
     dns_label,
+    list_attempts,
     record_from,
     short,
 )
@@ -52,6 +52,7 @@ from sxwl.agent.runtimes.kube_tenancy import Tenancy
 from sxwl.agent.runtimes.kube_uploads import UploadConfig, secret_manifest
 from sxwl.agent.status_report import Refusal
 from sxwl.agent.tenant_files import OutputTree
+from sxwl.agent.tunnel_forward import TcpTarget
 from sxwl.protocol import Assignment, Node, attempt_key
 from sxwl.protocol.reasons import Reason, english
 
@@ -78,6 +79,7 @@ class KubernetesRuntime(AttemptDirs[KubeJob]):
         tolerations: list[dict[str, str]] | None = None,
         memory_limit: str | None = None,
         trainer_image: str | None = None,
+        dev_envs: DevEnvSettings | None = None,
     ) -> None:
         self.api = api_client
         self.batch = client.BatchV1Api(api_client)
@@ -95,6 +97,7 @@ class KubernetesRuntime(AttemptDirs[KubeJob]):
         self.tolerations = list(tolerations or [])
         self.memory_limit = memory_limit
         self.trainer_image = trainer_image
+        self.dev = DevEnvs(api_client, dev_envs) if dev_envs is not None else None
         base = state_dir if state_dir is not None else Path(tempfile.mkdtemp(prefix="sxwl-k8s-"))
         super().__init__(base / "k8s-jobs")
         self.jobs: dict[str, KubeJob] = {}
@@ -108,6 +111,11 @@ class KubernetesRuntime(AttemptDirs[KubeJob]):
     def takes_fine_tunes(self) -> bool:
         """A fine-tune's pod fetches its inputs with the upload token and runs the trainer image."""
         return self.uploads is not None and self.trainer_image is not None
+
+    @property
+    def takes_dev_envs(self) -> bool:
+        """An environment's pod fetches its inputs with the upload token and runs JupyterLab."""
+        return self.uploads is not None and self.dev is not None
 
     # ---- state on disk ---------------------------------------------------------------------------
 
@@ -155,11 +163,9 @@ class KubernetesRuntime(AttemptDirs[KubeJob]):
         key = attempt_key(assignment.job_id, assignment.attempt)
         if key in self.jobs:
             return self.jobs[key]
-        problem = fine_tune_refusal(assignment, self.takes_fine_tunes)
+        problem = start_refusal(assignment, self.takes_fine_tunes, self.takes_dev_envs)
         if problem is not None:
             raise Refusal(problem)
-        if not assignment.image and assignment.trainer is None:
-            raise Refusal(Reason.of("kube.no_image"))
         job = KubeJob(
             job_id=assignment.job_id,
             attempt=assignment.attempt,
@@ -215,7 +221,7 @@ class KubernetesRuntime(AttemptDirs[KubeJob]):
     async def refresh(self) -> list[KubeJob]:
         lost: list[KubeJob] = []
         try:
-            k8s_jobs, pods = await self._list()
+            k8s_jobs, pods = await list_attempts(self.batch, self.core, self.prefix)
             if not self._adopted:
                 lost = self._adopt_cluster(k8s_jobs)
                 self._adopted = True
@@ -225,7 +231,7 @@ class KubernetesRuntime(AttemptDirs[KubeJob]):
             for job in pending:
                 await self._create(job)
             if any(job.created for job in pending):
-                k8s_jobs, pods = await self._list()
+                k8s_jobs, pods = await list_attempts(self.batch, self.core, self.prefix)
             for job in list(self.jobs.values()):
                 if job.outcome is not None or job.key in self._seen:
                     continue
@@ -236,6 +242,8 @@ class KubernetesRuntime(AttemptDirs[KubeJob]):
                 if await collect_logs(self.core, job, polled, self.log_path(job)):
                     self.save(job)
                 await self._observe(job, k8s_jobs.get(job.key), mine)
+            if self.dev is not None:
+                self.dev.seen(pods)
             for key in self.followers.take_changed():
                 if key in self.jobs:
                     self.save(self.jobs[key])
@@ -247,28 +255,6 @@ class KubernetesRuntime(AttemptDirs[KubeJob]):
         except API_ERRORS as exc:
             log.warning("kubernetes API: %s; retrying on the next pass", short(exc))
         return lost
-
-    async def _list(self) -> tuple[dict[str, Any], dict[str, list[Any]]]:
-        selector = f"{MANAGED_BY}={MANAGER}"
-        jobs: dict[str, Any] = {}
-        for item in (await self.batch.list_job_for_all_namespaces(label_selector=selector)).items:
-            key = self._key_of(item)
-            if key:
-                jobs[key] = item
-        pods: dict[str, list[Any]] = {}
-        for item in (await self.core.list_pod_for_all_namespaces(label_selector=selector)).items:
-            key = self._key_of(item)
-            if key:
-                pods.setdefault(key, []).append(item)
-        return jobs, pods
-
-    def _key_of(self, obj: Any) -> str | None:
-        if not obj.metadata.namespace.startswith(self.prefix):
-            return None
-        labels = obj.metadata.labels or {}
-        if JOB_ID not in labels or ATTEMPT not in labels:
-            return None
-        return attempt_key(labels[JOB_ID], labels[ATTEMPT])
 
     def _adopt_cluster(self, k8s_jobs: dict[str, Any]) -> list[KubeJob]:
         lost = []
@@ -307,6 +293,8 @@ class KubernetesRuntime(AttemptDirs[KubeJob]):
                     job.namespace,
                     service_manifest(job, master_port=self.master_port),
                 )
+            if assignment.jupyter is not None and self.dev is not None:
+                assignment = await self.dev.prepare(job, assignment)
             manifest = job_manifest(
                 job,
                 assignment,
@@ -321,6 +309,8 @@ class KubernetesRuntime(AttemptDirs[KubeJob]):
                 uploads=self.uploads if assignment.upload_token is not None else None,
                 trainer_image=self.trainer_image,
             )
+            if assignment.jupyter is not None:
+                manifest = dress(manifest, job, assignment.jupyter)
             create = self.batch.create_namespaced_job
             created = await create_ignoring_conflict(create, job.namespace, manifest)
         except ApiException as exc:
@@ -340,6 +330,10 @@ class KubernetesRuntime(AttemptDirs[KubeJob]):
             job.attempt,
         )
 
+    def attempt_socket(self, target: str) -> TcpTarget | None:
+        """Where a running dev environment's attempt serves JupyterLab or sshd, for the tunnel."""
+        return self.dev.target(target, self.jobs) if self.dev is not None else None
+
     async def _make_secret(self, job: KubeJob, item: Any) -> None:
         """The upload token's Secret, owned by the Job (made first, for its uid), so it goes with it;
         the pods' volume waits for it. Then the token is dropped from the record on disk."""
@@ -356,6 +350,8 @@ class KubernetesRuntime(AttemptDirs[KubeJob]):
                     raise
                 # Its pods wait for the Secret's volume: none has run.
                 await self._stop_now(job, Reason.of("kube.no_secret", error=short(exc)), never_ran=True)
+        if assignment is not None and assignment.jupyter is not None and self.dev is not None:
+            await self.dev.make_secret(job, assignment.jupyter, item.metadata.uid)
         job.secret_made, job.spec = True, None
         self.save(job)
 
