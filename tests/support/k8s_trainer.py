@@ -41,10 +41,10 @@ def _key(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()
 
 
-def distributions() -> dict[str, metadata.Distribution]:
-    """The installed distributions ``ROOTS`` need, by normalised name (GPU-only ones left out)."""
+def distributions(roots: tuple[str, ...] = ROOTS) -> dict[str, metadata.Distribution]:
+    """The installed distributions ``roots`` need, by normalised name (GPU-only ones left out)."""
     found: dict[str, metadata.Distribution] = {}
-    todo = list(ROOTS)
+    todo = list(roots)
     while todo:
         name = _key(todo.pop())
         if name in found or LEFT_OUT.match(name):
@@ -61,16 +61,22 @@ def distributions() -> dict[str, metadata.Distribution]:
     return found
 
 
-def trainer_files() -> dict[str, Path]:
-    """{path in the image: path here}: each distribution's top-level entries, and ``sxwl``."""
+def site_files(roots: tuple[str, ...]) -> dict[str, Path]:
+    """{path in the image: path here}: the top-level entries of each distribution ``roots`` need."""
     site = Path(sysconfig.get_paths()["purelib"])
     tops = {
         file.parts[0]
-        for dist in distributions().values()
+        for dist in distributions(roots).values()
         for file in dist.files or []
-        if file.parts and file.parts[0] != ".."  # scripts in bin/: the trainer runs none
+        if file.parts and file.parts[0] != ".."  # scripts in bin/: the image's programs run none
     }
-    files = {f"{DIST_PACKAGES}/{top}": site / top for top in sorted(tops) if (site / top).exists()}
+    return {f"{DIST_PACKAGES}/{top}": site / top for top in sorted(tops) if (site / top).exists()}
+
+
+def trainer_files() -> dict[str, Path]:
+    """{path in the image: path here}: the training stack's distributions, and ``sxwl``."""
+    site = Path(sysconfig.get_paths()["purelib"])
+    files = site_files(ROOTS)
     for library in cuda_libraries(site):
         files[f"{DIST_PACKAGES}/{library.relative_to(site).as_posix()}"] = library
     files[f"{DIST_PACKAGES}/sxwl"] = REPO / "src" / "sxwl"
