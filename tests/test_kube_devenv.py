@@ -179,7 +179,7 @@ def test_the_tunnel_reaches_only_a_running_environments_pod() -> None:
 
 def test_a_runtime_without_a_dev_environment_image_refuses_one() -> None:
     refused = start_refusal(assignment(), fine_tunes=True, dev_envs=False)
-    assert refused is not None and "--dev-env-image" in english(refused)
+    assert refused is not None and "--dev-env-image" in str(english(refused))
     assert start_refusal(assignment(), fine_tunes=False, dev_envs=True) is None  # no trainer image needed
     plain = assignment(jupyter=None, inputs=[])
     refused = start_refusal(plain, fine_tunes=False, dev_envs=True)
