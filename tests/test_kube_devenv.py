@@ -39,7 +39,7 @@ TOKEN = "j" * 40
 SETTINGS = DevEnvSettings(
     image="registry.example/jupyter:1",
     agent_namespace="sxwl-system",
-    agent_labels={"app.kubernetes.io/name": "sxwl-agent"},
+    agent_labels={"sxwl.ai/component": "agent"},
     storage_class="ceph-rbd",
     size="50Gi",
 )
@@ -148,7 +148,7 @@ def test_the_policy_admits_only_the_agents_pods_to_the_two_ports() -> None:
     assert rule["from"] == [
         {
             "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "sxwl-system"}},
-            "podSelector": {"matchLabels": {"app.kubernetes.io/name": "sxwl-agent"}},
+            "podSelector": {"matchLabels": {"sxwl.ai/component": "agent"}},
         }
     ]
     assert [p["port"] for p in rule["ports"]] == [JUPYTER_PORT, SSH_PORT]

@@ -210,6 +210,35 @@ def test_a_chart_with_a_trainer_image_serves_its_input_cache_to_its_pods(k8s_clu
         assert not [a for a in args if a.startswith(("--serve-inputs", "--inputs-url", "--input-cache"))]
 
 
+def test_a_chart_with_dev_environments_gives_the_agent_their_image_and_storage(
+    k8s_cluster: K8sCluster,
+) -> None:
+    def args(*values: str) -> list[str]:
+        text = k8s_cluster.helm(
+            "template", "x", str(CHART), "--set=existingSecret=s", "-n", "sxwl-system", *values
+        )
+        (deployment,) = [d for d in yaml.safe_load_all(text) if d and d["kind"] == "Deployment"]
+        assert deployment["spec"]["template"]["metadata"]["labels"]["sxwl.ai/component"] == "agent"
+        found: list[str] = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+        return found
+
+    chosen = args(
+        "--set=devEnvs.enabled=true",
+        "--set=devEnvs.image=lab:1",
+        "--set=devEnvs.storageClass=rook-ceph-block",
+        "--set=devEnvs.workspaceSize=50Gi",
+    )
+    assert {
+        "--dev-env-image=lab:1",
+        "--workspace-storage-class=rook-ceph-block",
+        "--workspace-size=50Gi",
+    } <= set(chosen)
+    trainer = args("--set=devEnvs.enabled=true", "--set=jobs.trainerImage=t:1")
+    assert "--dev-env-image=t:1" in trainer  # the trainer image has JupyterLab
+    assert not [a for a in trainer if a.startswith("--workspace-storage-class")]  # the default class
+    assert not [a for a in args("--set=jobs.trainerImage=t:1") if a.startswith(("--dev-env", "--workspace"))]
+
+
 def test_chart_installs_and_the_agent_registers_with_its_service_account(
     k8s_cluster: K8sCluster, cloud: CloudProcess, tmp_path: Path
 ) -> None:
@@ -321,6 +350,8 @@ def test_chart_rbac_is_no_more_than_the_agent_uses(k8s_cluster: K8sCluster) -> N
         ("get", "pods", "--subresource=log", "-n", "sxwl-tenant-x"),
         ("create", "namespaces"),
         ("create", "secrets", "-n", "sxwl-tenant-x"),  # an attempt's upload token
+        ("create", "persistentvolumeclaims", "-n", "sxwl-tenant-x"),  # a dev environment's workspace
+        ("delete", "persistentvolumeclaims", "-n", "sxwl-tenant-x"),
     ]
     denied = [
         ("list", "secrets"),  # not even in its own namespace
@@ -337,6 +368,8 @@ def test_chart_rbac_is_no_more_than_the_agent_uses(k8s_cluster: K8sCluster) -> N
         ("create", "deployments.apps"),
         ("create", "clusterrolebindings.rbac.authorization.k8s.io"),
         ("create", "pods", "--subresource=exec"),
+        ("get", "persistentvolumeclaims", "-n", "sxwl-tenant-x"),
+        ("create", "persistentvolumes"),
         ("*", "*"),
     ]
     wrong = [a for a in allowed if not can_i(k8s_cluster, ns, *a)]

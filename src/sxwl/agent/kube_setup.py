@@ -15,9 +15,9 @@ if TYPE_CHECKING:  # the Kubernetes client is imported only by agents that use i
     from sxwl.agent.runtimes.kubernetes import KubernetesRuntime
 
 TENANT_NAMESPACE_PREFIX = "sxwl-tenant-"
-# The label of the chart's agent pods (its selector's name): the dev environments' NetworkPolicy
-# admits those of the agent's namespace.
-AGENT_POD_LABELS = {"app.kubernetes.io/name": "sxwl-agent"}
+# The label of the chart's agent pods: the dev environments' NetworkPolicy admits those of the
+# agent's namespace.
+AGENT_POD_LABELS = {"sxwl.ai/component": "agent"}
 DEV_ENV_HELP = {
     "image": "kubernetes runtime: the image that runs dev environments (python3 with JupyterLab; the "
     "trainer image has it); needs --uploader-image. Without it this CPod runs no dev environments.",
