@@ -11,6 +11,8 @@ import json
 from types import SimpleNamespace
 from typing import Any
 
+from sxwl.agent.forward_targets import TcpTarget
+from sxwl.agent.runtimes import kube_inputs
 from sxwl.agent.runtimes.kube_devenv import (
     DEV_DIR,
     IDENTITY,
@@ -23,13 +25,12 @@ from sxwl.agent.runtimes.kube_devenv import (
     lab_assignment,
     policy_manifest,
     secret_manifest,
-    start_refusal,
     target,
 )
+from sxwl.agent.runtimes.kube_inputs import start_refusal
 from sxwl.agent.runtimes.kube_manifests import job_manifest
 from sxwl.agent.runtimes.kube_objects import CONTAINER, DEV_ENV, KubeJob
 from sxwl.agent.runtimes.kube_uploads import UploadConfig
-from sxwl.agent.tunnel_forward import TcpTarget
 from sxwl.protocol import Assignment
 from sxwl.protocol.devenvs import DevEnvSpec
 from sxwl.protocol.finetune import JobInput
@@ -109,6 +110,7 @@ def test_the_pod_runs_jupyterlab_on_the_claim_with_its_token_from_the_secret() -
     mounts = {m["mountPath"]: m for m in main["volumeMounts"]}
     assert mounts["/sxwl/work"]["name"] == "sxwl-work"
     assert mounts["/sxwl/work/inputs"].get("readOnly") is True  # the fetched models, as on a local CPod
+    assert kube_inputs.MAIN_MOUNT["mountPath"] == kube_inputs.INPUTS_DIR  # a fine-tune's pods unchanged
     assert mounts[DEV_DIR]["readOnly"] is True
     volumes = {v["name"]: v for v in pod["volumes"]}
     assert volumes["sxwl-work"]["persistentVolumeClaim"] == {"claimName": "sxwl-ws-env1"}
@@ -152,6 +154,9 @@ def test_the_policy_admits_only_the_agents_pods_to_the_two_ports() -> None:
         }
     ]
     assert [p["port"] for p in rule["ports"]] == [JUPYTER_PORT, SSH_PORT]
+    # An agent outside the cluster names no pods of its own: no pod is admitted.
+    outside = DevEnvSettings(image="x", agent_namespace="a", agent_labels={})
+    assert policy_manifest(outside)["spec"]["ingress"] == []
 
 
 def _pod(phase: str, ip: str | None, dev: bool = True) -> Any:
@@ -178,9 +183,10 @@ def test_the_tunnel_reaches_only_a_running_environments_pod() -> None:
 
 
 def test_a_runtime_without_a_dev_environment_image_refuses_one() -> None:
-    refused = start_refusal(assignment(), fine_tunes=True, dev_envs=False)
+    refused = start_refusal(assignment(), fine_tunes=True, dev_envs=False, endpoints=True)
     assert refused is not None and "--dev-env-image" in str(english(refused))
-    assert start_refusal(assignment(), fine_tunes=False, dev_envs=True) is None  # no trainer image needed
+    # No trainer image needed for an environment's inputs.
+    assert start_refusal(assignment(), fine_tunes=False, dev_envs=True, endpoints=False) is None
     plain = assignment(jupyter=None, inputs=[])
-    refused = start_refusal(plain, fine_tunes=False, dev_envs=True)
+    refused = start_refusal(plain, fine_tunes=False, dev_envs=True, endpoints=True)
     assert refused is not None and refused.code == "kube.no_image"

@@ -184,11 +184,14 @@ def test_a_dev_environment_goes_only_to_a_cpod_that_runs_them_and_says_why_it_wa
     assert place(need, [local]) is None
 
 
-def test_an_endpoint_replica_goes_only_to_a_local_cpod_and_says_why_it_waits() -> None:
-    """The Kubernetes runtime runs no engine yet: a replica placed there would fail at once."""
+def test_an_endpoint_replica_goes_only_where_an_engine_runs_and_says_why_it_waits() -> None:
+    """A Kubernetes CPod whose agent has no engine image would fail a replica at once; one with it,
+    and a local CPod, take replicas."""
     kube = pod("k", ("n", A100, 8, 8))
     local = CPodCapacity("l", [NodeCapacity("vm", A100, 1, 1)], runtime="local", takes_fine_tunes=True)
     need = Need(A100, 1, 1, engine=True)
     assert place(need, [kube]) is None
     assert "do not run inference engines" in str(english(why_not(need, [kube], None)))
     assert place(need, [kube, local]).cpod_id == "l"  # type: ignore[union-attr]
+    serving = CPodCapacity("s", [NodeCapacity("n", A100, 8, 8)], takes_fine_tunes=True, takes_endpoints=True)
+    assert place(need, [serving]).cpod_id == "s"  # type: ignore[union-attr]

@@ -218,7 +218,6 @@ def test_a_chart_with_dev_environments_gives_the_agent_their_image_and_storage(
             "template", "x", str(CHART), "--set=existingSecret=s", "-n", "sxwl-system", *values
         )
         (deployment,) = [d for d in yaml.safe_load_all(text) if d and d["kind"] == "Deployment"]
-        assert deployment["spec"]["template"]["metadata"]["labels"]["sxwl.ai/component"] == "agent"
         found: list[str] = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
         return found
 
@@ -233,10 +232,39 @@ def test_a_chart_with_dev_environments_gives_the_agent_their_image_and_storage(
         "--workspace-storage-class=rook-ceph-block",
         "--workspace-size=50Gi",
     } <= set(chosen)
+    assert [
+        a for a in chosen if a.startswith("--agent-pod-label=")
+    ]  # the environments' policy admits the agent
     trainer = args("--set=devEnvs.enabled=true", "--set=jobs.trainerImage=t:1")
     assert "--dev-env-image=t:1" in trainer  # the trainer image has JupyterLab
     assert not [a for a in trainer if a.startswith("--workspace-storage-class")]  # the default class
     assert not [a for a in args("--set=jobs.trainerImage=t:1") if a.startswith(("--dev-env", "--workspace"))]
+
+
+def test_a_chart_with_an_engine_image_lets_only_its_own_pods_reach_the_engines(
+    k8s_cluster: K8sCluster,
+) -> None:
+    """The agent's flags name the image and its own pods' labels: each replica's NetworkPolicy
+    admits those (kube_engine.py), which must be the Deployment's own selector."""
+    text = k8s_cluster.helm(
+        "template",
+        "x",
+        str(CHART),
+        "--set=existingSecret=s",
+        "--set=jobs.engineImage=e:1",
+        "-n",
+        "sxwl-system",
+    )
+    (deployment,) = [d for d in yaml.safe_load_all(text) if d and d["kind"] == "Deployment"]
+    args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--engine-image=e:1" in args
+    labels = dict(
+        a.removeprefix("--agent-pod-label=").split("=", 1) for a in args if a.startswith("--agent-pod-")
+    )
+    assert labels == deployment["spec"]["selector"]["matchLabels"]
+    assert labels.items() <= deployment["spec"]["template"]["metadata"]["labels"].items()
+    plain = k8s_cluster.helm("template", "x", str(CHART), "--set=existingSecret=s")
+    assert "--engine-image" not in plain and "--agent-pod-label" not in plain
 
 
 def test_chart_installs_and_the_agent_registers_with_its_service_account(
@@ -350,6 +378,9 @@ def test_chart_rbac_is_no_more_than_the_agent_uses(k8s_cluster: K8sCluster) -> N
         ("get", "pods", "--subresource=log", "-n", "sxwl-tenant-x"),
         ("create", "namespaces"),
         ("create", "secrets", "-n", "sxwl-tenant-x"),  # an attempt's upload token
+        # an endpoint replica's NetworkPolicy (runtimes/kube_engine.py), and the tenant's own, updated
+        ("delete", "networkpolicies.networking.k8s.io", "-n", "sxwl-tenant-x"),
+        ("patch", "networkpolicies.networking.k8s.io", "-n", "sxwl-tenant-x"),
         ("create", "persistentvolumeclaims", "-n", "sxwl-tenant-x"),  # a dev environment's workspace
         ("delete", "persistentvolumeclaims", "-n", "sxwl-tenant-x"),
     ]
@@ -368,6 +399,7 @@ def test_chart_rbac_is_no_more_than_the_agent_uses(k8s_cluster: K8sCluster) -> N
         ("create", "deployments.apps"),
         ("create", "clusterrolebindings.rbac.authorization.k8s.io"),
         ("create", "pods", "--subresource=exec"),
+        ("update", "networkpolicies.networking.k8s.io", "-n", "sxwl-tenant-x"),
         ("get", "persistentvolumeclaims", "-n", "sxwl-tenant-x"),
         ("create", "persistentvolumes"),
         ("*", "*"),

@@ -20,7 +20,15 @@ from kubernetes_asyncio.client.exceptions import ApiException
 from sxwl.agent import main as agent_main
 from sxwl.agent.runtimes.base import Runtime
 from sxwl.agent.runtimes.kube_logs import new_log_lines
-from sxwl.agent.runtimes.kube_objects import ATTEMPT, COMPLETION_INDEX, DEV_ENV, JOB_ID, TENANT, KubeJob
+from sxwl.agent.runtimes.kube_objects import (
+    ATTEMPT,
+    COMPLETION_INDEX,
+    DEV_ENV,
+    ENGINE,
+    JOB_ID,
+    TENANT,
+    KubeJob,
+)
 from sxwl.agent.runtimes.kube_tenancy import NETWORK_POLICY, RESOURCE_QUOTA
 from sxwl.agent.runtimes.kubernetes import KubernetesRuntime
 from sxwl.protocol import SHA256_HEADER, Assignment
@@ -156,9 +164,10 @@ def test_single_node_job_succeeds_in_an_isolated_tenant_namespace(
         assert ns.metadata.labels["pod-security.kubernetes.io/enforce"] == "baseline"
         policy = await net.read_namespaced_network_policy(NETWORK_POLICY, job.namespace)
         assert policy.spec.pod_selector.match_labels is None  # every pod of the namespace ...
-        # ... but dev environments', which only the agent reaches (kube_devenv.py's policy).
+        # ... but endpoint replicas' and dev environments', which only the agent reaches.
         assert [(e.key, e.operator) for e in policy.spec.pod_selector.match_expressions] == [
-            (DEV_ENV, "DoesNotExist")
+            (ENGINE, "DoesNotExist"),
+            (DEV_ENV, "DoesNotExist"),
         ]
         assert policy.spec.policy_types == ["Ingress"]
         assert [[peer.pod_selector.match_labels for peer in rule._from] for rule in policy.spec.ingress] == [

@@ -73,10 +73,10 @@ def site_files(roots: tuple[str, ...]) -> dict[str, Path]:
     return {f"{DIST_PACKAGES}/{top}": site / top for top in sorted(tops) if (site / top).exists()}
 
 
-def trainer_files() -> dict[str, Path]:
-    """{path in the image: path here}: the training stack's distributions, and ``sxwl``."""
+def trainer_files(roots: tuple[str, ...] = ROOTS) -> dict[str, Path]:
+    """{path in the image: path here}: each distribution's top-level entries, and ``sxwl``."""
     site = Path(sysconfig.get_paths()["purelib"])
-    files = site_files(ROOTS)
+    files = site_files(roots)
     for library in cuda_libraries(site):
         files[f"{DIST_PACKAGES}/{library.relative_to(site).as_posix()}"] = library
     files[f"{DIST_PACKAGES}/sxwl"] = REPO / "src" / "sxwl"

@@ -1,6 +1,6 @@
 """An endpoint replica's engine as the agent sees it (docs/endpoints.md): whether it serves (its
-health and its model list, asked over the supervisor's socket), which attempt's socket a tunnel
-stream's target names, and why a replica whose engine gave up failed."""
+health and its model list, asked where the runtime says its supervisor listens), which attempt a
+tunnel stream's target names, and why a replica whose engine gave up failed (local runtime)."""
 
 from __future__ import annotations
 
@@ -8,11 +8,12 @@ import asyncio
 import json
 from collections.abc import Mapping
 from pathlib import Path
+from typing import TypeVar
 
 import h11
 
+from sxwl.agent.forward_targets import Target, open_target
 from sxwl.agent.runtimes.base import AttemptRecord
-from sxwl.engine.sockets import reachable
 from sxwl.engine.supervisor import FAILED_FILE
 from sxwl.protocol.endpoints import ENGINE_TARGET_SUFFIX
 from sxwl.protocol.models import attempt_key
@@ -22,13 +23,11 @@ PROBE_S = 5.0
 REASON_LINES = 8  # of the engine's last lines, in the replica's reason
 
 
-async def open_socket(path: str) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-    with reachable(path) as short:
-        return await asyncio.open_unix_connection(short)
+J = TypeVar("J", bound=AttemptRecord)
 
 
-async def _get(path: str, target: str) -> tuple[int, bytes]:
-    reader, writer = await open_socket(path)
+async def _get(engine: Target, target: str) -> tuple[int, bytes]:
+    reader, writer = await open_target(engine)
     try:
         conn = h11.Connection(h11.CLIENT)
         writer.write(conn.send(h11.Request(method="GET", target=target, headers=[("host", "engine")])) or b"")
@@ -48,21 +47,24 @@ async def _get(path: str, target: str) -> tuple[int, bytes]:
         writer.transport.abort()
 
 
-async def serving(socket: str) -> bool:
-    """Its health is good and it lists a model: requests can be sent to it."""
+async def serving(engine: Target | None) -> bool:
+    """Its health is good and it lists a model: requests can be sent to it. None (the runtime does
+    not know where it listens yet): not serving."""
+    if engine is None:
+        return False
     try:
-        health, _ = await asyncio.wait_for(_get(socket, "/health"), PROBE_S)
+        health, _ = await asyncio.wait_for(_get(engine, "/health"), PROBE_S)
         if health != 200:
             return False
-        status, body = await asyncio.wait_for(_get(socket, "/v1/models"), PROBE_S)
+        status, body = await asyncio.wait_for(_get(engine, "/v1/models"), PROBE_S)
         listed = json.loads(body).get("data") if status == 200 else None
     except (OSError, TimeoutError, h11.ProtocolError, ValueError, AttributeError):
         return False
     return bool(listed)
 
 
-def socket_for(jobs: Mapping[str, AttemptRecord], target: str) -> str | None:
-    """The socket of the running attempt a stream's target names (``<job>-<attempt>.engine:80``)."""
+def engine_job(jobs: Mapping[str, J], target: str) -> J | None:
+    """The running replica's attempt a stream's target names (``<job>-<attempt>.engine:80``)."""
     host = target.rpartition(":")[0].lower()
     if not host.endswith(ENGINE_TARGET_SUFFIX):
         return None
@@ -70,9 +72,9 @@ def socket_for(jobs: Mapping[str, AttemptRecord], target: str) -> str | None:
     if not attempt.isdigit():
         return None
     found = next((j for j in jobs.values() if j.key.lower() == attempt_key(job_id, int(attempt))), None)
-    if found is None or found.outcome is not None:
+    if found is None or found.outcome is not None or not found.serves_engine:
         return None
-    return found.engine_socket
+    return found
 
 
 def failure(job: AttemptRecord) -> str | None:

@@ -305,7 +305,7 @@ class JobSync(Generic[J]):
                     and job.reported_state != "running"
                     and not job.fenced
                     # An endpoint's replica runs once its engine serves (docs/endpoints.md).
-                    and (job.engine_socket is None or await engine_probe.serving(job.engine_socket))
+                    and (not job.serves_engine or await engine_probe.serving(self.runtime.engine_target(job)))
                     and await self._report(job, "running")
                 ):
                     job.reported_state = "running"

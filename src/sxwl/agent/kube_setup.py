@@ -1,23 +1,21 @@
-"""The ``kubernetes`` runtime as the agent's flags make it (PodSettings, pod_settings.py), and the
-help of its dev environments' flags (docs/dev-envs.md, "On Kubernetes")."""
+"""The ``kubernetes`` runtime made from the agent's flags (PodSettings): where pods upload, the
+images that run fine-tunes, endpoint replicas and dev environments, the storage of dev
+environments' workspaces, and who the replicas' and environments' NetworkPolicies admit."""
 
 from __future__ import annotations
 
 import logging
 from typing import TYPE_CHECKING
 
+from sxwl.agent.loop import AgentConfig
 from sxwl.agent.pod_settings import PodSettings
 
 if TYPE_CHECKING:  # the Kubernetes client is imported only by agents that use it: it is slow to load
     from kubernetes_asyncio.client import ApiClient
 
-    from sxwl.agent.loop import AgentConfig
     from sxwl.agent.runtimes.kubernetes import KubernetesRuntime
 
 TENANT_NAMESPACE_PREFIX = "sxwl-tenant-"
-# The label of the chart's agent pods: the dev environments' NetworkPolicy admits those of the
-# agent's namespace.
-AGENT_POD_LABELS = {"sxwl.ai/component": "agent"}
 DEV_ENV_HELP = {
     "image": "kubernetes runtime: the image that runs dev environments (python3 with JupyterLab; the "
     "trainer image has it); needs --uploader-image. Without it this CPod runs no dev environments.",
@@ -28,10 +26,11 @@ DEV_ENV_HELP = {
 
 
 def job_runtime(
-    api: ApiClient, config: AgentConfig, pods: PodSettings | None = None, namespace: str = "sxwl-system"
+    api: ApiClient, config: AgentConfig, pods: PodSettings | None = None, namespace: str = "default"
 ) -> KubernetesRuntime:
-    """``namespace``: the agent's own, whose agent pods alone reach dev environments."""
+    """``namespace``: the agent's own, where the pods the replicas' and environments' policies admit run."""
     from sxwl.agent.runtimes.kube_devenv import DevEnvSettings
+    from sxwl.agent.runtimes.kube_engine import EngineSettings
     from sxwl.agent.runtimes.kube_uploads import UploadConfig
     from sxwl.agent.runtimes.kubernetes import KubernetesRuntime
 
@@ -45,6 +44,18 @@ def job_runtime(
         logging.getLogger("sxwl.agent").warning(
             "no --uploader-image: files that jobs write to $SXWL_OUTPUT_DIR do not reach the cloud"
         )
+    engine = None
+    if pods.engine_image:
+        engine = EngineSettings(pods.engine_image, namespace, pods.agent_labels)
+    dev_envs = None
+    if pods.dev_env_image:
+        dev_envs = DevEnvSettings(
+            image=pods.dev_env_image,
+            agent_namespace=namespace,
+            agent_labels=dict(pods.agent_labels),
+            storage_class=pods.workspace_storage_class,
+            size=pods.workspace_size,
+        )
     # Job records under the state dir: on the chart's emptyDir they outlive a container restart.
     return KubernetesRuntime(
         api,
@@ -56,13 +67,6 @@ def job_runtime(
         tolerations=list(pods.tolerations),
         memory_limit=pods.memory_limit,
         trainer_image=pods.trainer_image,
-        dev_envs=DevEnvSettings(
-            image=pods.dev_env_image,
-            agent_namespace=namespace,
-            agent_labels=AGENT_POD_LABELS,
-            storage_class=pods.workspace_storage_class,
-            size=pods.workspace_size,
-        )
-        if pods.dev_env_image
-        else None,
+        engine=engine,
+        dev_envs=dev_envs,
     )

@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Generic, Protocol, TypeVar
 
 import sxwl
-from sxwl.agent import engine_probe
 from sxwl.agent.client import CloudClient, Refused, Rejected, Unreachable
 from sxwl.agent.inputs import InputCache
 from sxwl.agent.jobsync import JobSync
@@ -217,10 +216,12 @@ class Agent(Generic[J]):
             self.runtime.accept_owners(frozenset(reply.accepted_owner_ids))
 
     def _how_jobs_run(self) -> IsolationReport:
-        # The local runtime runs dev environments wherever it runs (the cloud assumes so).
-        dev_envs: bool | None = getattr(self.runtime, "takes_dev_envs", None)
-        update = {"fine_tunes": self.runtime.takes_fine_tunes, "dev_envs": dev_envs}
-        return self.config.isolation_report().model_copy(update=update)
+        runs = {
+            "fine_tunes": self.runtime.takes_fine_tunes,
+            "endpoints": self.runtime.takes_endpoints,
+            "dev_envs": self.runtime.takes_dev_envs,
+        }
+        return self.config.isolation_report().model_copy(update=runs)
 
     def _nodes(self) -> list[Node]:
         return self.runtime.nodes_to_report(self.inventory.nodes())
@@ -322,16 +323,13 @@ class Agent(Generic[J]):
                 asyncio.create_task(self._supervise(sync), name="supervise"),
             ]
             if self.config.tunnel.connections > 0:
-                # A runtime that serves attempts' own sockets (the local one's dev environments).
-                sockets = getattr(self.runtime, "attempt_socket", None)
-                runtime = self.runtime
+                # The runtime finds the attempts' own services (engines, dev environments).
                 tunnel = TunnelClient(
                     self.config.api_url,
                     saved.cpod_token,
                     self.config.tunnel,
                     backoff_delay,
-                    sockets,
-                    engines=lambda target: engine_probe.socket_for(runtime.jobs, target),
+                    self.runtime.attempt_target,
                 )
                 tasks.append(asyncio.create_task(tunnel.run(), name="tunnel"))
             if self.cache_server is not None and cache is not None:

@@ -175,6 +175,22 @@ def run(
             "fine-tunes.",
         ),
     ] = None,
+    engine_image: Annotated[
+        str | None,
+        typer.Option(
+            envvar="SXWL_ENGINE_IMAGE",
+            help="kubernetes runtime: the image that runs endpoint replicas (python3 with this project and "
+            "vLLM for GPUs, or transformers' serving extra for CPUs); needs --uploader-image. Without it "
+            "this CPod serves no endpoints.",
+        ),
+    ] = None,
+    agent_pod_label: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="kubernetes runtime: KEY=VALUE, a label of the agent's own pods (in --namespace), the only "
+            "pods an endpoint replica's NetworkPolicy admits; repeatable (the chart sets them).",
+        ),
+    ] = None,
     upload_ca_file: Annotated[
         Path | None,
         typer.Option(
@@ -230,10 +246,10 @@ def run(
     except ValueError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None
-    if trainer_image and not uploader_image:
+    if (trainer_image or engine_image) and not uploader_image:
         typer.echo(
-            "error: --trainer-image needs --uploader-image: a fine-tune's pod fetches its inputs and "
-            "hands back its adapter through the uploader's image and token",
+            f"error: {'--trainer-image' if trainer_image else '--engine-image'} needs --uploader-image: "
+            "a fine-tune's or endpoint's pod fetches its inputs with the uploader's image and token",
             err=True,
         )
         raise typer.Exit(2)
@@ -255,6 +271,8 @@ def run(
         upload_url=(upload_url or api_url).rstrip("/"),
         uploader_image=uploader_image,
         trainer_image=trainer_image,
+        engine_image=engine_image,
+        agent_labels=_flag_values(agent_pod_label or [], "--agent-pod-label", node_selector),
         dev_env_image=dev_env_image,
         workspace_storage_class=workspace_storage_class,
         workspace_size=_flag_values([workspace_size], "--workspace-size", memory_quantity)[0],

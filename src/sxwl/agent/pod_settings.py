@@ -1,6 +1,7 @@
 """What the ``kubernetes`` runtime adds to every tenant pod, from the agent's flags: where the pods'
-uploaders send artifacts, the image that runs fine-tunes, where fine-tunes' pods find the agent's
-input cache, and the provider's node selector and tolerations (docs/agent.md)."""
+uploaders send artifacts, the images that run fine-tunes and endpoint replicas, the agent's own pods'
+labels (a replica's NetworkPolicy admits only them), where fine-tunes' pods find the agent's input
+cache, and the provider's node selector and tolerations (docs/agent.md)."""
 
 from __future__ import annotations
 
@@ -18,6 +19,8 @@ class PodSettings:
     upload_url: str
     uploader_image: str | None = None
     trainer_image: str | None = None  # runs fine-tunes (kube_inputs.py); None: the CPod takes none
+    engine_image: str | None = None  # runs endpoint replicas (kube_engine.py); None: the CPod serves none
+    agent_labels: tuple[tuple[str, str], ...] = field(default_factory=tuple)
     dev_env_image: str | None = None  # runs dev environments (kube_devenv.py); None: the CPod runs none
     workspace_storage_class: str | None = None  # of their workspaces' claims; None: the cluster's default
     workspace_size: str = "20Gi"

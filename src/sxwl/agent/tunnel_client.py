@@ -21,7 +21,8 @@ from websockets.asyncio.client import ClientConnection
 from websockets.exceptions import InvalidStatus, WebSocketException
 
 import sxwl
-from sxwl.agent.tunnel_forward import Sockets, forward
+from sxwl.agent.forward_targets import Targets
+from sxwl.agent.tunnel_forward import forward
 from sxwl.protocol import PROTOCOL_HEADER, PROTOCOL_VERSION, paths
 from sxwl.tunnel.headers import split_target
 from sxwl.tunnel.session import MESSAGE_MAX, PING_S, Session, TunnelStream
@@ -80,13 +81,11 @@ class TunnelClient:
         token: str,
         settings: TunnelSettings,
         backoff: Callable[[int], float],
-        sockets: Sockets | None = None,
-        engines: Callable[[str], str | None] = lambda _: None,
+        targets: Targets | None = None,
     ) -> None:
-        """``engines``: the socket of the engine a stream's target names (docs/endpoints.md)."""
         self.url, self.token, self.settings, self.backoff = tunnel_url(api_url), token, settings, backoff
-        self.sockets = sockets  # the attempts' own services (dev environments), found by the runtime
-        self.engines = engines
+        # The attempts' own services (engines, dev environments), found by the runtime.
+        self.targets = targets
         self.sessions: set[Session] = set()
         normalised = {t.lower() for t in settings.targets if split_target(t) is not None}
         self._targets = frozenset(normalised)
@@ -155,4 +154,4 @@ class TunnelClient:
             self.sessions.discard(session)
 
     async def _on_stream(self, stream: TunnelStream) -> None:
-        await forward(stream, self.allowed, self.sockets, self.engines)
+        await forward(stream, self.allowed, self.targets)

@@ -10,16 +10,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
-import socket
-import struct
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from pathlib import Path
 
 import h11
 
-from sxwl.agent.engine_probe import open_socket
+from sxwl.agent.forward_targets import Targets, open_target
 from sxwl.tunnel.headers import ERROR, TARGET, UPGRADE, UPGRADED, Headers, end_to_end, first, split_target
 from sxwl.tunnel.session import StreamReset, TunnelStream
 
@@ -27,57 +22,22 @@ CONNECT_S = 10.0
 READ_SIZE = 256 * 1024
 
 
-@dataclass(frozen=True)
-class SocketTarget:
-    """A service of one attempt on a Unix socket (a dev environment's JupyterLab): the socket's
-    dir, the socket's name in it, and the uid its server must run as."""
-
-    directory: Path
-    name: str
-    uid: int
-    raw: bool = False  # no HTTP: the stream's bytes both ways (an sshd)
-
-
-@dataclass(frozen=True)
-class TcpTarget:
-    """A service of one attempt at its pod's address (a dev environment's JupyterLab or sshd on
-    Kubernetes): the address comes from the cluster's record of the attempt's own pod, never from
-    the cloud or the tenant, and the pod's NetworkPolicy admits only the agent."""
-
-    host: str
-    port: int
-    raw: bool = False
-
-
-# Which attempt's service a target names (the runtime's lookup); None: not such a target.
-Sockets = Callable[[str], SocketTarget | TcpTarget | None]
-
-
 async def forward(
-    stream: TunnelStream,
-    allowed: Callable[[str], bool],
-    sockets: Sockets | None = None,
-    engines: Callable[[str], str | None] = lambda _: None,
+    stream: TunnelStream, allowed: Callable[[str], bool], targets: Targets | None = None
 ) -> None:
-    """``sockets``: an attempt's own service a target names (a dev environment's JupyterLab or
-    sshd); ``engines``: the socket of an endpoint replica's engine (docs/endpoints.md). Targets of
-    either need no --tunnel-allow: the agent itself runs what they lead to."""
+    """``targets``: an attempt's own service a target names (an endpoint replica's engine, a dev
+    environment's JupyterLab or sshd), found by the runtime. Such targets need no --tunnel-allow:
+    the agent itself runs what they lead to."""
     head = await stream.head()
     target = first(head, TARGET) or ""
-    at_socket = sockets(target) if sockets is not None else None
+    own = targets(target) if targets is not None else None
     address = split_target(target)
-    engine = engines(target) if address is not None and at_socket is None else None
-    if at_socket is None and engine is None and (address is None or not allowed(target)):
+    if own is None and (address is None or not allowed(target)):
         await _answer(stream, 403, f"the agent does not forward to {target!r}\n")
         return
     try:
-        if isinstance(at_socket, TcpTarget):
-            opening = asyncio.open_connection(at_socket.host, at_socket.port)
-            reader, writer = await asyncio.wait_for(opening, CONNECT_S)
-        elif at_socket is not None:
-            reader, writer = await asyncio.wait_for(_open_socket(at_socket), CONNECT_S)
-        elif engine is not None:
-            reader, writer = await asyncio.wait_for(open_socket(engine), CONNECT_S)
+        if own is not None:
+            reader, writer = await asyncio.wait_for(open_target(own), CONNECT_S)
         else:
             assert address is not None
             reader, writer = await asyncio.wait_for(asyncio.open_connection(*address), CONNECT_S)
@@ -85,7 +45,7 @@ async def forward(
         await _answer(stream, 502, f"the agent could not reach {target}: {exc or type(exc).__name__}\n")
         return
     try:
-        if at_socket is not None and at_socket.raw:
+        if own is not None and own.raw:
             await _spliced(stream, reader, writer)
         else:
             await _exchange(stream, head, target, reader, writer)
@@ -129,24 +89,6 @@ async def _exchange(
         for task in (upload, download):
             task.cancel()
         await asyncio.gather(upload, download, return_exceptions=True)
-
-
-async def _open_socket(target: SocketTarget) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-    """Connects to the attempt's socket. The attempt owns its dir and could put a link there to any
-    socket on the machine, so the server that answers must run as the attempt's own uid
-    (SO_PEERCRED), or nothing is sent. The dir is reached through a descriptor: the socket's path on
-    the machine may be longer than a socket address holds."""
-    fd = os.open(target.directory, os.O_PATH | os.O_DIRECTORY)
-    try:
-        reader, writer = await asyncio.open_unix_connection(f"/proc/self/fd/{fd}/{target.name}")
-    finally:
-        os.close(fd)
-    sock = writer.get_extra_info("socket")
-    _pid, uid, _gid = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
-    if uid != target.uid:
-        writer.transport.abort()
-        raise OSError(f"its socket is served by uid {uid}, not the attempt's")
-    return reader, writer
 
 
 async def _upload(

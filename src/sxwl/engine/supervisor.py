@@ -24,6 +24,8 @@ TAIL_LINES = 20
 STOP_GRACE_S = 10.0
 RESTART_PAUSE_S = 1.0
 EXIT_GAVE_UP = 3
+MESSAGE_BYTES = 4000
+RUN_ENV = "SXWL_ENGINE_RUN"  # the run itself, where no file holds it (a Kubernetes pod)
 
 
 def say(message: str) -> None:
@@ -115,7 +117,26 @@ async def _stop(proc: asyncio.subprocess.Process) -> None:
 
 
 def write_failed(run: EngineRun, exits: int, status: int | None, lines: list[str]) -> None:
-    Path(run.work_dir, FAILED_FILE).write_text(json.dumps({"exits": exits, "status": status, "lines": lines}))
+    """On Kubernetes the file is also the pod's termination message, of which the kubelet keeps 4096
+    bytes: the oldest lines go until it fits, so it stays whole JSON."""
+    said = json.dumps({"exits": exits, "status": status, "lines": lines})
+    while len(said.encode()) > MESSAGE_BYTES and lines:
+        lines = lines[1:]
+        said = json.dumps({"exits": exits, "status": status, "lines": lines})
+    Path(run.work_dir, FAILED_FILE).write_text(said)
+
+
+async def _listen(run: EngineRun, port: int) -> asyncio.Server:
+    """The agent's way in: a TCP port on the pod's address (Kubernetes), or a 0600 unix socket."""
+    if run.listen_port is not None:
+        return await asyncio.start_server(lambda r, w: _bridge(port, r, w), port=run.listen_port)
+    assert run.socket is not None
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(run.socket)
+    with reachable(run.socket) as path:
+        server = await asyncio.start_unix_server(lambda r, w: _bridge(port, r, w), path=path)
+        os.chmod(path, 0o600)  # the attempt's uid (and the agent, root or the same uid) only
+    return server
 
 
 async def supervise(run: EngineRun, port: int, argv: list[str], cwd: Path) -> int:
@@ -124,11 +145,7 @@ async def supervise(run: EngineRun, port: int, argv: list[str], cwd: Path) -> in
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stopping.set)
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(run.socket)
-    with reachable(run.socket) as path:
-        server = await asyncio.start_unix_server(lambda r, w: _bridge(port, r, w), path=path)
-        os.chmod(path, 0o600)  # the attempt's uid (and the agent, root or the same uid) only
+    server = await _listen(run, port)
     tail: deque[str] = deque(maxlen=TAIL_LINES)
     exits = 0
     try:
@@ -167,10 +184,10 @@ async def supervise(run: EngineRun, port: int, argv: list[str], cwd: Path) -> in
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) != 1:
-        sys.stderr.write("usage: python -m sxwl.engine RUN.json\n")
+    if len(argv) > 1 or (not argv and RUN_ENV not in os.environ):
+        sys.stderr.write(f"usage: python -m sxwl.engine RUN.json (or the run in ${RUN_ENV})\n")
         return 2
-    run = EngineRun.model_validate_json(Path(argv[0]).read_text())
+    run = EngineRun.model_validate_json(Path(argv[0]).read_text() if argv else os.environ[RUN_ENV])
     port = run.port or free_port()  # 0: a loopback shared with other work (no own namespace)
     command, cwd = engine_argv(run, port)
     return asyncio.run(supervise(run, port, command, cwd))

@@ -94,7 +94,10 @@ class EngineRun(EngineSpec):
     engine: EngineName
     model_dir: str
     adapter_dir: str | None = None
-    socket: str  # the unix socket the supervisor serves, for the agent
+    socket: str | None = None  # the unix socket the supervisor serves, for the agent (local runtime)
+    # Kubernetes: the TCP port the supervisor serves on the pod's address instead (a NetworkPolicy
+    # admits only the agent's pod to it).
+    listen_port: int | None = Field(default=None, ge=1, le=65535)
     work_dir: str  # where a merged model and the engine's last lines are written
     port: int = ENGINE_PORT
     gpus: int = 0

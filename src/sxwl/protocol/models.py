@@ -97,6 +97,9 @@ class IsolationReport(WireIn):
     # Whether the agent fetches fine-tunes' inputs and runs the trainer; None (agents before this
     # field): the local runtime does, Kubernetes does not.
     fine_tunes: bool | None = None
+    # Whether it runs endpoint replicas; None (agents before this field): the local runtime does,
+    # Kubernetes does not.
+    endpoints: bool | None = None
     # Whether it runs dev environments (a Kubernetes agent with a dev environment image); None
     # (agents before this field): the local runtime does, Kubernetes does not.
     dev_envs: bool | None = None

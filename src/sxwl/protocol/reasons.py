@@ -182,7 +182,8 @@ ENGLISH: dict[str, str] = {
     "queue.busy": "waiting for {need} to become free",
     "queue.no_dev_env": "the CPods that offer {need} run no dev environments (a Kubernetes CPod runs them "
     "once its agent has a dev environment image: the chart's devEnvs)",
-    "queue.no_endpoint": "the CPods that offer {need} do not run inference engines yet (only local CPods do)",
+    "queue.no_endpoint": "the CPods that offer {need} do not run inference engines (a Kubernetes CPod's "
+    "agent needs an engine image)",
     "queue.image": "the CPods that offer {need} run jobs as local processes and cannot run a container "
     "image: submit the job without image, or wait for a Kubernetes CPod",
     "queue.no_trainer": "the CPods that offer {need} do not run fine-tunes (a Kubernetes CPod needs its "
@@ -245,6 +246,7 @@ ENGLISH: dict[str, str] = {
     "kube.no_image": "the job has no container image; a Kubernetes CPod runs every job as a container",
     "kube.no_fine_tunes": "this CPod runs no fine-tunes: its agent needs --trainer-image and "
     "--uploader-image",
+    "kube.no_engine": "this CPod runs no endpoints: its agent needs --engine-image and --uploader-image",
     "kube.no_dev_envs": "this CPod runs no dev environments: its agent needs --dev-env-image and "
     "--uploader-image",
     "kube.no_upload_token": "the cloud sent no upload token, which the pod needs to fetch its inputs",

@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Generic, Literal, Protocol, TypeVar
 
+from sxwl.agent.forward_targets import Target
 from sxwl.agent.tenant_files import OutputTree
 from sxwl.protocol import Assignment, Node, attempt_key
 
@@ -55,6 +56,11 @@ class AttemptRecord:
     def key(self) -> str:
         return attempt_key(self.job_id, self.attempt)
 
+    @property
+    def serves_engine(self) -> bool:
+        """An endpoint replica's attempt: reported running only once its engine serves."""
+        return self.engine_socket is not None
+
     def grace(self, default: float) -> float:
         """Seconds between SIGTERM and SIGKILL for this attempt's stop."""
         return default if self.stop_grace_s is None else self.stop_grace_s
@@ -73,6 +79,16 @@ class Runtime(Protocol[J]):
     @property
     def takes_fine_tunes(self) -> bool:
         """Whether it runs assignments with inputs and the trainer (the cloud sends them only then)."""
+        ...
+
+    @property
+    def takes_endpoints(self) -> bool:
+        """Whether it runs endpoint replicas (``Assignment.engine``; the cloud sends them only then)."""
+        ...
+
+    @property
+    def takes_dev_envs(self) -> bool:
+        """Whether it runs dev environments (``Assignment.jupyter``; the cloud sends them only then)."""
         ...
 
     def knows(self, job_id: str, attempt: int) -> bool:
@@ -130,6 +146,15 @@ class Runtime(Protocol[J]):
 
     def accept_owners(self, owner_ids: frozenset[str] | None) -> None:
         """Whose jobs the cloud says this CPod may start (None: anyone's)."""
+        ...
+
+    def engine_target(self, job: J) -> Target | None:
+        """Where the engine of a replica's attempt (``serves_engine``) is reached; None: not known yet."""
+        ...
+
+    def attempt_target(self, target: str) -> Target | None:
+        """The service of a running attempt a tunnel stream's target names (an engine, a dev
+        environment's); None: none of this runtime's."""
         ...
 
 

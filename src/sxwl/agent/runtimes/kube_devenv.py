@@ -30,9 +30,9 @@ from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from sxwl.agent import jupyter_identity
+from sxwl.agent.forward_targets import TcpTarget
 from sxwl.agent.runtimes import kube_inputs
 from sxwl.agent.runtimes.jupyter import SSH_USER, TOKEN_FILE, lab_flags, sshd_config
-from sxwl.agent.runtimes.kube_inputs import fine_tune_refusal
 from sxwl.agent.runtimes.kube_objects import (
     CONTAINER,
     DEV_ENV,
@@ -44,10 +44,8 @@ from sxwl.agent.runtimes.kube_objects import (
     dns_label,
     labels,
 )
-from sxwl.agent.tunnel_forward import TcpTarget
 from sxwl.protocol import Assignment, attempt_key
 from sxwl.protocol.devenvs import INPUTS_SEEN_AT, DevEnvSpec, parse_target
-from sxwl.protocol.reasons import Reason
 
 JUPYTER_PORT = 8888
 SSH_PORT = 2222
@@ -101,25 +99,19 @@ def claim_manifest(job: KubeJob, spec: DevEnvSpec, settings: DevEnvSettings) -> 
 
 
 def policy_manifest(settings: DevEnvSettings) -> dict[str, Any]:
-    """Ingress to the namespace's environments only from the agent's pod, only to their two ports."""
+    """Ingress to the namespace's environments only from the agent's pods, only to their two ports;
+    without their labels (an agent outside the cluster), from no pod."""
     agent = {
         "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": settings.agent_namespace}},
         "podSelector": {"matchLabels": dict(settings.agent_labels)},
     }
+    ports = [{"protocol": "TCP", "port": port} for port in (JUPYTER_PORT, SSH_PORT)]
     return {
         "metadata": {"name": POLICY, "labels": {MANAGED_BY: MANAGER}},
         "spec": {
             "podSelector": {"matchExpressions": [{"key": DEV_ENV, "operator": "Exists"}]},
             "policyTypes": ["Ingress"],
-            "ingress": [
-                {
-                    "from": [agent],
-                    "ports": [
-                        {"protocol": "TCP", "port": JUPYTER_PORT},
-                        {"protocol": "TCP", "port": SSH_PORT},
-                    ],
-                }
-            ],
+            "ingress": [{"from": [agent], "ports": ports}] if settings.agent_labels else [],
         },
     }
 
@@ -162,9 +154,11 @@ def dress(manifest: dict[str, Any], job: KubeJob, spec: DevEnvSpec) -> dict[str,
         {"name": DEV_VOLUME, "secret": {"secretName": secret_name(job), "defaultMode": 0o440}},
     ]
     main = next(c for c in pod["containers"] if c["name"] == CONTAINER)
-    for mount in main["volumeMounts"]:
-        if mount["name"] == kube_inputs.INPUTS_VOLUME:
-            mount["mountPath"] = INPUTS_SEEN_AT
+    # The inputs where the local runtime puts them (a new dict: the manifest shares kube_inputs' own).
+    main["volumeMounts"] = [
+        {**mount, "mountPath": INPUTS_SEEN_AT} if mount["name"] == kube_inputs.INPUTS_VOLUME else mount
+        for mount in main["volumeMounts"]
+    ]
     main["volumeMounts"] += [
         {"name": WORK_VOLUME, "mountPath": WORK_DIR},
         {"name": DEV_VOLUME, "mountPath": DEV_DIR, "readOnly": True},
@@ -211,18 +205,6 @@ def target(name: str, addresses: Mapping[str, str]) -> TcpTarget | None:
         return None
     ssh = named[0] == "dev-ssh"
     return TcpTarget(host, SSH_PORT if ssh else JUPYTER_PORT, raw=ssh)
-
-
-def start_refusal(assignment: Assignment, fine_tunes: bool, dev_envs: bool) -> Reason | None:
-    """Why the runtime cannot run the attempt: a dev environment where it runs none, a fine-tune
-    it cannot fetch for (kube_inputs.py), a job without an image."""
-    dev_env = assignment.jupyter is not None
-    if dev_env and not dev_envs:
-        return Reason.of("kube.no_dev_envs")
-    problem = fine_tune_refusal(assignment, fine_tunes or dev_env)
-    if problem is None and not assignment.image and assignment.trainer is None and not dev_env:
-        return Reason.of("kube.no_image")
-    return problem
 
 
 class DevEnvs:

@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from sxwl.agent.runtimes import kube_inputs, kube_uploads
+from sxwl.agent.runtimes import kube_engine, kube_inputs, kube_uploads
 from sxwl.agent.runtimes.kube_objects import (
     ATTEMPT,
     COMPLETION_INDEX,
@@ -77,11 +77,11 @@ def _container(
     master_port: int,
     uploads: bool,
     memory_limit: str | None,
-    trainer_image: str | None,
+    image: str | None,
 ) -> dict[str, Any]:
     container: dict[str, Any] = {
         "name": CONTAINER,
-        "image": trainer_image if assignment.trainer is not None else assignment.image,
+        "image": image,
         "env": _env(job, assignment, master_port),
         "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}],  # noqa: S108 - the pod's shm,
         "securityContext": {"allowPrivilegeEscalation": False, "privileged": False},
@@ -95,6 +95,7 @@ def _container(
         container["env"].extend({"name": k, "value": v} for k, v in kube_inputs.TRAINER_ENV.items())
     if uploads:
         command = kube_inputs.trainer_command() if assignment.trainer is not None else assignment.command
+        command = kube_engine.COMMAND if assignment.engine is not None else command
         container["command"] = wrapped(command)
         container["env"].append(kube_uploads.MAIN_ENV)
         container["volumeMounts"].append(kube_uploads.MAIN_MOUNT)
@@ -127,6 +128,7 @@ def job_manifest(
     uploads: UploadConfig | None = None,
     memory_limit: str | None = None,
     trainer_image: str | None = None,
+    engine_image: str | None = None,
 ) -> dict[str, Any]:
     """The Job; with ``uploads`` (the agent has an upload URL and the assignment a token) its pods
     also carry the uploader, the shared volume and the token's Secret (kube_uploads.py). An
@@ -136,6 +138,10 @@ def job_manifest(
         raise ValueError("a fine-tune's pod fetches its inputs with the upload token: uploads are needed")
     if assignment.trainer is not None and not trainer_image:
         raise ValueError("a fine-tune runs the trainer image: trainer_image is needed")
+    if assignment.engine is not None and not engine_image:
+        raise ValueError("an endpoint's replica runs the engine image: engine_image is needed")
+    image = trainer_image if assignment.trainer is not None else assignment.image
+    image = engine_image if assignment.engine is not None else image
     multi = job.nodes > 1
     pod_security: dict[str, Any] = {"seccompProfile": {"type": "RuntimeDefault"}}
     if run_as_non_root:
@@ -149,9 +155,7 @@ def job_manifest(
         "hostIPC": False,
         "terminationGracePeriodSeconds": max(0, int(stop_grace_s)),
         "securityContext": pod_security,
-        "containers": [
-            _container(job, assignment, master_port, uploads is not None, memory_limit, trainer_image)
-        ],
+        "containers": [_container(job, assignment, master_port, uploads is not None, memory_limit, image)],
         "volumes": [{"name": "dshm", "emptyDir": {"medium": "Memory"}}],
     }
     if uploads is not None:
@@ -194,7 +198,10 @@ def job_manifest(
         spec["completionMode"] = "Indexed"
     if job.max_runtime_s:
         spec["activeDeadlineSeconds"] = job.max_runtime_s
-    return {
+    manifest = {
         "metadata": {"name": job.k8s_name, "labels": labels(job), "annotations": annotations},
         "spec": spec,
     }
+    if assignment.engine is not None:
+        kube_engine.shape(manifest, assignment)
+    return manifest

@@ -26,6 +26,7 @@ TENANT = "sxwl.ai/tenant"
 JOB_NAME = "sxwl.ai/job-name"
 # On a dev environment's pods and workspace claim: the environment's id (kube_devenv.py).
 DEV_ENV = "sxwl.ai/dev-env"
+ENGINE = "sxwl.ai/engine"  # an endpoint replica's pod (kube_engine.py)
 COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"
 GPU = "nvidia.com/gpu"
 GPU_PRODUCT = "nvidia.com/gpu.product"
@@ -49,10 +50,16 @@ class KubeJob(AttemptRecord):
     log_marks: dict[str, list[Any]] = field(default_factory=dict)  # pod -> [timestamp, lines at it]
     delete_sent: bool = False
     secret_made: bool = False  # the upload token's Secret exists (or the pods need none)
+    engine: bool = False  # an endpoint replica's (kube_engine.py)
+    engine_host: str | None = None  # its pod's IP while its engine's container runs
 
     @property
     def service(self) -> str:
         return self.k8s_name
+
+    @property
+    def serves_engine(self) -> bool:
+        return self.engine
 
 
 def dns_label(text: str, limit: int = 63) -> str:
@@ -88,6 +95,7 @@ def record_from(item: Any) -> KubeJob:
         nodes=spec.completions or 1,
         gpus_per_node=int(limits.get(GPU, 0)),
         max_runtime_s=spec.active_deadline_seconds,
+        engine=ENGINE in (spec.template.metadata.labels or {}),
         started_at=meta.creation_timestamp.timestamp() if meta.creation_timestamp else time.time(),
         created=True,
     )
@@ -144,3 +152,31 @@ def short(exc: BaseException) -> str:
             message = None
         return f"{exc.status} {message or exc.reason}"
     return str(exc) or type(exc).__name__
+
+
+async def delete_objects(core: Any, batch: Any, job: KubeJob, pods: list[Any], grace: int) -> None:
+    """The attempt's pods, Job and Service, each gone already or not."""
+    # The pods first, with the stop's grace: the garbage collector then deletes them without a
+    # grace of its own, which leaves a pending deletion as it is (their manifest's grace is the
+    # agent's --stop-grace; the cloud may ask for another, e.g. to save a checkpoint).
+    for pod in pods:
+        try:
+            await core.delete_namespaced_pod(
+                pod.metadata.name, pod.metadata.namespace, grace_period_seconds=grace
+            )
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+    try:
+        await batch.delete_namespaced_job(
+            job.k8s_name, job.namespace, propagation_policy="Foreground", grace_period_seconds=grace
+        )
+    except ApiException as exc:
+        if exc.status != 404:
+            raise
+    if job.nodes > 1:
+        try:
+            await core.delete_namespaced_service(job.service, job.namespace)
+        except ApiException as exc:
+            if exc.status != 404:
+                raise

@@ -1,7 +1,9 @@
 """One namespace per tenant, ``<prefix><owner_id>``, labelled ``sxwl.ai/tenant``, made on first use
 with a NetworkPolicy (ingress only from pods of the same namespace: the ranks of a job talk, other
-tenants cannot reach them; dev environments' pods are left to their own policy, kube_devenv.py), a
-ResourceQuota, and Pod Security ``baseline`` enforced."""
+tenants cannot reach them), a ResourceQuota, and Pod Security ``baseline`` enforced. Endpoint
+replicas' and dev environments' pods are left out of that policy: each has its own, admitting only
+the agent (kube_engine.py, kube_devenv.py); a namespace made before is brought up to date once per
+agent start."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ from kubernetes_asyncio import client
 
 from sxwl.agent.runtimes.kube_objects import (
     DEV_ENV,
+    ENGINE,
     MANAGED_BY,
     MANAGER,
     TENANT,
@@ -50,23 +53,27 @@ class Tenancy:
             self.core.create_namespace, {"metadata": {"name": namespace, "labels": labels}}
         )
         meta = {"name": NETWORK_POLICY, "labels": {MANAGED_BY: MANAGER}}
-        await create_ignoring_conflict(
-            self.networking.create_namespaced_network_policy,
-            namespace,
-            {
-                "metadata": meta,
-                "spec": {
-                    # Dev environments' pods are reached by the agent alone (kube_devenv.py's policy).
-                    "podSelector": {"matchExpressions": [{"key": DEV_ENV, "operator": "DoesNotExist"}]},
-                    "policyTypes": ["Ingress"],
-                    # Only pods of this namespace (the tenant's own) may connect: ranks talk freely.
-                    "ingress": [{"from": [{"podSelector": {}}]}],
-                },
-            },
-        )
+        policy = {"metadata": meta, "spec": isolation_spec()}
+        if not await create_ignoring_conflict(
+            self.networking.create_namespaced_network_policy, namespace, policy
+        ):
+            await self.networking.patch_namespaced_network_policy(NETWORK_POLICY, namespace, policy)
         await create_ignoring_conflict(
             self.core.create_namespaced_resource_quota,
             namespace,
             {"metadata": {**meta, "name": RESOURCE_QUOTA}, "spec": {"hard": self.quota}},
         )
         self._made.add(namespace)
+
+
+def isolation_spec() -> dict[str, Any]:
+    """Only pods of this namespace (the tenant's own) may connect: ranks talk freely. An endpoint
+    replica's or a dev environment's pod is not selected: were it, the tenant's other pods could
+    reach its engine or JupyterLab past the agent (policies add up)."""
+    return {
+        "podSelector": {
+            "matchExpressions": [{"key": key, "operator": "DoesNotExist"} for key in (ENGINE, DEV_ENV)]
+        },
+        "policyTypes": ["Ingress"],
+        "ingress": [{"from": [{"podSelector": {}}]}],
+    }

@@ -15,6 +15,8 @@ kube_logs.py.
 - A dev environment's attempt is such a Job running JupyterLab on a workspace claim that outlives
   it, reached by the agent at its pod's address (kube_devenv.py).
 
+An endpoint replica's pod runs the engine image behind a NetworkPolicy of its own (kube_engine.py).
+
 All I/O happens in ``refresh`` (one list of Jobs and one of Pods per pass, cluster-wide, filtered by
 label); the other methods only change local state."""
 
@@ -32,16 +34,20 @@ from typing import Any
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
+from sxwl.agent.engine_probe import engine_job
+from sxwl.agent.forward_targets import Target
 from sxwl.agent.runtimes.base import RECORD_FILE, AttemptDirs, Outcome
-from sxwl.agent.runtimes.kube_devenv import DevEnvs, DevEnvSettings, dress, start_refusal
+from sxwl.agent.runtimes.kube_devenv import DevEnvs, DevEnvSettings, dress
+from sxwl.agent.runtimes.kube_engine import Engines, EngineSettings
 from sxwl.agent.runtimes.kube_follow import LogFollowers
-from sxwl.agent.runtimes.kube_inputs import FETCHER, FETCHER_KEY
+from sxwl.agent.runtimes.kube_inputs import FETCHER, FETCHER_KEY, start_refusal
 from sxwl.agent.runtimes.kube_logs import collect_logs, truncate_spool
 from sxwl.agent.runtimes.kube_manifests import job_manifest, service_manifest
 from sxwl.agent.runtimes.kube_objects import (
     API_ERRORS,
     KubeJob,
     create_ignoring_conflict,
+    delete_objects,
     dns_label,
     list_attempts,
     record_from,
@@ -52,7 +58,6 @@ from sxwl.agent.runtimes.kube_tenancy import Tenancy
 from sxwl.agent.runtimes.kube_uploads import UploadConfig, secret_manifest
 from sxwl.agent.status_report import Refusal
 from sxwl.agent.tenant_files import OutputTree
-from sxwl.agent.tunnel_forward import TcpTarget
 from sxwl.protocol import Assignment, Node, attempt_key
 from sxwl.protocol.reasons import Reason, english
 
@@ -79,6 +84,7 @@ class KubernetesRuntime(AttemptDirs[KubeJob]):
         tolerations: list[dict[str, str]] | None = None,
         memory_limit: str | None = None,
         trainer_image: str | None = None,
+        engine: EngineSettings | None = None,
         dev_envs: DevEnvSettings | None = None,
     ) -> None:
         self.api = api_client
@@ -97,6 +103,7 @@ class KubernetesRuntime(AttemptDirs[KubeJob]):
         self.tolerations = list(tolerations or [])
         self.memory_limit = memory_limit
         self.trainer_image = trainer_image
+        self.engines = Engines(api_client, engine)  # endpoint replicas (kube_engine.py)
         self.dev = DevEnvs(api_client, dev_envs) if dev_envs is not None else None
         base = state_dir if state_dir is not None else Path(tempfile.mkdtemp(prefix="sxwl-k8s-"))
         super().__init__(base / "k8s-jobs")
@@ -111,6 +118,11 @@ class KubernetesRuntime(AttemptDirs[KubeJob]):
     def takes_fine_tunes(self) -> bool:
         """A fine-tune's pod fetches its inputs with the upload token and runs the trainer image."""
         return self.uploads is not None and self.trainer_image is not None
+
+    @property
+    def takes_endpoints(self) -> bool:
+        """A replica's pod fetches its model with the upload token and runs the engine image."""
+        return self.uploads is not None and self.engines.settings is not None
 
     @property
     def takes_dev_envs(self) -> bool:
@@ -149,6 +161,16 @@ class KubernetesRuntime(AttemptDirs[KubeJob]):
     def accept_owners(self, owner_ids: frozenset[str] | None) -> None:
         """Nothing to do: every tenant's pods run in a namespace of their own."""
 
+    def engine_target(self, job: KubeJob) -> Target | None:
+        return self.engines.target(job)
+
+    def attempt_target(self, target: str) -> Target | None:
+        """A replica's engine, or a dev environment's JupyterLab or sshd (kube_devenv.py)."""
+        found = self.engines.target(engine_job(self.jobs, target))
+        if found is None and self.dev is not None:
+            return self.dev.target(target, self.jobs)
+        return found
+
     # ---- lifecycle -------------------------------------------------------------------------------
 
     def namespace_for(self, owner_id: str) -> str:
@@ -163,7 +185,7 @@ class KubernetesRuntime(AttemptDirs[KubeJob]):
         key = attempt_key(assignment.job_id, assignment.attempt)
         if key in self.jobs:
             return self.jobs[key]
-        problem = start_refusal(assignment, self.takes_fine_tunes, self.takes_dev_envs)
+        problem = start_refusal(assignment, self.takes_fine_tunes, self.takes_dev_envs, self.takes_endpoints)
         if problem is not None:
             raise Refusal(problem)
         job = KubeJob(
@@ -178,6 +200,7 @@ class KubernetesRuntime(AttemptDirs[KubeJob]):
             max_runtime_s=assignment.max_runtime_s,
             started_at=time.time(),
             spec=assignment.model_dump(mode="json"),
+            engine=assignment.engine is not None,
         )
         self.jobs[key] = job
         self.save(job)
@@ -238,6 +261,8 @@ class KubernetesRuntime(AttemptDirs[KubeJob]):
                 mine = pods.get(job.key, [])
                 if not job.secret_made and job.key in k8s_jobs:
                     await self._make_secret(job, k8s_jobs[job.key])
+                if job.engine and self.engines.observe(job, mine):
+                    self.save(job)
                 polled = [p for p in mine if not self.followers.owns(p)]
                 if await collect_logs(self.core, job, polled, self.log_path(job)):
                     self.save(job)
@@ -287,6 +312,8 @@ class KubernetesRuntime(AttemptDirs[KubeJob]):
         assignment = Assignment.model_validate(job.spec)
         try:
             await self.tenancy.ensure(job.owner_id)
+            if job.engine:
+                await self.engines.allow_agent(job)
             if job.nodes > 1:
                 await create_ignoring_conflict(
                     self.core.create_namespaced_service,
@@ -308,6 +335,7 @@ class KubernetesRuntime(AttemptDirs[KubeJob]):
                 # Pods upload their artifacts when the agent has an upload URL and the cloud sent a token.
                 uploads=self.uploads if assignment.upload_token is not None else None,
                 trainer_image=self.trainer_image,
+                engine_image=self.engines.settings.image if self.engines.settings else None,
             )
             if assignment.jupyter is not None:
                 manifest = dress(manifest, job, assignment.jupyter)
@@ -321,18 +349,10 @@ class KubernetesRuntime(AttemptDirs[KubeJob]):
             raise
         job.created = True
         self.save(job)
+        how = "created" if created else "found existing"
         log.info(
-            "%s Job %s/%s for job %s attempt %d",
-            "created" if created else "found existing",
-            job.namespace,
-            job.k8s_name,
-            job.job_id,
-            job.attempt,
+            "%s Job %s/%s for job %s attempt %d", how, job.namespace, job.k8s_name, job.job_id, job.attempt
         )
-
-    def attempt_socket(self, target: str) -> TcpTarget | None:
-        """Where a running dev environment's attempt serves JupyterLab or sshd, for the tunnel."""
-        return self.dev.target(target, self.jobs) if self.dev is not None else None
 
     async def _make_secret(self, job: KubeJob, item: Any) -> None:
         """The upload token's Secret, owned by the Job (made first, for its uid), so it goes with it;
@@ -356,31 +376,11 @@ class KubernetesRuntime(AttemptDirs[KubeJob]):
         self.save(job)
 
     async def _delete(self, job: KubeJob, pods: list[Any] | None = None) -> None:
-        grace = max(0, int(job.grace(self.stop_grace_s)))
-        # The pods first, with the stop's grace: the garbage collector then deletes them without a
-        # grace of its own, which leaves a pending deletion as it is (their manifest's grace is the
-        # agent's --stop-grace; the cloud may ask for another, e.g. to save a checkpoint).
-        for pod in pods or []:
-            try:
-                await self.core.delete_namespaced_pod(
-                    pod.metadata.name, pod.metadata.namespace, grace_period_seconds=grace
-                )
-            except ApiException as exc:
-                if exc.status != 404:
-                    raise
-        try:
-            await self.batch.delete_namespaced_job(
-                job.k8s_name, job.namespace, propagation_policy="Foreground", grace_period_seconds=grace
-            )
-        except ApiException as exc:
-            if exc.status != 404:
-                raise
-        if job.nodes > 1:
-            try:
-                await self.core.delete_namespaced_service(job.service, job.namespace)
-            except ApiException as exc:
-                if exc.status != 404:
-                    raise
+        await delete_objects(
+            self.core, self.batch, job, pods or [], max(0, int(job.grace(self.stop_grace_s)))
+        )
+        if job.engine:
+            await self.engines.delete(job)
 
     async def _stop_now(self, job: KubeJob, reason: Reason, *, never_ran: bool) -> None:
         """The agent ends the attempt as failed (image pull, unschedulable); ``never_ran``: no pod's
@@ -413,7 +413,7 @@ class KubernetesRuntime(AttemptDirs[KubeJob]):
             if job.created:
                 self._seen[job.key] = Seen("failed", None, Reason.of("kube.job_deleted"))
             return
-        seen = outcome(job, item, pods)
+        seen = self.engines.said(job, pods, outcome(job, item, pods))
         if seen is not None:
             # Final once every pod has finished, its uploader included, so the artifacts are in the
             # cloud before the final state; pods the Job controller is stopping get their grace.

@@ -19,6 +19,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from sxwl.agent.engine_probe import engine_job
+from sxwl.agent.forward_targets import SocketTarget
 from sxwl.agent.inputs import READ_ONLY_DIR, materialise, writable_tree
 from sxwl.agent.runtimes.base import RECORD_FILE, AttemptDirs, AttemptRecord, Outcome
 from sxwl.agent.runtimes.cgroups import NONE, Cgroups
@@ -43,7 +45,6 @@ from sxwl.agent.runtimes.sandbox import (
 from sxwl.agent.runtimes.sandbox_mounts import CODE_ROOT, JOB_OUTPUT, JOB_WORK
 from sxwl.agent.runtimes.trainer_run import trainer_command
 from sxwl.agent.tenant_files import OutputTree
-from sxwl.agent.tunnel_forward import SocketTarget
 from sxwl.protocol import Assignment, Node, attempt_key
 from sxwl.protocol.devenvs import WORKSPACE_INPUT, parse_target
 from sxwl.protocol.reasons import Reason
@@ -94,7 +95,7 @@ NOT_ISOLATED = (
 
 
 class LocalRuntime(AttemptDirs[LocalJob]):
-    takes_fine_tunes = True  # the agent's cache fetches the inputs; the agent's own trainer runs
+    takes_fine_tunes = takes_endpoints = takes_dev_envs = True  # its cache, trainer, supervisor, JupyterLab
 
     def __init__(
         self,
@@ -420,8 +421,17 @@ class LocalRuntime(AttemptDirs[LocalJob]):
             else:
                 entry.unlink(missing_ok=True)
 
-    def attempt_socket(self, target: str) -> SocketTarget | None:
-        """The socket a running dev environment's attempt serves JupyterLab on, for the tunnel."""
+    def engine_target(self, job: LocalJob) -> SocketTarget | None:
+        """Its engine's supervisor's socket, whose server must run as the attempt's uid."""
+        if job.engine_socket is None:
+            return None
+        return SocketTarget.at(job.engine_socket, job.uid if job.uid is not None else os.geteuid())
+
+    def attempt_target(self, target: str) -> SocketTarget | None:
+        """The socket of a running replica's engine, or of a dev environment's JupyterLab or sshd."""
+        engine = engine_job(self.jobs, target)
+        if engine is not None:
+            return self.engine_target(engine)
         named = parse_target(target)
         job = self.jobs.get(attempt_key(*named[1:])) if named else None
         if named is None or job is None or job.outcome is not None or job.work is None:

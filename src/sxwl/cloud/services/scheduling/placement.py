@@ -32,6 +32,9 @@ class CPodCapacity:
     # Its agent fetches inputs and runs the trainer: the local runtime, a Kubernetes one with a
     # trainer image.
     takes_fine_tunes: bool = False
+    # A Kubernetes CPod whose agent runs endpoint replicas (it has an engine image); a local one
+    # always does.
+    takes_endpoints: bool = False
     # It runs dev environments (services/fleet/dev_env_cpods.py); None: as its runtime did before
     # agents said so (only the local one).
     takes_dev_envs: bool | None = None
@@ -49,8 +52,8 @@ class CPodCapacity:
             self.runtime == "local" if self.takes_dev_envs is None else self.takes_dev_envs
         ):
             return "dev-env"  # a Kubernetes agent without a dev environment image (docs/dev-envs.md)
-        if need.engine and self.runtime != "local":
-            return "endpoint"  # only the local runtime runs an engine so far (docs/endpoints.md)
+        if need.engine and self.runtime != "local" and not self.takes_endpoints:
+            return "endpoint"  # its agent has no engine image (docs/endpoints.md)
         if self.takes_only is not None and need.owner_id not in self.takes_only:
             return "isolation"
         return None

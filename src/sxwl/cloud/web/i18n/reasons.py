@@ -16,7 +16,7 @@ ZH: dict[str, str] = {
     "queue.never_fits": "没有在线的 CPod 能提供 {need}",
     "queue.busy": "等待 {need} 空闲",
     "queue.no_dev_env": "提供 {need} 的 CPod 不运行开发环境（Kubernetes CPod 的 agent 需配置开发环境镜像：chart 的 devEnvs）",
-    "queue.no_endpoint": "提供 {need} 的 CPod 暂不运行推理引擎（目前仅本地 CPod 支持）",
+    "queue.no_endpoint": "提供 {need} 的 CPod 不运行推理引擎（Kubernetes CPod 的 agent 需要引擎镜像）",
     "queue.image": "提供 {need} 的 CPod 以本地进程运行任务，无法运行容器镜像：请不指定镜像提交，或等待 Kubernetes CPod",
     "queue.no_trainer": "提供 {need} 的 CPod 不运行微调（Kubernetes CPod 的 agent 需要 --trainer-image）：请等待能运行微调的 CPod",
     "queue.no_trainer_restricted": "提供 {need} 的 CPod 不运行微调（Kubernetes CPod 的 agent 需要 --trainer-image），"
@@ -71,6 +71,7 @@ ZH: dict[str, str] = {
     "kube.unschedulable": "超过 {seconds} 秒无法调度：{detail}",
     "kube.no_image": "任务没有指定容器镜像；Kubernetes CPod 以容器运行每个任务",
     "kube.no_fine_tunes": "此 CPod 不运行微调：其 agent 需要 --trainer-image 和 --uploader-image",
+    "kube.no_engine": "此 CPod 不运行推理服务：其 agent 需要 --engine-image 和 --uploader-image",
     "kube.no_dev_envs": "此 CPod 不运行开发环境：其 agent 需要 --dev-env-image 和 --uploader-image",
     "kube.no_upload_token": "云端没有发送上传令牌，而 Pod 需要它来获取输入",
     "kube.inputs": "未能获取输入：{error}",
