@@ -383,6 +383,7 @@ def test_chart_rbac_is_no_more_than_the_agent_uses(k8s_cluster: K8sCluster) -> N
         ("patch", "networkpolicies.networking.k8s.io", "-n", "sxwl-tenant-x"),
         ("create", "persistentvolumeclaims", "-n", "sxwl-tenant-x"),  # a dev environment's workspace
         ("delete", "persistentvolumeclaims", "-n", "sxwl-tenant-x"),
+        ("list", "persistentvolumeclaims", "--all-namespaces"),  # a stopped environment's, by label
     ]
     denied = [
         ("list", "secrets"),  # not even in its own namespace

@@ -5,7 +5,7 @@ OpenSSH, its sshd) instead of the job's command, on the pod's own address.
 - **The workspace** is a PersistentVolumeClaim of the provider's storage class, ``sxwl-ws-<id>``
   in the tenant's namespace, mounted at ``/sxwl/work``. Nothing owns it, so it outlives the Job:
   a pause deletes the Job (and its pod) and keeps the claim; a resume on the same CPod makes a new
-  Job on the same claim; ``delete_workspace`` removes it.
+  Job on the same claim; the cloud's ``forget_workspace`` for a stopped one deletes it (``sweep``).
 - **Models and files** come as a fine-tune's inputs do (kube_inputs.py): the ``inputs`` init
   container fetches them (from the agent's cache) and they are mounted read-only at
   ``/sxwl/work/inputs``.
@@ -216,6 +216,7 @@ class DevEnvs:
         self.networking = client.NetworkingV1Api(api_client)
         self.settings = settings
         self.addresses: dict[str, str] = {}  # attempt -> its running pod's IP
+        self.forgotten: set[str] = set()  # stopped environments whose claims are still to delete
 
     async def prepare(self, job: KubeJob, assignment: Assignment) -> Assignment:
         """The environment's claim (kept from its last attempt, or made now) and its namespace's
@@ -247,10 +248,24 @@ class DevEnvs:
             return None
         return found
 
-    async def delete_workspace(self, namespace: str, workspace: str) -> None:
-        """Removes a stopped environment's claim (and, by its storage class's reclaim policy, its volume)."""
-        try:
-            await self.core.delete_namespaced_persistent_volume_claim(claim_name(workspace), namespace)
-        except ApiException as exc:
-            if exc.status != 404:
-                raise
+    def forget(self, workspace: str) -> bool:
+        """A stopped environment's workspace: its claim is deleted by the next ``sweep``."""
+        self.forgotten.add(workspace)
+        return True
+
+    async def sweep(self) -> None:
+        """Deletes the forgotten environments' claims, in whichever tenant's namespace (and with each
+        its volume, by its storage class's reclaim policy)."""
+        for workspace in sorted(self.forgotten):
+            listed = await self.core.list_persistent_volume_claim_for_all_namespaces(
+                label_selector=f"{MANAGED_BY}={MANAGER},{DEV_ENV}={workspace}"
+            )
+            for claim in listed.items:
+                try:
+                    await self.core.delete_namespaced_persistent_volume_claim(
+                        claim.metadata.name, claim.metadata.namespace
+                    )
+                except ApiException as exc:
+                    if exc.status != 404:
+                        raise
+            self.forgotten.discard(workspace)

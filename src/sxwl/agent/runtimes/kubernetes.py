@@ -164,6 +164,10 @@ class KubernetesRuntime(AttemptDirs[KubeJob]):
     def engine_target(self, job: KubeJob) -> Target | None:
         return self.engines.target(job)
 
+    def forget_workspace(self, workspace: str) -> bool:
+        """A stopped dev environment's workspace claim, deleted by the next refresh (kube_devenv.py)."""
+        return self.dev is not None and self.dev.forget(workspace)
+
     def attempt_target(self, target: str) -> Target | None:
         """A replica's engine, or a dev environment's JupyterLab or sshd (kube_devenv.py)."""
         found = self.engines.target(engine_job(self.jobs, target))
@@ -269,6 +273,7 @@ class KubernetesRuntime(AttemptDirs[KubeJob]):
                 await self._observe(job, k8s_jobs.get(job.key), mine)
             if self.dev is not None:
                 self.dev.seen(pods)
+                await self.dev.sweep()
             for key in self.followers.take_changed():
                 if key in self.jobs:
                     self.save(self.jobs[key])
