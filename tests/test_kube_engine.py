@@ -28,8 +28,10 @@ from kubernetes_asyncio.client import (
     V1Pod,
     V1PodStatus,
 )
+from typer.testing import CliRunner
 
 from sxwl.agent import engine_probe
+from sxwl.agent import main as agent_main
 from sxwl.agent.forward_targets import SocketTarget, TcpTarget, open_target
 from sxwl.agent.runtimes import kube_engine
 from sxwl.agent.runtimes.kube_engine import LISTEN_PORT, EngineSettings
@@ -314,3 +316,13 @@ def test_a_socket_target_answers_only_when_its_server_runs_as_the_attempt_uid(tm
         asyncio.run(opened(os.geteuid() + 1))
         == f"its socket is served by uid {os.geteuid()}, not the attempt's"
     )
+
+
+def test_an_engine_image_without_an_uploader_image_stops_the_agent(tmp_path: Path) -> None:
+    """A replica's pod fetches its model with the uploader's image and token."""
+    args = ["--api-url", "http://127.0.0.1:9", "--runtime", "kubernetes", "--state-dir", str(tmp_path)]
+    result = CliRunner().invoke(
+        agent_main.app, [*args, "--engine-image", ENGINE_IMAGE], env={"SXWL_UPLOADER_IMAGE": ""}
+    )
+    assert result.exit_code == 2
+    assert "--engine-image needs --uploader-image" in result.output

@@ -150,6 +150,7 @@ def test_a_memory_limit_bounds_the_job_container_only() -> None:
         ("--pod-toleration", "key=v:Sometimes", "EFFECT"),
         ("--pod-toleration", "=v:NoSchedule", "taint key"),
         ("--upload-ca-file", "/nonexistent/ca.pem", "No such file"),
+        ("--agent-pod-label", "app.kubernetes.io/name", "KEY=VALUE"),
         ("--pod-memory-limit", "lots", "512Mi"),
         ("--pod-memory-limit", "0Gi", "positive"),
         ("--pod-memory-limit", "16GB", "16Gi"),

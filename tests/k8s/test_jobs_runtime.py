@@ -17,7 +17,6 @@ import pytest
 from kubernetes_asyncio import client, watch
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from sxwl.agent import main as agent_main
 from sxwl.agent.runtimes.base import Runtime
 from sxwl.agent.runtimes.kube_logs import new_log_lines
 from sxwl.agent.runtimes.kube_objects import (
@@ -29,7 +28,7 @@ from sxwl.agent.runtimes.kube_objects import (
     TENANT,
     KubeJob,
 )
-from sxwl.agent.runtimes.kube_tenancy import NETWORK_POLICY, RESOURCE_QUOTA
+from sxwl.agent.runtimes.kube_tenancy import NETWORK_POLICY, RESOURCE_QUOTA, Tenancy, isolation_spec
 from sxwl.agent.runtimes.kubernetes import KubernetesRuntime
 from sxwl.protocol import SHA256_HEADER, Assignment
 from sxwl.protocol.reasons import Reason, english
@@ -140,6 +139,30 @@ def env_of(pod: Any) -> dict[str, Any]:
     return out
 
 
+def test_a_tenant_namespace_made_before_engines_gets_its_policy_brought_up_to_date(
+    k8s_cluster: K8sCluster,
+) -> None:
+    """Its old policy selected every pod, so a replica there would be reachable by the tenant's other
+    pods: the agent's first use of the namespace narrows it."""
+    prefix = unique("sxwl-old") + "-"
+
+    async def body(api: Any) -> None:
+        tenancy = Tenancy(api, prefix=prefix, quota=None)
+        namespace = tenancy.namespace_for("u1")
+        core, net = client.CoreV1Api(api), client.NetworkingV1Api(api)
+        await core.create_namespace({"metadata": {"name": namespace}})
+        old = {"podSelector": {}, "policyTypes": ["Ingress"], "ingress": [{"from": [{"podSelector": {}}]}]}
+        await net.create_namespaced_network_policy(
+            namespace, {"metadata": {"name": NETWORK_POLICY}, "spec": old}
+        )
+        await tenancy.ensure("u1")
+        policy = await net.read_namespaced_network_policy(NETWORK_POLICY, namespace)
+        assert api.sanitize_for_serialization(policy.spec) == isolation_spec()
+        await core.delete_namespace(namespace)
+
+    in_cluster(k8s_cluster, body)
+
+
 def test_runtime_satisfies_the_protocol(tmp_path: Path) -> None:
     runtime: Runtime[KubeJob] = KubernetesRuntime(object(), state_dir=tmp_path)  # type-checked by mypy
     assert runtime.jobs == {}
@@ -163,12 +186,11 @@ def test_single_node_job_succeeds_in_an_isolated_tenant_namespace(
         assert ns.metadata.labels[TENANT] == a.owner_id
         assert ns.metadata.labels["pod-security.kubernetes.io/enforce"] == "baseline"
         policy = await net.read_namespaced_network_policy(NETWORK_POLICY, job.namespace)
-        assert policy.spec.pod_selector.match_labels is None  # every pod of the namespace ...
-        # ... but endpoint replicas' and dev environments', which only the agent reaches.
-        assert [(e.key, e.operator) for e in policy.spec.pod_selector.match_expressions] == [
-            (ENGINE, "DoesNotExist"),
-            (DEV_ENV, "DoesNotExist"),
-        ]
+        # Every pod of the namespace but endpoint replicas' and dev environments', each kind of which
+        # has its own policy admitting only the agent (kube_engine.py, kube_devenv.py).
+        assert policy.spec.pod_selector.match_labels is None
+        selects = [(e.key, e.operator) for e in policy.spec.pod_selector.match_expressions]
+        assert selects == [(ENGINE, "DoesNotExist"), (DEV_ENV, "DoesNotExist")]
         assert policy.spec.policy_types == ["Ingress"]
         assert [[peer.pod_selector.match_labels for peer in rule._from] for rule in policy.spec.ingress] == [
             [None]
@@ -405,12 +427,6 @@ def test_agent_kubernetes_runtime_end_to_end(
 ) -> None:
     """Submit in the cloud, Job in the cluster, pod on a KWOK GPU node, final state back in the cloud,
     through `sxwl serve` and `sxwl-agent --runtime kubernetes` as processes."""
-    main = Path(agent_main.__file__).read_text()
-    if "KubernetesRuntime" not in main:
-        pytest.skip(
-            "`sxwl-agent --runtime kubernetes` does not run jobs on KubernetesRuntime yet "
-            "(sxwl/agent/main.py does not construct it); the runtime itself is tested above"
-        )
     from tests.test_jobs_process import World
 
     agent_ns = unique("sxwl-agent")
