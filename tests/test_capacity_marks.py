@@ -9,14 +9,16 @@ from collections.abc import Iterator, Mapping
 
 import pytest
 from alembic import command
-from sqlalchemy import Engine, delete, insert, inspect, text, update
+from sqlalchemy import Engine, delete, insert, inspect, select, text, update
 
 from sxwl.cloud.db import migrate
 from sxwl.cloud.db.engine import Database
-from sxwl.cloud.db.models import CPod, CPodStatus, Role, User
+from sxwl.cloud.db.models import CPod, CPodEvent, CPodStatus, Role, User
 from sxwl.cloud.db.types import utcnow
+from sxwl.cloud.services.fleet import dev_env_cpods
 from sxwl.cloud.services.scheduling.capacity import CapacityCache
 from sxwl.cloud.services.scheduling.placement import Pool
+from sxwl.protocol import IsolationReport
 from tests.support.cpods import gpu_node
 
 PROVIDER = "p" * 32
@@ -176,3 +178,30 @@ def test_migration_0013_says_which_cpods_take_fine_tunes_and_marks_a_change(
     with db.session() as session:  # the agent's report after a restart with a trainer image
         session.execute(update(CPod).where(CPod.id == CPODS[1]).values(takes_fine_tunes=True))
     assert refresh(db, cache).cpods[CPODS[1]].takes_fine_tunes is True
+
+
+def test_what_a_kubernetes_agent_says_of_dev_environments_marks_its_cpod_for_the_next_pass(
+    db: Database,
+) -> None:
+    """No column of its own: the CPod's latest ``dev-envs`` event (services/fleet/dev_env_cpods.py),
+    written only when it changes, and the write marks the CPod as any watched column does."""
+    with db.session() as session:
+        session.execute(update(CPod).where(CPod.id == CPODS[2]).values(runtime="kubernetes"))
+    cache = CapacityCache()
+    pool = refresh(db, cache)
+    assert (pool.cpods[CPODS[2]].takes_dev_envs, pool.cpods[CPODS[0]].takes_dev_envs) == (False, True)
+
+    def say(cpod_id: str, dev_envs: bool | None) -> int:
+        with db.session() as session:
+            cpod = session.get(CPod, cpod_id)
+            assert cpod is not None
+            dev_env_cpods.record(session, cpod, IsolationReport(dev_envs=dev_envs))
+        with db.session() as session:
+            return len(session.scalars(select(CPodEvent).where(CPodEvent.kind == dev_env_cpods.EVENT)).all())
+
+    assert say(CPODS[2], True) == 1  # the agent restarted with a dev environment image
+    assert refresh(db, cache).cpods[CPODS[2]].takes_dev_envs is True
+    assert say(CPODS[2], True) == 1  # said again at its next start: nothing new
+    assert say(CPODS[0], None) == 1  # a local agent from before the field: as it was
+    assert say(CPODS[2], False) == 2
+    assert refresh(db, cache).cpods[CPODS[2]].takes_dev_envs is False

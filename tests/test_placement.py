@@ -168,14 +168,20 @@ def test_fair_share_interleaves_users_and_keeps_priority_first() -> None:
     assert order[2:5] == ["g0", "g1", "g2"]
 
 
-def test_a_dev_environment_goes_only_to_a_local_cpod_and_says_why_it_waits() -> None:
+def test_a_dev_environment_goes_only_to_a_cpod_that_runs_them_and_says_why_it_waits() -> None:
     kube = pod("k", ("n", A100, 8, 8))
     local = CPodCapacity("l", [NodeCapacity("vm", A100, 1, 1)], runtime="local", takes_fine_tunes=True)
     need = Need(A100, 1, 1, dev_env=True)
     assert place(need, [kube]) is None
-    assert "do not run dev environments" in str(english(why_not(need, [kube], None)))
+    assert "run no dev environments" in str(english(why_not(need, [kube], None)))
     assert place(need, [kube, local]).cpod_id == "l"  # type: ignore[union-attr]
     assert place(Need(A100, 1, 1), [kube]) is not None  # other jobs still go there
+    # A Kubernetes CPod whose agent has a dev environment image runs them; a local one that says
+    # it does not, does not.
+    kube.takes_dev_envs = True
+    assert place(need, [kube]).cpod_id == "k"  # type: ignore[union-attr]
+    local.takes_dev_envs = False
+    assert place(need, [local]) is None
 
 
 def test_an_endpoint_replica_goes_only_where_an_engine_runs_and_says_why_it_waits() -> None:

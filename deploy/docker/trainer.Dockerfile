@@ -1,7 +1,9 @@
 # syntax=docker/dockerfile:1
 # The image that runs fine-tunes on Kubernetes CPods: the project with its `train` extra (torch,
 # transformers, peft, pinned in pyproject.toml), started as `python3 -m sxwl.trainer RUN_JSON` by the
-# agent's pods (docs/agent.md, "Fine-tunes on Kubernetes"; the chart's jobs.trainerImage).
+# agent's pods (docs/agent.md, "Fine-tunes on Kubernetes"; the chart's jobs.trainerImage). With the
+# `devenv` extra (JupyterLab, pinned) and OpenSSH's sshd it also runs dev environments (docs/dev-envs.md,
+# "On Kubernetes"; the chart's devEnvs.image defaults to it).
 #
 #   docker build -f deploy/docker/trainer.Dockerfile -t sxwl-trainer:0.1.0 .
 #
@@ -19,7 +21,7 @@ COPY src ./src
 RUN python -m venv /opt/sxwl \
  && /opt/sxwl/bin/pip wheel --no-deps --wheel-dir /wheels . \
  && WHEEL=$(ls /wheels/sxwl-*.whl) \
- && /opt/sxwl/bin/pip install "${WHEEL}[train]" \
+ && /opt/sxwl/bin/pip install "${WHEEL}[train,devenv]" \
  && find /opt/sxwl -name '__pycache__' -prune -exec rm -rf {} + \
  && rm -rf /opt/sxwl/lib/python*/site-packages/pip /opt/sxwl/lib/python*/site-packages/pip-*
 
@@ -27,7 +29,10 @@ FROM python:${PYTHON_VERSION}-slim-bookworm
 LABEL org.opencontainers.image.title="sxwl-trainer" \
       org.opencontainers.image.description="算想云 fine-tune trainer (transformers + peft LoRA)" \
       org.opencontainers.image.licenses="Apache-2.0"
-RUN groupadd --system --gid 10001 sxwl \
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends openssh-server \
+ && rm -rf /var/lib/apt/lists/* /etc/ssh/ssh_host_* \
+ && groupadd --system --gid 10001 sxwl \
  && useradd --system --uid 10001 --gid 10001 --home-dir /nonexistent --no-create-home --shell /usr/sbin/nologin sxwl
 COPY --from=build /opt/sxwl /opt/sxwl
 ENV PATH=/opt/sxwl/bin:$PATH PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1

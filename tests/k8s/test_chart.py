@@ -210,6 +210,37 @@ def test_a_chart_with_a_trainer_image_serves_its_input_cache_to_its_pods(k8s_clu
         assert not [a for a in args if a.startswith(("--serve-inputs", "--inputs-url", "--input-cache"))]
 
 
+def test_a_chart_with_dev_environments_gives_the_agent_their_image_and_storage(
+    k8s_cluster: K8sCluster,
+) -> None:
+    def args(*values: str) -> list[str]:
+        text = k8s_cluster.helm(
+            "template", "x", str(CHART), "--set=existingSecret=s", "-n", "sxwl-system", *values
+        )
+        (deployment,) = [d for d in yaml.safe_load_all(text) if d and d["kind"] == "Deployment"]
+        found: list[str] = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+        return found
+
+    chosen = args(
+        "--set=devEnvs.enabled=true",
+        "--set=devEnvs.image=lab:1",
+        "--set=devEnvs.storageClass=rook-ceph-block",
+        "--set=devEnvs.workspaceSize=50Gi",
+    )
+    assert {
+        "--dev-env-image=lab:1",
+        "--workspace-storage-class=rook-ceph-block",
+        "--workspace-size=50Gi",
+    } <= set(chosen)
+    assert [
+        a for a in chosen if a.startswith("--agent-pod-label=")
+    ]  # the environments' policy admits the agent
+    trainer = args("--set=devEnvs.enabled=true", "--set=jobs.trainerImage=t:1")
+    assert "--dev-env-image=t:1" in trainer  # the trainer image has JupyterLab
+    assert not [a for a in trainer if a.startswith("--workspace-storage-class")]  # the default class
+    assert not [a for a in args("--set=jobs.trainerImage=t:1") if a.startswith(("--dev-env", "--workspace"))]
+
+
 def test_a_chart_with_an_engine_image_lets_only_its_own_pods_reach_the_engines(
     k8s_cluster: K8sCluster,
 ) -> None:
@@ -350,6 +381,9 @@ def test_chart_rbac_is_no_more_than_the_agent_uses(k8s_cluster: K8sCluster) -> N
         # an endpoint replica's NetworkPolicy (runtimes/kube_engine.py), and the tenant's own, updated
         ("delete", "networkpolicies.networking.k8s.io", "-n", "sxwl-tenant-x"),
         ("patch", "networkpolicies.networking.k8s.io", "-n", "sxwl-tenant-x"),
+        ("create", "persistentvolumeclaims", "-n", "sxwl-tenant-x"),  # a dev environment's workspace
+        ("delete", "persistentvolumeclaims", "-n", "sxwl-tenant-x"),
+        ("list", "persistentvolumeclaims", "--all-namespaces"),  # a stopped environment's, by label
     ]
     denied = [
         ("list", "secrets"),  # not even in its own namespace
@@ -367,6 +401,8 @@ def test_chart_rbac_is_no_more_than_the_agent_uses(k8s_cluster: K8sCluster) -> N
         ("create", "clusterrolebindings.rbac.authorization.k8s.io"),
         ("create", "pods", "--subresource=exec"),
         ("update", "networkpolicies.networking.k8s.io", "-n", "sxwl-tenant-x"),
+        ("get", "persistentvolumeclaims", "-n", "sxwl-tenant-x"),
+        ("create", "persistentvolumes"),
         ("*", "*"),
     ]
     wrong = [a for a in allowed if not can_i(k8s_cluster, ns, *a)]

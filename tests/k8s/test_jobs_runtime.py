@@ -19,7 +19,15 @@ from kubernetes_asyncio.client.exceptions import ApiException
 
 from sxwl.agent.runtimes.base import Runtime
 from sxwl.agent.runtimes.kube_logs import new_log_lines
-from sxwl.agent.runtimes.kube_objects import ATTEMPT, COMPLETION_INDEX, JOB_ID, TENANT, KubeJob
+from sxwl.agent.runtimes.kube_objects import (
+    ATTEMPT,
+    COMPLETION_INDEX,
+    DEV_ENV,
+    ENGINE,
+    JOB_ID,
+    TENANT,
+    KubeJob,
+)
 from sxwl.agent.runtimes.kube_tenancy import NETWORK_POLICY, RESOURCE_QUOTA, Tenancy, isolation_spec
 from sxwl.agent.runtimes.kubernetes import KubernetesRuntime
 from sxwl.protocol import SHA256_HEADER, Assignment
@@ -178,10 +186,11 @@ def test_single_node_job_succeeds_in_an_isolated_tenant_namespace(
         assert ns.metadata.labels[TENANT] == a.owner_id
         assert ns.metadata.labels["pod-security.kubernetes.io/enforce"] == "baseline"
         policy = await net.read_namespaced_network_policy(NETWORK_POLICY, job.namespace)
-        # Every pod of the namespace but endpoint replicas', each of which has its own (kube_engine.py).
+        # Every pod of the namespace but endpoint replicas' and dev environments', each kind of which
+        # has its own policy admitting only the agent (kube_engine.py, kube_devenv.py).
         assert policy.spec.pod_selector.match_labels is None
         selects = [(e.key, e.operator) for e in policy.spec.pod_selector.match_expressions]
-        assert selects == [("sxwl.ai/engine", "DoesNotExist")]
+        assert selects == [(ENGINE, "DoesNotExist"), (DEV_ENV, "DoesNotExist")]
         assert policy.spec.policy_types == ["Ingress"]
         assert [[peer.pod_selector.match_labels for peer in rule._from] for rule in policy.spec.ingress] == [
             [None]

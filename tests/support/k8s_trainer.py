@@ -61,16 +61,22 @@ def distributions(roots: tuple[str, ...] = ROOTS) -> dict[str, metadata.Distribu
     return found
 
 
-def trainer_files(roots: tuple[str, ...] = ROOTS) -> dict[str, Path]:
-    """{path in the image: path here}: each distribution's top-level entries, and ``sxwl``."""
+def site_files(roots: tuple[str, ...]) -> dict[str, Path]:
+    """{path in the image: path here}: the top-level entries of each distribution ``roots`` need."""
     site = Path(sysconfig.get_paths()["purelib"])
     tops = {
         file.parts[0]
         for dist in distributions(roots).values()
         for file in dist.files or []
-        if file.parts and file.parts[0] != ".."  # scripts in bin/: the trainer runs none
+        if file.parts and file.parts[0] != ".."  # scripts in bin/: the image's programs run none
     }
-    files = {f"{DIST_PACKAGES}/{top}": site / top for top in sorted(tops) if (site / top).exists()}
+    return {f"{DIST_PACKAGES}/{top}": site / top for top in sorted(tops) if (site / top).exists()}
+
+
+def trainer_files(roots: tuple[str, ...] = ROOTS) -> dict[str, Path]:
+    """{path in the image: path here}: each distribution's top-level entries, and ``sxwl``."""
+    site = Path(sysconfig.get_paths()["purelib"])
+    files = site_files(roots)
     for library in cuda_libraries(site):
         files[f"{DIST_PACKAGES}/{library.relative_to(site).as_posix()}"] = library
     files[f"{DIST_PACKAGES}/sxwl"] = REPO / "src" / "sxwl"

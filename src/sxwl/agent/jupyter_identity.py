@@ -38,19 +38,28 @@ def _jupyter_server_extension_points() -> list[dict[str, str]]:
 def _load_jupyter_server_extension(serverapp: Any) -> None:
     serverapp.web_app.settings.setdefault("page_config_data", {})["token"] = ""
     config, where = os.environ.get("SXWL_DEV_SSH_CONFIG"), os.environ.get("SXWL_DEV_SSH_SOCKET")
-    if config and where:
+    if config and where and os.path.exists(SSHD):
         threading.Thread(target=_serve_ssh, args=(where, config), name="ssh", daemon=True).start()
 
 
 def _serve_ssh(where: str, config: str) -> None:
     """The environment's SSH: one ``sshd -i`` per connection to its socket, which the agent reaches
-    through the tunnel. sshd runs here, as the attempt's uid in its sandbox, with the owner's keys."""
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(where)
-    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    server.bind(where)
-    os.chmod(where, 0o600)
-    server.listen(16)
+    through the tunnel. sshd runs here, as the attempt's uid in its sandbox, with the owner's keys.
+    ``tcp:PORT``: on the pod's address instead (a Kubernetes environment, whose NetworkPolicy admits
+    only the agent), with a host key made here on the first start and kept in the workspace."""
+    if where.startswith("tcp:"):
+        host_key = os.environ.get("SXWL_DEV_SSH_HOST_KEY", "")
+        if host_key and not os.path.exists(host_key):
+            os.makedirs(os.path.dirname(host_key), mode=0o700, exist_ok=True)
+            subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", host_key], check=True)
+        server = socket.create_server(("", int(where.removeprefix("tcp:"))), backlog=16)
+    else:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(where)
+        server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        server.bind(where)
+        os.chmod(where, 0o600)
+        server.listen(16)
     children: list[subprocess.Popen[bytes]] = []
     while True:
         conn, _ = server.accept()

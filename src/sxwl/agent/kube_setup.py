@@ -1,5 +1,6 @@
 """The ``kubernetes`` runtime made from the agent's flags (PodSettings): where pods upload, the
-images that run fine-tunes and endpoint replicas, and who a replica's NetworkPolicy admits."""
+images that run fine-tunes, endpoint replicas and dev environments, the storage of dev
+environments' workspaces, and who the replicas' and environments' NetworkPolicies admit."""
 
 from __future__ import annotations
 
@@ -15,12 +16,20 @@ if TYPE_CHECKING:  # the Kubernetes client is imported only by agents that use i
     from sxwl.agent.runtimes.kubernetes import KubernetesRuntime
 
 TENANT_NAMESPACE_PREFIX = "sxwl-tenant-"
+DEV_ENV_HELP = {
+    "image": "kubernetes runtime: the image that runs dev environments (python3 with JupyterLab; the "
+    "trainer image has it); needs --uploader-image. Without it this CPod runs no dev environments.",
+    "class": "kubernetes runtime: the storage class of dev environments' workspaces (default: the "
+    "cluster's default class).",
+    "size": "kubernetes runtime: the size of each dev environment's workspace.",
+}
 
 
 def job_runtime(
     api: ApiClient, config: AgentConfig, pods: PodSettings | None = None, namespace: str = "default"
 ) -> KubernetesRuntime:
-    """``namespace``: the agent's own, where the pods a replica's policy admits run."""
+    """``namespace``: the agent's own, where the pods the replicas' and environments' policies admit run."""
+    from sxwl.agent.runtimes.kube_devenv import DevEnvSettings
     from sxwl.agent.runtimes.kube_engine import EngineSettings
     from sxwl.agent.runtimes.kube_uploads import UploadConfig
     from sxwl.agent.runtimes.kubernetes import KubernetesRuntime
@@ -38,6 +47,15 @@ def job_runtime(
     engine = None
     if pods.engine_image:
         engine = EngineSettings(pods.engine_image, namespace, pods.agent_labels)
+    dev_envs = None
+    if pods.dev_env_image:
+        dev_envs = DevEnvSettings(
+            image=pods.dev_env_image,
+            agent_namespace=namespace,
+            agent_labels=dict(pods.agent_labels),
+            storage_class=pods.workspace_storage_class,
+            size=pods.workspace_size,
+        )
     # Job records under the state dir: on the chart's emptyDir they outlive a container restart.
     return KubernetesRuntime(
         api,
@@ -50,4 +68,5 @@ def job_runtime(
         memory_limit=pods.memory_limit,
         trainer_image=pods.trainer_image,
         engine=engine,
+        dev_envs=dev_envs,
     )

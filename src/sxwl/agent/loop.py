@@ -216,7 +216,11 @@ class Agent(Generic[J]):
             self.runtime.accept_owners(frozenset(reply.accepted_owner_ids))
 
     def _how_jobs_run(self) -> IsolationReport:
-        runs = {"fine_tunes": self.runtime.takes_fine_tunes, "endpoints": self.runtime.takes_endpoints}
+        runs = {
+            "fine_tunes": self.runtime.takes_fine_tunes,
+            "endpoints": self.runtime.takes_endpoints,
+            "dev_envs": self.runtime.takes_dev_envs,
+        }
         return self.config.isolation_report().model_copy(update=runs)
 
     def _nodes(self) -> list[Node]:

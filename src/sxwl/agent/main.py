@@ -16,7 +16,7 @@ import typer
 from sxwl.agent.client import Refused
 from sxwl.agent.inventory.local import LocalInventory
 from sxwl.agent.inventory.simulated import SimulatedGpus
-from sxwl.agent.kube_setup import job_runtime
+from sxwl.agent.kube_setup import DEV_ENV_HELP, job_runtime
 from sxwl.agent.leader import LeadershipLost
 from sxwl.agent.local_setup import FLAG_HELP, JobFlags, local_isolation, local_runtime, sandbox_setup
 from sxwl.agent.loop import Agent, AgentConfig
@@ -210,6 +210,11 @@ def run(
             help="kubernetes runtime: KEY[=VALUE]:EFFECT, a taint every tenant pod tolerates; repeatable."
         ),
     ] = None,
+    dev_env_image: Annotated[
+        str | None, typer.Option(envvar="SXWL_DEV_ENV_IMAGE", help=DEV_ENV_HELP["image"])
+    ] = None,
+    workspace_storage_class: Annotated[str | None, typer.Option(help=DEV_ENV_HELP["class"])] = None,
+    workspace_size: Annotated[str, typer.Option(help=DEV_ENV_HELP["size"])] = "20Gi",
     pod_memory_limit: Annotated[
         str | None,
         typer.Option(
@@ -268,6 +273,9 @@ def run(
         trainer_image=trainer_image,
         engine_image=engine_image,
         agent_labels=_flag_values(agent_pod_label or [], "--agent-pod-label", node_selector),
+        dev_env_image=dev_env_image,
+        workspace_storage_class=workspace_storage_class,
+        workspace_size=_flag_values([workspace_size], "--workspace-size", memory_quantity)[0],
         upload_ca=_read_ca(upload_ca_file),
         node_selector=_flag_values(pod_node_selector or [], "--pod-node-selector", node_selector),
         tolerations=_flag_values(pod_toleration or [], "--pod-toleration", toleration),

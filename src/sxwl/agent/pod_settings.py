@@ -21,6 +21,9 @@ class PodSettings:
     trainer_image: str | None = None  # runs fine-tunes (kube_inputs.py); None: the CPod takes none
     engine_image: str | None = None  # runs endpoint replicas (kube_engine.py); None: the CPod serves none
     agent_labels: tuple[tuple[str, str], ...] = field(default_factory=tuple)
+    dev_env_image: str | None = None  # runs dev environments (kube_devenv.py); None: the CPod runs none
+    workspace_storage_class: str | None = None  # of their workspaces' claims; None: the cluster's default
+    workspace_size: str = "20Gi"
     upload_ca: bytes | None = None
     node_selector: tuple[tuple[str, str], ...] = field(default_factory=tuple)
     tolerations: tuple[dict[str, str], ...] = field(default_factory=tuple)

@@ -100,6 +100,9 @@ class IsolationReport(WireIn):
     # Whether it runs endpoint replicas; None (agents before this field): the local runtime does,
     # Kubernetes does not.
     endpoints: bool | None = None
+    # Whether it runs dev environments (a Kubernetes agent with a dev environment image); None
+    # (agents before this field): the local runtime does, Kubernetes does not.
+    dev_envs: bool | None = None
 
     @field_validator("trusted_accounts")
     @classmethod

@@ -180,7 +180,8 @@ ENGLISH: dict[str, str] = {
     "queue.no_gpus": "no online CPod has GPUs; the job needs {need}",
     "queue.never_fits": "no online CPod offers {need}",
     "queue.busy": "waiting for {need} to become free",
-    "queue.no_dev_env": "the CPods that offer {need} do not run dev environments yet (only local CPods do)",
+    "queue.no_dev_env": "the CPods that offer {need} run no dev environments (a Kubernetes CPod runs them "
+    "once its agent has a dev environment image: the chart's devEnvs)",
     "queue.no_endpoint": "the CPods that offer {need} do not run inference engines (a Kubernetes CPod's "
     "agent needs an engine image)",
     "queue.image": "the CPods that offer {need} run jobs as local processes and cannot run a container "
@@ -246,6 +247,8 @@ ENGLISH: dict[str, str] = {
     "kube.no_fine_tunes": "this CPod runs no fine-tunes: its agent needs --trainer-image and "
     "--uploader-image",
     "kube.no_engine": "this CPod runs no endpoints: its agent needs --engine-image and --uploader-image",
+    "kube.no_dev_envs": "this CPod runs no dev environments: its agent needs --dev-env-image and "
+    "--uploader-image",
     "kube.no_upload_token": "the cloud sent no upload token, which the pod needs to fetch its inputs",
     "kube.inputs": "inputs not fetched: {error}",
     "kube.fetcher_failed": "inputs not fetched: the fetcher failed ({detail})",
@@ -258,6 +261,8 @@ ENGLISH: dict[str, str] = {
     "cpod.again_revoked": "registered again after revocation; {runtime} agent {version}",
     "cpod.fine_tunes": "now takes fine-tunes",
     "cpod.no_fine_tunes": "no longer takes fine-tunes",
+    "cpod.dev_envs": "now runs dev environments",
+    "cpod.no_dev_envs": "no longer runs dev environments",
     "cpod.isolated": "jobs isolated",
     "cpod.not_isolated": "no isolation; trusts {emails}",
     "cpod.not_isolated_alone": "no isolation; trusts nobody else",

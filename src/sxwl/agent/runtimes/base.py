@@ -86,6 +86,11 @@ class Runtime(Protocol[J]):
         """Whether it runs endpoint replicas (``Assignment.engine``; the cloud sends them only then)."""
         ...
 
+    @property
+    def takes_dev_envs(self) -> bool:
+        """Whether it runs dev environments (``Assignment.jupyter``; the cloud sends them only then)."""
+        ...
+
     def knows(self, job_id: str, attempt: int) -> bool:
         """This attempt was started here before (perhaps before a restart): never start it twice."""
         ...

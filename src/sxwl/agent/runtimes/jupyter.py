@@ -51,22 +51,8 @@ def jupyter_command(
     if uid is not None:
         for path in (run, token):
             os.chown(path, uid, uid)
-    argv = [
-        sys.executable,
-        "-m",
-        "jupyterlab",
-        "--no-browser",
-        f"--ServerApp.sock={seen(run / SOCKET)}",
-        "--ServerApp.sock_mode=0600",
-        f"--ServerApp.base_url={spec.base_url}",
-        f"--ServerApp.root_dir={seen(paths.work)}",
-        # Reached only through its socket, with the Host of the cloud the browser talks to.
-        "--ServerApp.allow_remote_access=True",
-        f"--ServerApp.identity_provider_class={PROXIED}.ProxiedIdentityProvider",
-        f"--ServerApp.jpserver_extensions={{'{PROXIED}': True}}",  # the token out of the page
-        "--LabApp.news_url=",  # no calls out from a CPod that may have no network
-        "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
-    ]
+    listen = [f"--ServerApp.sock={seen(run / SOCKET)}", "--ServerApp.sock_mode=0600"]
+    argv = [sys.executable, *lab_flags(listen, spec.base_url, seen(paths.work), PROXIED)]
     env = {
         "JUPYTER_TOKEN_FILE": seen(token),
         "PYTHONPATH": str(CODE_ROOT),  # the agent's own sxwl, for the identity provider
@@ -81,6 +67,35 @@ def jupyter_command(
     return argv, env, paths
 
 
+def lab_flags(listen: list[str], base_url: str, root_dir: str, identity: str) -> list[str]:
+    """``-m jupyterlab`` and its flags, after the interpreter: where it listens (``listen``), its
+    ``base_url`` and root, and ``identity``, the module of jupyter_identity.py as it is imported there."""
+    return [
+        "-m",
+        "jupyterlab",
+        "--no-browser",
+        *listen,
+        f"--ServerApp.base_url={base_url}",
+        f"--ServerApp.root_dir={root_dir}",
+        # Reached only through the agent, with the Host of the cloud the browser talks to.
+        "--ServerApp.allow_remote_access=True",
+        f"--ServerApp.identity_provider_class={identity}.ProxiedIdentityProvider",
+        f"--ServerApp.jpserver_extensions={{'{identity}': True}}",  # the token out of the page
+        "--LabApp.news_url=",  # no calls out from a CPod that may have no network
+        "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
+    ]
+
+
+def sshd_config(host_key: str, authorized: str) -> str:
+    """The environment's sshd config: only the owner's keys, for the one user it runs as."""
+    return (
+        f"HostKey {host_key}\nAuthorizedKeysFile {authorized}\nAllowUsers {SSH_USER}\n"
+        "PubkeyAuthentication yes\nPasswordAuthentication no\nKbdInteractiveAuthentication no\n"
+        "UsePAM no\nStrictModes no\nPidFile none\nPermitUserEnvironment no\n"
+        "Subsystem sftp internal-sftp\n"
+    )
+
+
 def ssh_files(spec: DevEnvSpec, work: Path, run: Path, uid: int, seen: Callable[[Path], str]) -> Path:
     """The environment's sshd: its host key kept in the workspace (the same across resumes), the
     owner's keys of this start, and a config that takes only those keys, for the one user it runs as."""
@@ -92,12 +107,7 @@ def ssh_files(spec: DevEnvSpec, work: Path, run: Path, uid: int, seen: Callable[
     authorized = run / "authorized_keys"
     authorized.write_text("".join(f"{line}\n" for line in spec.ssh_keys))
     config = run / "sshd_config"
-    config.write_text(
-        f"HostKey {seen(host_key)}\nAuthorizedKeysFile {seen(authorized)}\nAllowUsers {SSH_USER}\n"
-        "PubkeyAuthentication yes\nPasswordAuthentication no\nKbdInteractiveAuthentication no\n"
-        "UsePAM no\nStrictModes no\nPidFile none\nPermitUserEnvironment no\n"
-        "Subsystem sftp internal-sftp\n"
-    )
+    config.write_text(sshd_config(seen(host_key), seen(authorized)))
     for path in (keys, *keys.iterdir(), authorized, config):
         os.chown(path, uid, uid)
     return config

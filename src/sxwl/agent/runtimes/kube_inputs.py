@@ -62,6 +62,21 @@ def fine_tune_refusal(assignment: Assignment, takes_fine_tunes: bool) -> Reason 
     return None
 
 
+def start_refusal(assignment: Assignment, fine_tunes: bool, dev_envs: bool, endpoints: bool) -> Reason | None:
+    """Why the runtime cannot run the attempt: a dev environment or an endpoint replica where it
+    runs none, inputs it cannot fetch (a dev environment's, a replica's model and a fine-tune's come
+    alike), a job without an image."""
+    dev_env, engine = assignment.jupyter is not None, assignment.engine is not None
+    if dev_env and not dev_envs:
+        return Reason.of("kube.no_dev_envs")
+    if engine and not endpoints:
+        return Reason.of("kube.no_engine")
+    problem = fine_tune_refusal(assignment, fine_tunes or dev_env or engine)
+    if problem is None and not (assignment.image or assignment.trainer or dev_env or engine):
+        return Reason.of("kube.no_image")
+    return problem
+
+
 def trainer_run(spec: TrainerSpec, assignment: Assignment) -> TrainerRun:
     """The trainer's run, every path as the main container sees it."""
     names = {item.name for item in assignment.inputs}

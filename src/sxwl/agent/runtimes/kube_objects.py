@@ -16,6 +16,7 @@ import aiohttp
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from sxwl.agent.runtimes.base import AttemptRecord
+from sxwl.protocol import attempt_key
 
 MANAGED_BY = "app.kubernetes.io/managed-by"
 MANAGER = "sxwl-agent"
@@ -23,6 +24,8 @@ JOB_ID = "sxwl.ai/job-id"
 ATTEMPT = "sxwl.ai/attempt"
 TENANT = "sxwl.ai/tenant"
 JOB_NAME = "sxwl.ai/job-name"
+# On a dev environment's pods and workspace claim: the environment's id (kube_devenv.py).
+DEV_ENV = "sxwl.ai/dev-env"
 ENGINE = "sxwl.ai/engine"  # an endpoint replica's pod (kube_engine.py)
 COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"
 GPU = "nvidia.com/gpu"
@@ -96,6 +99,32 @@ def record_from(item: Any) -> KubeJob:
         started_at=meta.creation_timestamp.timestamp() if meta.creation_timestamp else time.time(),
         created=True,
     )
+
+
+async def list_attempts(batch: Any, core: Any, prefix: str) -> tuple[dict[str, Any], dict[str, list[Any]]]:
+    """The runtime's Jobs and pods in the tenants' namespaces (those starting with ``prefix``), by
+    attempt key: one list of each, cluster-wide, filtered by label."""
+    selector = f"{MANAGED_BY}={MANAGER}"
+    jobs: dict[str, Any] = {}
+    for item in (await batch.list_job_for_all_namespaces(label_selector=selector)).items:
+        key = _key_of(item, prefix)
+        if key:
+            jobs[key] = item
+    pods: dict[str, list[Any]] = {}
+    for item in (await core.list_pod_for_all_namespaces(label_selector=selector)).items:
+        key = _key_of(item, prefix)
+        if key:
+            pods.setdefault(key, []).append(item)
+    return jobs, pods
+
+
+def _key_of(obj: Any, prefix: str) -> str | None:
+    if not obj.metadata.namespace.startswith(prefix):
+        return None
+    found = obj.metadata.labels or {}
+    if JOB_ID not in found or ATTEMPT not in found:
+        return None
+    return attempt_key(found[JOB_ID], found[ATTEMPT])
 
 
 def rank(pod: Any) -> int:

@@ -1,8 +1,9 @@
 """One namespace per tenant, ``<prefix><owner_id>``, labelled ``sxwl.ai/tenant``, made on first use
 with a NetworkPolicy (ingress only from pods of the same namespace: the ranks of a job talk, other
 tenants cannot reach them), a ResourceQuota, and Pod Security ``baseline`` enforced. Endpoint
-replicas' pods are left out of that policy: each has its own, admitting only the agent
-(kube_engine.py); a namespace made before is brought up to date once per agent start."""
+replicas' and dev environments' pods are left out of that policy: each has its own, admitting only
+the agent (kube_engine.py, kube_devenv.py); a namespace made before is brought up to date once per
+agent start."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from typing import Any
 from kubernetes_asyncio import client
 
 from sxwl.agent.runtimes.kube_objects import (
+    DEV_ENV,
     ENGINE,
     MANAGED_BY,
     MANAGER,
@@ -66,10 +68,12 @@ class Tenancy:
 
 def isolation_spec() -> dict[str, Any]:
     """Only pods of this namespace (the tenant's own) may connect: ranks talk freely. An endpoint
-    replica's pod is not selected: were it, the tenant's other pods could reach its engine past the
-    agent (policies add up)."""
+    replica's or a dev environment's pod is not selected: were it, the tenant's other pods could
+    reach its engine or JupyterLab past the agent (policies add up)."""
     return {
-        "podSelector": {"matchExpressions": [{"key": ENGINE, "operator": "DoesNotExist"}]},
+        "podSelector": {
+            "matchExpressions": [{"key": key, "operator": "DoesNotExist"} for key in (ENGINE, DEV_ENV)]
+        },
         "policyTypes": ["Ingress"],
         "ingress": [{"from": [{"podSelector": {}}]}],
     }

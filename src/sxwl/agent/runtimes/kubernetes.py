@@ -12,6 +12,8 @@ kube_logs.py.
   the attempt's in a Secret the Job owns; the agent never reads pod files (``outputs`` is None),
   and an attempt ends only once its pods (uploaders included) have finished. A fine-tune's pod
   fetches its inputs with the same token and runs the trainer image (kube_inputs.py).
+- A dev environment's attempt is such a Job running JupyterLab on a workspace claim that outlives
+  it, reached by the agent at its pod's address (kube_devenv.py).
 
 An endpoint replica's pod runs the engine image behind a NetworkPolicy of its own (kube_engine.py).
 
@@ -35,21 +37,19 @@ from kubernetes_asyncio.client.exceptions import ApiException
 from sxwl.agent.engine_probe import engine_job
 from sxwl.agent.forward_targets import Target
 from sxwl.agent.runtimes.base import RECORD_FILE, AttemptDirs, Outcome
+from sxwl.agent.runtimes.kube_devenv import DevEnvs, DevEnvSettings, dress
 from sxwl.agent.runtimes.kube_engine import Engines, EngineSettings
 from sxwl.agent.runtimes.kube_follow import LogFollowers
-from sxwl.agent.runtimes.kube_inputs import FETCHER, FETCHER_KEY, fine_tune_refusal
+from sxwl.agent.runtimes.kube_inputs import FETCHER, FETCHER_KEY, start_refusal
 from sxwl.agent.runtimes.kube_logs import collect_logs, truncate_spool
 from sxwl.agent.runtimes.kube_manifests import job_manifest, service_manifest
 from sxwl.agent.runtimes.kube_objects import (
     API_ERRORS,
-    ATTEMPT,
-    JOB_ID,
-    MANAGED_BY,
-    MANAGER,
     KubeJob,
     create_ignoring_conflict,
     delete_objects,
     dns_label,
+    list_attempts,
     record_from,
     short,
 )
@@ -85,6 +85,7 @@ class KubernetesRuntime(AttemptDirs[KubeJob]):
         memory_limit: str | None = None,
         trainer_image: str | None = None,
         engine: EngineSettings | None = None,
+        dev_envs: DevEnvSettings | None = None,
     ) -> None:
         self.api = api_client
         self.batch = client.BatchV1Api(api_client)
@@ -103,6 +104,7 @@ class KubernetesRuntime(AttemptDirs[KubeJob]):
         self.memory_limit = memory_limit
         self.trainer_image = trainer_image
         self.engines = Engines(api_client, engine)  # endpoint replicas (kube_engine.py)
+        self.dev = DevEnvs(api_client, dev_envs) if dev_envs is not None else None
         base = state_dir if state_dir is not None else Path(tempfile.mkdtemp(prefix="sxwl-k8s-"))
         super().__init__(base / "k8s-jobs")
         self.jobs: dict[str, KubeJob] = {}
@@ -121,6 +123,11 @@ class KubernetesRuntime(AttemptDirs[KubeJob]):
     def takes_endpoints(self) -> bool:
         """A replica's pod fetches its model with the upload token and runs the engine image."""
         return self.uploads is not None and self.engines.settings is not None
+
+    @property
+    def takes_dev_envs(self) -> bool:
+        """An environment's pod fetches its inputs with the upload token and runs JupyterLab."""
+        return self.uploads is not None and self.dev is not None
 
     # ---- state on disk ---------------------------------------------------------------------------
 
@@ -157,8 +164,16 @@ class KubernetesRuntime(AttemptDirs[KubeJob]):
     def engine_target(self, job: KubeJob) -> Target | None:
         return self.engines.target(job)
 
+    def forget_workspace(self, workspace: str) -> bool:
+        """A stopped dev environment's workspace claim, deleted by the next refresh (kube_devenv.py)."""
+        return self.dev is not None and self.dev.forget(workspace)
+
     def attempt_target(self, target: str) -> Target | None:
-        return self.engines.target(engine_job(self.jobs, target))
+        """A replica's engine, or a dev environment's JupyterLab or sshd (kube_devenv.py)."""
+        found = self.engines.target(engine_job(self.jobs, target))
+        if found is None and self.dev is not None:
+            return self.dev.target(target, self.jobs)
+        return found
 
     # ---- lifecycle -------------------------------------------------------------------------------
 
@@ -174,14 +189,9 @@ class KubernetesRuntime(AttemptDirs[KubeJob]):
         key = attempt_key(assignment.job_id, assignment.attempt)
         if key in self.jobs:
             return self.jobs[key]
-        if assignment.engine is not None and not self.takes_endpoints:
-            raise Refusal(Reason.of("kube.no_engine"))
-        # A replica's inputs (its model) come as a fine-tune's do.
-        problem = fine_tune_refusal(assignment, self.takes_fine_tunes or assignment.engine is not None)
+        problem = start_refusal(assignment, self.takes_fine_tunes, self.takes_dev_envs, self.takes_endpoints)
         if problem is not None:
             raise Refusal(problem)
-        if not assignment.image and assignment.trainer is None and assignment.engine is None:
-            raise Refusal(Reason.of("kube.no_image"))
         job = KubeJob(
             job_id=assignment.job_id,
             attempt=assignment.attempt,
@@ -238,7 +248,7 @@ class KubernetesRuntime(AttemptDirs[KubeJob]):
     async def refresh(self) -> list[KubeJob]:
         lost: list[KubeJob] = []
         try:
-            k8s_jobs, pods = await self._list()
+            k8s_jobs, pods = await list_attempts(self.batch, self.core, self.prefix)
             if not self._adopted:
                 lost = self._adopt_cluster(k8s_jobs)
                 self._adopted = True
@@ -248,7 +258,7 @@ class KubernetesRuntime(AttemptDirs[KubeJob]):
             for job in pending:
                 await self._create(job)
             if any(job.created for job in pending):
-                k8s_jobs, pods = await self._list()
+                k8s_jobs, pods = await list_attempts(self.batch, self.core, self.prefix)
             for job in list(self.jobs.values()):
                 if job.outcome is not None or job.key in self._seen:
                     continue
@@ -261,6 +271,9 @@ class KubernetesRuntime(AttemptDirs[KubeJob]):
                 if await collect_logs(self.core, job, polled, self.log_path(job)):
                     self.save(job)
                 await self._observe(job, k8s_jobs.get(job.key), mine)
+            if self.dev is not None:
+                self.dev.seen(pods)
+                await self.dev.sweep()
             for key in self.followers.take_changed():
                 if key in self.jobs:
                     self.save(self.jobs[key])
@@ -272,28 +285,6 @@ class KubernetesRuntime(AttemptDirs[KubeJob]):
         except API_ERRORS as exc:
             log.warning("kubernetes API: %s; retrying on the next pass", short(exc))
         return lost
-
-    async def _list(self) -> tuple[dict[str, Any], dict[str, list[Any]]]:
-        selector = f"{MANAGED_BY}={MANAGER}"
-        jobs: dict[str, Any] = {}
-        for item in (await self.batch.list_job_for_all_namespaces(label_selector=selector)).items:
-            key = self._key_of(item)
-            if key:
-                jobs[key] = item
-        pods: dict[str, list[Any]] = {}
-        for item in (await self.core.list_pod_for_all_namespaces(label_selector=selector)).items:
-            key = self._key_of(item)
-            if key:
-                pods.setdefault(key, []).append(item)
-        return jobs, pods
-
-    def _key_of(self, obj: Any) -> str | None:
-        if not obj.metadata.namespace.startswith(self.prefix):
-            return None
-        labels = obj.metadata.labels or {}
-        if JOB_ID not in labels or ATTEMPT not in labels:
-            return None
-        return attempt_key(labels[JOB_ID], labels[ATTEMPT])
 
     def _adopt_cluster(self, k8s_jobs: dict[str, Any]) -> list[KubeJob]:
         lost = []
@@ -334,6 +325,8 @@ class KubernetesRuntime(AttemptDirs[KubeJob]):
                     job.namespace,
                     service_manifest(job, master_port=self.master_port),
                 )
+            if assignment.jupyter is not None and self.dev is not None:
+                assignment = await self.dev.prepare(job, assignment)
             manifest = job_manifest(
                 job,
                 assignment,
@@ -349,6 +342,8 @@ class KubernetesRuntime(AttemptDirs[KubeJob]):
                 trainer_image=self.trainer_image,
                 engine_image=self.engines.settings.image if self.engines.settings else None,
             )
+            if assignment.jupyter is not None:
+                manifest = dress(manifest, job, assignment.jupyter)
             create = self.batch.create_namespaced_job
             created = await create_ignoring_conflict(create, job.namespace, manifest)
         except ApiException as exc:
@@ -380,6 +375,8 @@ class KubernetesRuntime(AttemptDirs[KubeJob]):
                     raise
                 # Its pods wait for the Secret's volume: none has run.
                 await self._stop_now(job, Reason.of("kube.no_secret", error=short(exc)), never_ran=True)
+        if assignment is not None and assignment.jupyter is not None and self.dev is not None:
+            await self.dev.make_secret(job, assignment.jupyter, item.metadata.uid)
         job.secret_made, job.spec = True, None
         self.save(job)
 

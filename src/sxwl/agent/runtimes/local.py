@@ -95,7 +95,7 @@ NOT_ISOLATED = (
 
 
 class LocalRuntime(AttemptDirs[LocalJob]):
-    takes_fine_tunes = takes_endpoints = True  # the agent's cache, its own trainer and engine's supervisor
+    takes_fine_tunes = takes_endpoints = takes_dev_envs = True  # its cache, trainer, supervisor, JupyterLab
 
     def __init__(
         self,

@@ -26,7 +26,7 @@ from sxwl.cloud.db.types import UTCDateTime, utcnow
 from sxwl.cloud.errors import AppError, invalid
 from sxwl.cloud.kit.security import ACCESS_KEY_PREFIX, new_token, token_hash
 from sxwl.cloud.services.accounts import accounts
-from sxwl.cloud.services.fleet import cpod_tokens
+from sxwl.cloud.services.fleet import cpod_tokens, dev_env_cpods
 from sxwl.cloud.services.jobs import attempts
 from sxwl.cloud.services.money.gpu_summary import GpuSummary, add_up, summarize
 from sxwl.cloud.services.money.prices import price_book
@@ -160,6 +160,7 @@ def set_isolation(session: Session, cpod: CPod, report: IsolationReport) -> froz
             Reason.of("cpod.fine_tunes" if fine_tunes else "cpod.no_fine_tunes"),
         )
         cpod.takes_fine_tunes = fine_tunes
+    dev_env_cpods.record(session, cpod, report)
     trusted: list[str] = []
     if report.isolation == "none":
         for index, email in enumerate(report.trusted_accounts):

@@ -35,6 +35,9 @@ class CPodCapacity:
     # A Kubernetes CPod whose agent runs endpoint replicas (it has an engine image); a local one
     # always does.
     takes_endpoints: bool = False
+    # It runs dev environments (services/fleet/dev_env_cpods.py); None: as its runtime did before
+    # agents said so (only the local one).
+    takes_dev_envs: bool | None = None
     # The owners whose jobs it may run (a CPod without isolation); None: anyone's.
     takes_only: frozenset[str] | None = None
     cached: frozenset[str] = frozenset()  # the sha256 of the inputs its agent keeps fetched
@@ -45,8 +48,10 @@ class CPodCapacity:
             return "image"
         if need.fine_tune and not self.takes_fine_tunes:
             return "fine-tune"
-        if need.dev_env and self.runtime != "local":
-            return "dev-env"  # only the local runtime runs JupyterLab so far (docs/dev-envs.md)
+        if need.dev_env and not (
+            self.runtime == "local" if self.takes_dev_envs is None else self.takes_dev_envs
+        ):
+            return "dev-env"  # a Kubernetes agent without a dev environment image (docs/dev-envs.md)
         if need.engine and self.runtime != "local" and not self.takes_endpoints:
             return "endpoint"  # its agent has no engine image (docs/endpoints.md)
         if self.takes_only is not None and need.owner_id not in self.takes_only:

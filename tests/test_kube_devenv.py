@@ -1,0 +1,192 @@
+"""A dev environment's objects on the kubernetes runtime (kube_devenv.py): its Job runs JupyterLab
+on the workspace claim with its token from the Secret (never on a command line), the inputs where
+the local runtime puts them, as the pod's own user; the claim is owned by nothing (it outlives the
+Job); the policy admits only the agent's pods; the tunnel reaches only a running attempt's pod;
+and a runtime without a dev environment image refuses one."""
+
+from __future__ import annotations
+
+import base64
+import json
+from types import SimpleNamespace
+from typing import Any
+
+from sxwl.agent.forward_targets import TcpTarget
+from sxwl.agent.runtimes import kube_inputs
+from sxwl.agent.runtimes.kube_devenv import (
+    DEV_DIR,
+    IDENTITY,
+    JUPYTER_PORT,
+    SSH_PORT,
+    DevEnvSettings,
+    addresses,
+    claim_manifest,
+    dress,
+    lab_assignment,
+    policy_manifest,
+    secret_manifest,
+    target,
+)
+from sxwl.agent.runtimes.kube_inputs import start_refusal
+from sxwl.agent.runtimes.kube_manifests import job_manifest
+from sxwl.agent.runtimes.kube_objects import CONTAINER, DEV_ENV, KubeJob
+from sxwl.agent.runtimes.kube_uploads import UploadConfig
+from sxwl.protocol import Assignment
+from sxwl.protocol.devenvs import DevEnvSpec
+from sxwl.protocol.finetune import JobInput
+from sxwl.protocol.reasons import english
+
+TOKEN = "j" * 40
+SETTINGS = DevEnvSettings(
+    image="registry.example/jupyter:1",
+    agent_namespace="sxwl-system",
+    agent_labels={"sxwl.ai/component": "agent"},
+    storage_class="ceph-rbd",
+    size="50Gi",
+)
+UPLOADS = UploadConfig(url="https://cloud.example", image="registry.example/sxwl-agent:1")
+
+
+def record() -> KubeJob:
+    return KubeJob(
+        job_id="j1",
+        attempt=3,
+        name="dev",
+        owner_id="u1",
+        namespace="sxwl-tenant-u1",
+        k8s_name="sxwl-j1-3",
+        nodes=1,
+        gpus_per_node=0,
+        max_runtime_s=None,
+        started_at=0.0,
+    )
+
+
+def assignment(**fields: Any) -> Assignment:
+    spec = DevEnvSpec(base_url="/dev/env1/", workspace="env1", token=TOKEN, ssh_keys=["ssh-ed25519 AAAA k"])
+    body: dict[str, Any] = {
+        "job_id": "j1",
+        "attempt": 3,
+        "name": "dev",
+        "owner_id": "u1",
+        "command": ["placeholder"],
+        "gpus_per_node": 0,
+        "nodes": 1,
+        "upload_token": "sxup_" + "t" * 43,
+        "jupyter": spec,
+        "inputs": [JobInput(name="model-0", sha256="ab" * 32, size=10, archive=True)],
+        **fields,
+    }
+    return Assignment(**body)
+
+
+def manifest(given: Assignment) -> dict[str, Any]:
+    assert given.jupyter is not None
+    made = job_manifest(
+        record(),
+        lab_assignment(given, SETTINGS),
+        master_port=29500,
+        stop_grace_s=10,
+        run_as_non_root=False,
+        pod_annotations={},
+        uploads=UPLOADS,
+    )
+    return dress(made, record(), given.jupyter)
+
+
+def test_the_pod_runs_jupyterlab_on_the_claim_with_its_token_from_the_secret() -> None:
+    job = manifest(assignment())
+    template = job["spec"]["template"]
+    assert template["metadata"]["labels"][DEV_ENV] == "env1"
+    pod = template["spec"]
+    main = next(c for c in pod["containers"] if c["name"] == CONTAINER)
+    assert main["image"] == SETTINGS.image
+    command = " ".join(main["command"])
+    assert "-m jupyterlab" in command and f"--ServerApp.port={JUPYTER_PORT}" in command
+    assert "--ServerApp.base_url=/dev/env1/" in command and f"{IDENTITY}.ProxiedIdentityProvider" in command
+    assert TOKEN not in json.dumps(job)  # only in the Secret
+    env = {e["name"]: e.get("value") for e in main["env"]}
+    assert env["JUPYTER_TOKEN_FILE"] == f"{DEV_DIR}/token" and env["SXWL_DEV_SSH_SOCKET"] == f"tcp:{SSH_PORT}"
+    mounts = {m["mountPath"]: m for m in main["volumeMounts"]}
+    assert mounts["/sxwl/work"]["name"] == "sxwl-work"
+    assert mounts["/sxwl/work/inputs"].get("readOnly") is True  # the fetched models, as on a local CPod
+    assert kube_inputs.MAIN_MOUNT["mountPath"] == kube_inputs.INPUTS_DIR  # a fine-tune's pods unchanged
+    assert mounts[DEV_DIR]["readOnly"] is True
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert volumes["sxwl-work"]["persistentVolumeClaim"] == {"claimName": "sxwl-ws-env1"}
+    assert volumes["sxwl-dev"]["secret"]["defaultMode"] == 0o440
+    assert pod["securityContext"]["runAsUser"] == 1000 and pod["securityContext"]["fsGroup"] == 1000
+    assert pod["automountServiceAccountToken"] is False  # as every tenant pod
+    assert [c["name"] for c in pod["initContainers"]] == ["inputs"]
+    # An environment that names its own image runs on it.
+    assert (
+        manifest(assignment(image="me/lab:2"))["spec"]["template"]["spec"]["containers"][0]["image"]
+        == "me/lab:2"
+    )
+
+
+def test_the_secret_holds_the_token_and_keys_and_goes_with_the_job_while_the_claim_stays() -> None:
+    spec = assignment().jupyter
+    assert spec is not None
+    secret = secret_manifest(record(), spec, "uid-1")
+    assert secret["metadata"]["ownerReferences"][0]["uid"] == "uid-1"
+    data = {k: base64.b64decode(v).decode() for k, v in secret["data"].items()}
+    assert data["token"] == TOKEN
+    assert data["authorized_keys"] == "ssh-ed25519 AAAA k\n"
+    assert "PasswordAuthentication no" in data["sshd_config"]
+    assert "ProxiedIdentityProvider" in data[f"{IDENTITY}.py"]
+    claim = claim_manifest(record(), spec, SETTINGS)
+    assert "ownerReferences" not in claim["metadata"]
+    assert claim["spec"]["storageClassName"] == "ceph-rbd"
+    assert claim["spec"]["resources"]["requests"]["storage"] == "50Gi"
+    default = claim_manifest(record(), spec, DevEnvSettings(image="x", agent_namespace="a", agent_labels={}))
+    assert "storageClassName" not in default["spec"]  # the cluster's default class
+
+
+def test_the_policy_admits_only_the_agents_pods_to_the_two_ports() -> None:
+    policy = policy_manifest(SETTINGS)["spec"]
+    assert policy["podSelector"] == {"matchExpressions": [{"key": DEV_ENV, "operator": "Exists"}]}
+    (rule,) = policy["ingress"]
+    assert rule["from"] == [
+        {
+            "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "sxwl-system"}},
+            "podSelector": {"matchLabels": {"sxwl.ai/component": "agent"}},
+        }
+    ]
+    assert [p["port"] for p in rule["ports"]] == [JUPYTER_PORT, SSH_PORT]
+    # An agent outside the cluster names no pods of its own: no pod is admitted.
+    outside = DevEnvSettings(image="x", agent_namespace="a", agent_labels={})
+    assert policy_manifest(outside)["spec"]["ingress"] == []
+
+
+def _pod(phase: str, ip: str | None, dev: bool = True) -> Any:
+    labels = {DEV_ENV: "env1"} if dev else {}
+    return SimpleNamespace(
+        status=SimpleNamespace(phase=phase, pod_ip=ip),
+        metadata=SimpleNamespace(deletion_timestamp=None, labels=labels),
+    )
+
+
+def test_the_tunnel_reaches_only_a_running_environments_pod() -> None:
+    found = addresses(
+        {
+            "j1:3": [_pod("Running", "10.250.0.7")],
+            "j2:1": [_pod("Pending", None)],
+            "j3:1": [_pod("Running", "10.1.1.1", False)],
+        }
+    )
+    assert found == {"j1:3": "10.250.0.7"}
+    assert target("dev-env.j1.3", found) == TcpTarget("10.250.0.7", JUPYTER_PORT)
+    assert target("dev-ssh.j1.3", found) == TcpTarget("10.250.0.7", SSH_PORT, raw=True)
+    assert target("dev-env.j2.1", found) is None
+    assert target("10.250.0.7:8888", found) is None  # an address the cloud names is never a target
+
+
+def test_a_runtime_without_a_dev_environment_image_refuses_one() -> None:
+    refused = start_refusal(assignment(), fine_tunes=True, dev_envs=False, endpoints=True)
+    assert refused is not None and "--dev-env-image" in str(english(refused))
+    # No trainer image needed for an environment's inputs.
+    assert start_refusal(assignment(), fine_tunes=False, dev_envs=True, endpoints=False) is None
+    plain = assignment(jupyter=None, inputs=[])
+    refused = start_refusal(plain, fine_tunes=False, dev_envs=True, endpoints=True)
+    assert refused is not None and refused.code == "kube.no_image"
