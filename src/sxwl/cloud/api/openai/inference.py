@@ -21,9 +21,10 @@ from sxwl.cloud.api.deps import Ctx
 from sxwl.cloud.api.openai.callers import Caller, InferenceCaller
 from sxwl.cloud.api.responses import SIGNED_IN, WITH_BODY, errors
 from sxwl.cloud.context import CloudContext
+from sxwl.cloud.db.types import utcnow
 from sxwl.cloud.errors import AppError, invalid
 from sxwl.cloud.kit import metrics
-from sxwl.cloud.services.endpoints import routing
+from sxwl.cloud.services.endpoints import key_limits, routing
 from sxwl.cloud.tunnel import service
 from sxwl.cloud.tunnel.service import NoTunnel, TunnelError, TunnelRequest
 
@@ -107,7 +108,7 @@ class _UsageScanner:
 
 
 async def _record(
-    ctx: CloudContext, route: routing.Route, key_id: str, usage: tuple[int, int] | None
+    ctx: CloudContext, route: routing.Route, caller: Caller, usage: tuple[int, int] | None
 ) -> None:
     prompt, completion = usage or (0, 0)
     metrics.ENDPOINT_TOKENS.labels(route.endpoint_id, "prompt").inc(prompt)
@@ -115,7 +116,9 @@ async def _record(
 
     def write() -> None:
         with ctx.db.session() as session:
-            routing.record_usage(session, route.endpoint_id, key_id, prompt, completion)
+            routing.record_usage(session, route.endpoint_id, caller.key_id, prompt, completion)
+            if caller.counts_tokens:
+                key_limits.record_tokens(session, caller.key_id, prompt + completion, utcnow())
 
     await run_in_threadpool(write)
 
@@ -209,7 +212,7 @@ async def _proxy(
                 answer = json.loads(data)
             except (UnicodeDecodeError, json.JSONDecodeError):
                 answer = {}
-            await _record(ctx, route, caller.key_id, _usage_of(answer) if isinstance(answer, dict) else None)
+            await _record(ctx, route, caller, _usage_of(answer) if isinstance(answer, dict) else None)
         return Response(data, reply.status, media_type=kind)
 
     async def relay() -> AsyncIterator[bytes]:
@@ -239,7 +242,7 @@ async def _proxy(
                             scanner.feed(chunk)
                         if scanner.found is not None and not recorded:
                             recorded = True
-                            await _record(ctx, route, caller.key_id, scanner.found)
+                            await _record(ctx, route, caller, scanner.found)
                         if scanner.done:
                             end("ok")
                         yield chunk
@@ -255,7 +258,7 @@ async def _proxy(
         finally:
             end("cut")
             if not recorded:  # a request without counts (cut, or an engine that gave none)
-                _later(_record(ctx, route, caller.key_id, None))
+                _later(_record(ctx, route, caller, None))
 
     return StreamingResponse(relay(), media_type="text/event-stream", headers=SSE_HEADERS)
 
