@@ -11,6 +11,7 @@ import asyncio
 import json
 import time
 from collections.abc import AsyncIterator, Callable, Coroutine
+from functools import partial
 from typing import Any
 
 from fastapi import APIRouter, Request, Response
@@ -32,8 +33,6 @@ router = APIRouter(tags=["inference"], responses=SIGNED_IN)  # mounted at /v1
 # Seconds until the engine's answer starts (its head), and between two of its chunks after that.
 FIRST_BYTE_S = 120.0
 BETWEEN_BYTES_S = 120.0
-# A comment line this often while the engine has said nothing: below common 60 s idle timeouts.
-KEEPALIVE_S = 15.0
 MAX_ANSWER_BYTES = 32 * 1024 * 1024  # a non-streamed answer the cloud reads whole
 ERRORS = WITH_BODY | errors(404, 429, 502, 503, 504)
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
@@ -183,14 +182,16 @@ async def _proxy(
     if streaming:
         # An engine slow to send even its head (a long prompt): the SSE head and comment lines go
         # out meanwhile, so an idle timeout between the client and the cloud never cuts the wait.
-        await asyncio.wait({opening}, timeout=KEEPALIVE_S)
+        every = ctx.settings.stream_keepalive_s
+        await asyncio.wait({opening}, timeout=every)
         if not opening.done():
-            relay = _late(opening, route, path, lambda reply: _relay(ctx, route, caller, reply, arrived))
+            follow = partial(_relay, ctx, route, caller, arrived=arrived)
+            relay = _late(opening, route, path, every, follow)
             return StreamingResponse(relay, media_type="text/event-stream", headers=SSE_HEADERS)
     reply = await _opened(opening, route)
     kind = next((v for n, v in reply.headers if n == "content-type"), "application/json")
     if streaming and reply.status == 200:
-        stream = _relay(ctx, route, caller, reply, arrived)
+        stream = _relay(ctx, route, caller, reply, arrived=arrived)
         return StreamingResponse(stream, media_type="text/event-stream", headers=SSE_HEADERS)
     metrics.ENDPOINT_FIRST_TOKEN.labels(route.endpoint_id).observe(time.perf_counter() - arrived)
     data = await _whole(route, reply)
@@ -255,16 +256,17 @@ async def _late(
     opening: asyncio.Future[TunnelResponse],
     route: routing.Route,
     path: str,
+    every: float,
     relay: Callable[[TunnelResponse], AsyncIterator[bytes]],
 ) -> AsyncIterator[bytes]:
     """A stream whose 200 head went out before the engine's: a comment line at once and every
-    KEEPALIVE_S until the engine's head (within FIRST_BYTE_S: ``open_stream``'s own timeout), then
+    ``every`` seconds until the engine's head (within FIRST_BYTE_S: ``open_stream``'s own timeout), then
     its stream, or its refusal as an error event."""
     taken = False
     try:
         while not opening.done():
             yield KEEPALIVE
-            await asyncio.wait({opening}, timeout=KEEPALIVE_S)
+            await asyncio.wait({opening}, timeout=every)
         try:
             reply = await _opened(opening, route)
         except AppError as exc:
@@ -286,7 +288,7 @@ async def _late(
 
 
 def _relay(
-    ctx: CloudContext, route: routing.Route, caller: Caller, reply: TunnelResponse, arrived: float
+    ctx: CloudContext, route: routing.Route, caller: Caller, reply: TunnelResponse, *, arrived: float
 ) -> AsyncIterator[bytes]:
     """The engine's stream, chunk by chunk: its usage recorded, its outcome counted, ``[DONE]``
     added where the engine leaves it out."""
@@ -309,7 +311,7 @@ def _relay(
         try:
             async with reply:
                 try:
-                    async for chunk in _paced(reply.chunks(), KEEPALIVE):
+                    async for chunk in _paced(reply.chunks(), ctx.settings.stream_keepalive_s):
                         if chunk is not KEEPALIVE:
                             if not scanner.seen:
                                 metrics.ENDPOINT_FIRST_TOKEN.labels(route.endpoint_id).observe(
@@ -339,9 +341,9 @@ def _relay(
     return relay()
 
 
-async def _paced(chunks: AsyncIterator[bytes], keepalive: bytes | None) -> AsyncIterator[bytes]:
-    """``chunks`` with the between-bytes timeout; until the first, ``keepalive`` every KEEPALIVE_S
-    (its wait counting toward FIRST_BYTE_S)."""
+async def _paced(chunks: AsyncIterator[bytes], keepalive_s: float | None) -> AsyncIterator[bytes]:
+    """``chunks`` with the between-bytes timeout; until the first, KEEPALIVE every ``keepalive_s``
+    (None: none), its wait counting toward FIRST_BYTE_S."""
     it = aiter(chunks)
     first = True
     waited = 0.0
@@ -349,14 +351,15 @@ async def _paced(chunks: AsyncIterator[bytes], keepalive: bytes | None) -> Async
         step = asyncio.ensure_future(anext(it))
         try:
             while True:
-                limit = KEEPALIVE_S if (first and keepalive is not None) else BETWEEN_BYTES_S
+                keeping = first and keepalive_s is not None
+                limit = keepalive_s if keeping and keepalive_s is not None else BETWEEN_BYTES_S
                 done, _ = await asyncio.wait({step}, timeout=limit)
                 if done:
                     break
-                if not (first and keepalive is not None) or waited >= FIRST_BYTE_S:
+                if not keeping or waited >= FIRST_BYTE_S:
                     raise TimeoutError(f"nothing for {limit:.0f} s")
                 waited += limit
-                yield keepalive
+                yield KEEPALIVE
             try:
                 chunk = step.result()
             except StopAsyncIteration:
