@@ -6,7 +6,8 @@ included, with the served names it was given. An endpoint named `crash…` makes
 and exit 1 at once, as an engine that cannot start does; one named `slow…` streams a word a second;
 one named `fast…` streams max_tokens one-token chunks as fast as it can (bench/serving.py measures
 the path, not a model); one named `lazy…` waits LAZY_HEAD_S before even its response head, as an
-engine reading a long prompt does, and refuses a `temperature` above 2 as vLLM does (400 naming it). Standard library only: it runs in the attempt's sandbox."""
+engine reading a long prompt does, and refuses a `temperature` above 2 as vLLM does (400 naming
+it). Standard library only: it runs in the attempt's sandbox."""
 
 from __future__ import annotations
 
