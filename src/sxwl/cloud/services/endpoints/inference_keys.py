@@ -105,10 +105,11 @@ def resolve(session: Session, secret: str) -> tuple[User, InferenceKey] | None:
 def admit(ctx: CloudContext, key: InferenceKey) -> None:
     """Lets one request of ``key`` through or raises the 429 (with Retry-After) of the limit it is
     past. Only a request let through counts against its requests per minute."""
-    with ctx.db.session() as session:
-        refused = key_limits.refusal(session, key, utcnow())
-    if refused is not None:
-        raise refused
+    if key.tpm is not None or key.monthly_cap is not None:
+        with ctx.db.session() as session:
+            refused = key_limits.refusal(session, key, utcnow())
+        if refused is not None:
+            raise refused
     if key.rpm is not None:
         limiter = RateLimiter("inference-key", f"{key.rpm}/60", "requests with this key", ctx.db, ctx.box)
         taken = limiter.take(key.id)
