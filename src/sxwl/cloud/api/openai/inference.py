@@ -179,16 +179,20 @@ async def _proxy(
             FIRST_BYTE_S,
         )
     )
-    if streaming:
-        # An engine slow to send even its head (a long prompt): the SSE head and comment lines go
-        # out meanwhile, so an idle timeout between the client and the cloud never cuts the wait.
-        every = ctx.settings.stream_keepalive_s
-        await asyncio.wait({opening}, timeout=every)
-        if not opening.done():
-            follow = partial(_relay, ctx, route, caller, arrived=arrived)
-            relay = _late(opening, route, path, every, follow)
-            return StreamingResponse(relay, media_type="text/event-stream", headers=SSE_HEADERS)
-    reply = await _opened(opening, route)
+    try:
+        if streaming:
+            # An engine slow to send even its head (a long prompt): the SSE head and comment lines
+            # go out meanwhile, so an idle timeout between the client and the cloud never cuts it.
+            every = ctx.settings.stream_keepalive_s
+            await asyncio.wait({opening}, timeout=every)
+            if not opening.done():
+                follow = partial(_relay, ctx, route, caller, arrived=arrived)
+                relay = _late(opening, route, path, every, follow)
+                return StreamingResponse(relay, media_type="text/event-stream", headers=SSE_HEADERS)
+        reply = await _opened(opening, route)
+    except asyncio.CancelledError:
+        _abandon(opening)
+        raise
     kind = next((v for n, v in reply.headers if n == "content-type"), "application/json")
     if streaming and reply.status == 200:
         stream = _relay(ctx, route, caller, reply, arrived=arrived)
@@ -281,10 +285,16 @@ async def _late(
         async for chunk in relay(reply):
             yield chunk
     finally:
-        if not opening.done():
-            opening.cancel()  # the client left first: the stream is never opened, or reset
-        elif not taken and not opening.cancelled() and opening.exception() is None:
-            opening.result().close()
+        if not taken:
+            _abandon(opening)
+
+
+def _abandon(opening: asyncio.Future[TunnelResponse]) -> None:
+    """The client left before the engine's answer was taken: its opening stopped, or its stream reset."""
+    if not opening.done():
+        opening.cancel()
+    elif not opening.cancelled() and opening.exception() is None:
+        opening.result().close()
 
 
 def _relay(
