@@ -60,7 +60,13 @@ def test_the_cli_deploys_follows_and_deletes_an_endpoint_and_its_keys(
     code, text, _ = run("endpoints", "list")
     assert "chat" in text and "ready" in text
 
-    code, secret, _ = run("keys", "create", "--name", "script", "--rpm", "60")
+    code, _, err = run("keys", "create", "--name", "bad", "--monthly-cap", "-3")
+    assert code != 0 and "monthly_cap" in err
+    code, _, err = run("keys", "create", "--name", "bad", "--tpm", "0")
+    assert code != 0 and "--tpm" in err
+    code, secret, _ = run(
+        "keys", "create", "--name", "script", "--rpm", "60", "--tpm", "100000", "--monthly-cap", "50"
+    )
     secret = secret.strip().splitlines()[-1]
     assert code == 0 and secret.startswith("sk-")
     keyed = openai.OpenAI(api_key=secret, base_url=f"{gworld.url}/v1", max_retries=0)
@@ -68,7 +74,14 @@ def test_the_cli_deploys_follows_and_deletes_an_endpoint_and_its_keys(
     assert answer.choices[0].message.content == "fake vllm says hi"
     code, text, _ = run("keys", "list")
     assert code == 0 and "script" in text and secret not in text and "active" in text
+    assert "bad" not in text and "100000" in text and "¥50" in text
     key_id = next(word for word in text.split() if word.startswith("key-"))
+    code, text, _ = run("keys", "limits", key_id, "--tpm", "200000", "--lift", "monthly_cap")
+    assert code == 0 and "rpm 60, tpm 200000, monthly cap -" in text
+    code, _, err = run("keys", "limits", key_id, "--monthly-cap", "lots")
+    assert code != 0 and "monthly_cap" in err
+    code, _, err = run("keys", "limits", key_id)
+    assert code != 0 and "--lift" in err
     code, text, _ = run("endpoints", "show", "chat")
     assert f"{key_id}: 1 requests" in text
 

@@ -68,6 +68,44 @@ def test_an_inference_key_is_shown_once_and_revoked_from_the_console(client: Tes
     assert refused.status_code == 401
 
 
+def test_a_key_s_limits_are_set_and_changed_from_the_console_and_bad_ones_named(client: TestClient) -> None:
+    browser = browser_user(client)
+    token = csrf(browser, "/endpoints")
+    page = browser.get("/endpoints").text
+    assert "每分钟 token 数" in page and "每月花费上限（元）" in page  # the form's fields, with hints
+    form = {
+        "csrf_token": token,
+        "key_name": "capped",
+        "key_rpm": "60",
+        "key_tpm": "",
+        "key_monthly_cap": "-1",
+    }
+    refused = browser.post("/endpoints/keys", data=form)
+    assert refused.status_code == 422 and 'id="f-key_monthly_cap"' in refused.text
+    assert 'aria-invalid="true"' in refused.text and 'value="60"' in refused.text  # kept as typed
+    assert "data-key=" not in refused.text  # nothing created
+    made = browser.post("/endpoints/keys", data=form | {"key_monthly_cap": "12.5"})
+    assert made.status_code == 200 and 'id="new-key"' in made.text
+    row = re.search(r'<tr data-key="(key-[0-9a-f]+)">(.*?)</tr>', made.text, re.S)
+    assert row and 'name="rpm" inputmode="decimal" size="6" value="60"' in row.group(2)
+    assert 'value="12.5"' in row.group(2) and "¥0.00" in row.group(2)
+    key_id = row.group(1)
+    url = f"/endpoints/keys/{key_id}/limits"
+    bad = browser.post(url, data={"csrf_token": token, "rpm": "0", "tpm": "100", "monthly_cap": ""})
+    assert bad.status_code == 422 and "rpm" in bad.text
+    kept = re.search(rf'<tr data-key="{key_id}">(.*?)</tr>', browser.get("/endpoints").text, re.S)
+    assert kept and 'name="rpm" inputmode="decimal" size="6" value="60"' in kept.group(1)  # unchanged
+    changed = browser.post(
+        url, data={"csrf_token": token, "rpm": "", "tpm": "5000", "monthly_cap": "3"}, follow_redirects=False
+    )
+    assert changed.status_code == 303
+    browser.cookies.set("sxwl_lang", "en")
+    row = re.search(rf'<tr data-key="{key_id}">(.*?)</tr>', browser.get("/endpoints").text, re.S)
+    assert row and 'name="tpm" inputmode="decimal" size="6" value="5000"' in row.group(1)
+    assert 'name="rpm" inputmode="decimal" size="6" value=""' in row.group(1) and 'value="3"' in row.group(1)
+    assert "Tokens/min" in row.group(1) and "Spent this month" in browser.get("/endpoints").text
+
+
 def test_the_playground_chats_through_v1_with_the_console_session(client: TestClient) -> None:
     register_model(ctx_of(client))
     browser = browser_user(client)

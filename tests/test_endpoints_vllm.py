@@ -36,8 +36,8 @@ FAKE = Path(__file__).parent / "support" / "fake_vllm.py"
 
 
 class GpuWorld(FineTuneWorld):
-    def __init__(self, root: Path, db_url: str) -> None:
-        super().__init__(root, db_url)
+    def __init__(self, root: Path, db_url: str, **env: str) -> None:
+        super().__init__(root, db_url, **env)
         self.bin = root / "fakebin"
         self.bin.mkdir()
         vllm = self.bin / "vllm"

@@ -5,7 +5,9 @@ its working directory (the attempt's work dir), and answers the OpenAI API as vL
 included, with the served names it was given. An endpoint named `crash…` makes it print a few lines
 and exit 1 at once, as an engine that cannot start does; one named `slow…` streams a word a second;
 one named `fast…` streams max_tokens one-token chunks as fast as it can (bench/serving.py measures
-the path, not a model). Standard library only: it runs in the attempt's sandbox."""
+the path, not a model); one named `lazy…` waits LAZY_HEAD_S before even its response head, as an
+engine reading a long prompt does, and refuses a `temperature` above 2 as vLLM does (400 naming
+it). Standard library only: it runs in the attempt's sandbox."""
 
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 CALLS = Path("vllm-calls.jsonl")
+LAZY_HEAD_S = 3.0
 
 
 def record(entry: dict[str, Any]) -> None:
@@ -77,6 +80,12 @@ def main() -> None:
             if body.get("model") not in names:
                 self._json(404, {"error": {"message": f"model {body.get('model')} does not exist"}})
                 return
+            if body["model"].startswith("lazy"):
+                time.sleep(LAZY_HEAD_S)
+                if (body.get("temperature") or 0) > 2:
+                    refusal = {"message": "temperature must be at most 2", "type": "BadRequestError"}
+                    self._json(400, {"error": refusal | {"param": "temperature", "code": 400}})
+                    return
             fast = body["model"].startswith("fast")
             words = (
                 ["t"] * (body.get("max_tokens") or 4)

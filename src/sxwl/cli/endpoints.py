@@ -12,7 +12,7 @@ from rich.markup import escape
 from sxwl.cli import client, ids
 from sxwl.cli.client import CliError
 from sxwl.cli.output import listing, out, show, status_text
-from sxwl.protocol.endpoints import MAX_REPLICAS
+from sxwl.protocol.endpoints import MAX_KEY_RPM, MAX_KEY_TPM, MAX_REPLICAS
 from sxwl.protocol.jobs import MAX_GPUS_PER_NODE
 
 app = typer.Typer(help="Inference endpoints: deploy a model, list, show, logs, delete.", no_args_is_help=True)
@@ -126,13 +126,46 @@ def delete(endpoint_id: EndpointId) -> None:
     out.print(f"endpoint {stopped['name']} {stopped['id']}: {status_text(stopped['state'])}")
 
 
+Rpm = Annotated[
+    int | None,
+    typer.Option(min=1, max=MAX_KEY_RPM, help="Requests per minute, across the cloud's replicas."),
+]
+Tpm = Annotated[
+    int | None,
+    typer.Option(
+        min=1,
+        max=MAX_KEY_TPM,
+        help="Tokens (prompt + completion) per minute, across replicas.",
+    ),
+]
+MonthlyCap = Annotated[
+    str | None,
+    typer.Option(
+        "--monthly-cap",
+        help="Spend per UTC calendar month in yuan, e.g. 50 or 12.5: its share of its endpoints' cost.",
+    ),
+]
+
+
+def _limits(rpm: int | None, tpm: int | None, monthly_cap: str | None) -> dict[str, Any]:
+    given = {"rpm": rpm, "tpm": tpm, "monthly_cap": monthly_cap}
+    return {k: v for k, v in given.items() if v is not None}
+
+
+def _limits_text(key: dict[str, Any]) -> tuple[str, str, str]:
+    cap = key["monthly_cap_yuan"]
+    return str(key["rpm"] or ""), str(key["tpm"] or ""), "" if cap is None else f"¥{cap}"
+
+
 @keys_app.command("create")
 def create_key(
     name: Annotated[str, typer.Option(help="What the key is for.")] = "key",
-    rpm: Annotated[int | None, typer.Option(min=1, help="Requests per minute, across replicas.")] = None,
+    rpm: Rpm = None,
+    tpm: Tpm = None,
+    monthly_cap: MonthlyCap = None,
 ) -> None:
     """A new key: its secret is printed once, keep it (it is stored hashed)."""
-    body: dict[str, Any] = {"name": name} | ({"rpm": rpm} if rpm is not None else {})
+    body: dict[str, Any] = {"name": name} | _limits(rpm, tpm, monthly_cap)
     try:
         made = client.call("POST", "/api/v1/keys", json=body).json()
     except client.ApiError as exc:
@@ -141,14 +174,44 @@ def create_key(
     sys.stdout.write(made["key"] + "\n")
 
 
+@keys_app.command("limits")
+def change_limits(
+    key_id: Annotated[str, typer.Argument(help="Key id (key-…).")],
+    rpm: Rpm = None,
+    tpm: Tpm = None,
+    monthly_cap: MonthlyCap = None,
+    lift: Annotated[
+        list[str] | None,
+        typer.Option(help="A limit to remove: rpm, tpm or monthly_cap (repeat for several)."),
+    ] = None,
+) -> None:
+    """Change a key's limits: the ones given are set, the lifted ones removed, the rest kept."""
+    body = _limits(rpm, tpm, monthly_cap)
+    for limit in lift or []:
+        if limit not in ("rpm", "tpm", "monthly_cap"):
+            raise CliError(f"--lift {limit}: must be rpm, tpm or monthly_cap")
+        if limit in body:
+            raise CliError(f"--lift {limit}: that limit is also given a value")
+        body[limit] = None
+    if not body:
+        raise CliError("give a limit to set (--rpm, --tpm, --monthly-cap) or one to --lift")
+    try:
+        key = client.call("PATCH", f"/api/v1/keys/{key_id}", json=body).json()
+    except client.ApiError as exc:
+        raise CliError(str(exc)) from None
+    rpm_text, tpm_text, cap_text = _limits_text(key)
+    out.print(f"key {key['id']}: rpm {rpm_text or '-'}, tpm {tpm_text or '-'}, monthly cap {cap_text or '-'}")
+
+
 @keys_app.command("list")
 def list_keys() -> None:
-    """Your keys (never their secrets)."""
+    """Your keys (never their secrets), their limits and what each spent this month."""
     found = client.call("GET", "/api/v1/keys").json()
-    table = listing("id", "name", "prefix", "rpm", "state")
+    table = listing("id", "name", "prefix", "rpm", "tpm", "monthly cap", "spent", "state")
     for k in found:
         state = "revoked" if k["revoked_at"] else "active"
-        table.add_row(k["id"], escape(k["name"]), k["prefix"] + "…", str(k["rpm"] or ""), state)
+        spent = f"¥{k['spent_this_month_yuan']}"
+        table.add_row(k["id"], escape(k["name"]), k["prefix"] + "…", *_limits_text(k), spent, state)
     show(table)
 
 

@@ -76,7 +76,7 @@ API_ROUTERS = (
     keys.router,
 )
 # The OpenAI-compatible API (the `openai` client with base_url=<cloud>/v1): docs/finetune.md.
-OPENAI_PREFIX = "/v1"
+OPENAI_PREFIX = errors.OPENAI_PREFIX
 OPENAI_ROUTERS = (files.router, models.router, fine_tuning.router, inference.router)
 
 

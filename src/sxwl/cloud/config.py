@@ -109,6 +109,9 @@ class Settings(BaseSettings):
     # newline that often, so load balancers that cut idle connections leave it open.
     longpoll_max_s: float = Field(default=1200.0, gt=0)
     longpoll_keepalive_s: float = Field(default=25.0, gt=0)
+    # A /v1 stream gets an SSE comment line this often while its engine has sent nothing (no head,
+    # or no first token yet): below the common 60 s idle timeout of load balancers.
+    stream_keepalive_s: float = Field(default=15.0, gt=0, le=55)
     log_chunk_max_bytes: int = Field(default=512 * 1024, ge=1)
     log_read_max_bytes: int = Field(default=1024 * 1024, ge=1)
     # A job attempt's log is kept up to this many bytes; the rest is dropped, with a line that says so.

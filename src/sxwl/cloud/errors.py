@@ -45,7 +45,32 @@ def invalid(field: str, message: str) -> AppError:
     return AppError(422, f"{field}: {message}", details=[{"field": field, "message": message}])
 
 
-def error_body(status: int, message: str, code: str | None = None, details: Any = None) -> dict[str, Any]:
-    return {
-        "error": {"code": code or DEFAULT_CODES.get(status, "error"), "message": message, "details": details}
-    }
+# The OpenAI-compatible API's prefix: its errors carry OpenAI's fields too (``error_body``).
+OPENAI_PREFIX = "/v1"
+# OpenAI's ``type`` of an error by its status; any other 4xx is an invalid request, a 5xx a server error.
+OPENAI_TYPES = {
+    401: "authentication_error",
+    402: "insufficient_quota",
+    403: "permission_error",
+    404: "not_found_error",
+    429: "rate_limit_error",
+}
+
+
+def error_body(
+    status: int, message: str, code: str | None = None, details: Any = None, path: str = ""
+) -> dict[str, Any]:
+    """The contract's error body; under /v1 (``path``) also OpenAI's ``type`` and ``param`` (the
+    field at fault, the first that ``details`` names), which the official ``openai`` client reads."""
+    error = {"code": code or DEFAULT_CODES.get(status, "error"), "message": message, "details": details}
+    if path == OPENAI_PREFIX or path.startswith(OPENAI_PREFIX + "/"):
+        kind = "server_error" if status >= 500 else OPENAI_TYPES.get(status, "invalid_request_error")
+        error |= {"type": kind, "param": _param(details)}
+    return {"error": error}
+
+
+def _param(details: Any) -> str | None:
+    if isinstance(details, list) and details and isinstance(details[0], dict):
+        field = details[0].get("field")
+        return field if isinstance(field, str) else None
+    return None

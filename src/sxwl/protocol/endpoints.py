@@ -5,12 +5,13 @@ attempt is handed (``Assignment.engine``)."""
 from __future__ import annotations
 
 import re
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import Field, field_validator
+from pydantic import BeforeValidator, Field, field_validator
 
 from sxwl.protocol.fields import Name, Strict, Wire
 from sxwl.protocol.jobs import MAX_GPUS_PER_NODE
+from sxwl.protocol.money import MAX_AMOUNT_YUAN, parse_yuan
 
 MAX_REPLICAS = 8
 MIN_MODEL_LEN, MAX_MODEL_LEN = 16, 1_048_576
@@ -74,6 +75,33 @@ class EndpointRequest(Strict):
             if isinstance(given, str) and not _ARG_VALUE.match(given):
                 raise ValueError(f"{key}: letters, digits, '.', '_', '-' only")
         return value
+
+
+# A key's monthly spend cap: decimal yuan (text or a number) in, micro-yuan kept.
+MonthlyCap = Annotated[
+    int, BeforeValidator(lambda v: parse_yuan(v, maximum=MAX_AMOUNT_YUAN, allow_zero=False))
+]
+MAX_KEY_RPM, MAX_KEY_TPM = 100_000, 1_000_000_000
+
+
+class KeyLimits(Strict):
+    """An inference key's limits (docs/endpoints.md, "Keys"), each optional (null: none): the API's
+    bodies, the console's form and the CLI's flags validate with it."""
+
+    rpm: int | None = Field(
+        default=None, ge=1, le=MAX_KEY_RPM, description="requests per minute, across replicas"
+    )
+    tpm: int | None = Field(
+        default=None,
+        ge=1,
+        le=MAX_KEY_TPM,
+        description="tokens (prompt + completion) per minute, across replicas",
+    )
+    monthly_cap: MonthlyCap | None = Field(
+        default=None,
+        strict=False,
+        description="spend per UTC month in yuan (decimal text or number): its share of its endpoints' cost",
+    )
 
 
 class EngineSpec(Wire):

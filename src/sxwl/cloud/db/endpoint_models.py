@@ -64,7 +64,8 @@ class EndpointUsage(Base):
 
 class InferenceKey(Base):
     """A key that calls its owner's endpoints (and nothing else): stored as the SHA-256 of the
-    high-entropy secret (shown once), named, revocable, with an optional requests-per-minute limit."""
+    high-entropy secret (shown once), named, revocable, with optional limits: requests and tokens per
+    minute, and a monthly spend cap in micro-yuan (migration 0019)."""
 
     __tablename__ = "inference_keys"
     __table_args__ = (Index("ix_inference_keys_owner_created", "owner_id", "created_at"),)
@@ -75,5 +76,22 @@ class InferenceKey(Base):
     token_hash: Mapped[str] = mapped_column(String(64), unique=True)
     prefix: Mapped[str] = mapped_column(String(12))  # the secret's start, to tell keys apart
     rpm: Mapped[int | None] = mapped_column(Integer)
+    tpm: Mapped[int | None] = mapped_column(Integer)
+    monthly_cap: Mapped[int | None] = mapped_column(BigInteger)  # micro-yuan
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
     revoked_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
+
+
+class InferenceKeyTokens(Base):
+    """The tokens one answer to a key counted, kept for a minute: the key's tokens-per-minute
+    window, in the database so that every replica reads the same one (migration 0019)."""
+
+    __tablename__ = "inference_key_tokens"
+    __table_args__ = (Index("ix_inference_key_tokens_key_at", "key_id", "at"),)
+
+    id: Mapped[int] = mapped_column(
+        BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True
+    )
+    key_id: Mapped[str] = mapped_column(ForeignKey("inference_keys.id", ondelete="CASCADE"))
+    at: Mapped[datetime] = mapped_column(UTCDateTime())
+    tokens: Mapped[int] = mapped_column(BigInteger)

@@ -36,16 +36,16 @@ def validation_details(exc: RequestValidationError) -> list[dict[str, str]]:
 
 def install(app: FastAPI) -> None:
     @app.exception_handler(AppError)
-    async def _app_error(_: Request, exc: AppError) -> JSONResponse:
-        return JSONResponse(
-            error_body(exc.status, exc.message, exc.code, exc.details), exc.status, headers=exc.headers
-        )
+    async def _app_error(request: Request, exc: AppError) -> JSONResponse:
+        body = error_body(exc.status, exc.message, exc.code, exc.details, path=request.url.path)
+        return JSONResponse(body, exc.status, headers=exc.headers)
 
     @app.exception_handler(RequestValidationError)
-    async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
+    async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
         details = validation_details(exc)
         summary = "; ".join(f"{d['field']}: {d['message']}" for d in details)
-        return JSONResponse(error_body(422, summary or "invalid request", details=details), 422)
+        body = error_body(422, summary or "invalid request", details=details, path=request.url.path)
+        return JSONResponse(body, 422)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> Response:
@@ -55,4 +55,5 @@ def install(app: FastAPI) -> None:
             response: Response = html_error(request, exc.status_code)
             return response
         message = exc.detail if isinstance(exc.detail, str) else DEFAULT_CODES.get(exc.status_code, "error")
-        return JSONResponse(error_body(exc.status_code, message), exc.status_code, headers=exc.headers)
+        body = error_body(exc.status_code, message, path=request.url.path)
+        return JSONResponse(body, exc.status_code, headers=exc.headers)

@@ -109,7 +109,9 @@ class RequestContext:
             if not response_started:
                 # Answered here, inside this middleware, so the 500 carries the request id; the
                 # exception goes no further, so the server keeps the connection for the next request.
-                await _send_json(send_with_id, 500, error_body(500, "internal server error"))
+                await _send_json(
+                    send_with_id, 500, error_body(500, "internal server error", path=scope["path"])
+                )
         finally:
             elapsed = time.perf_counter() - started
             route_name = route_template(scope)
@@ -150,7 +152,7 @@ class BodyLimit:
         limit, timeout_s = self.rule_for(scope["method"], scope["path"])
         for name, value in scope.get("headers", []):
             if name == b"content-length" and value.isdigit() and int(value) > limit:
-                await self._refuse(send, limit)
+                await self._refuse(send, limit, scope["path"])
                 return
         deadline = asyncio.get_running_loop().time() + timeout_s
         received = 0
@@ -171,7 +173,9 @@ class BodyLimit:
                     await _send_json(
                         send,
                         408,
-                        error_body(408, f"request body not received within {timeout_s:g} s"),
+                        error_body(
+                            408, f"request body not received within {timeout_s:g} s", path=scope["path"]
+                        ),
                         close=True,  # the rest of the body is not waited for
                     )
                 return {"type": "http.disconnect"}
@@ -181,7 +185,7 @@ class BodyLimit:
                 if received > limit:
                     # Answer now and tell the app the client left, so it stops reading.
                     refused = True
-                    await self._refuse(send, limit)
+                    await self._refuse(send, limit, scope["path"])
                     return {"type": "http.disconnect"}
             return message
 
@@ -193,8 +197,9 @@ class BodyLimit:
 
         await self.app(scope, limited_receive, guarded_send)
 
-    async def _refuse(self, send: Send, limit: int) -> None:
-        body = error_body(413, f"request body larger than {limit} bytes", details={"max_bytes": limit})
+    async def _refuse(self, send: Send, limit: int, path: str) -> None:
+        message = f"request body larger than {limit} bytes"
+        body = error_body(413, message, details={"max_bytes": limit}, path=path)
         await _send_json(send, 413, body)
 
 

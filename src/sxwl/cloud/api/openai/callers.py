@@ -1,6 +1,6 @@
 """Who calls an endpoint through /v1 (docs/endpoints.md, "Keys"): an inference key (``sk-…``, its
-requests-per-minute limit counted) or the user's own token or console session. Either way only the
-owner's endpoints answer."""
+limits counted: services/endpoints/key_limits.py) or the user's own token or console session.
+Either way only the owner's endpoints answer."""
 
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ from sxwl.cloud.services.endpoints import inference_keys
 class Caller:
     user: User
     key_id: str  # "" for the user's own token
+    counts_tokens: bool = False  # the key has a tokens-per-minute limit: its answers' tokens count
 
 
 async def _caller(request: Request, ctx: Ctx, count: bool) -> Caller:
@@ -39,8 +40,8 @@ async def _caller(request: Request, ctx: Ctx, count: bool) -> Caller:
             )
         user, key = found
         if count:
-            inference_keys.admit(ctx, key.id, key.rpm)
-        return Caller(user, key.id)
+            inference_keys.admit(ctx, key)
+        return Caller(user, key.id, key.tpm is not None)
 
     return await run_in_threadpool(resolve)
 

@@ -10,7 +10,8 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import AsyncIterator, Coroutine
+from collections.abc import AsyncIterator, Callable, Coroutine
+from functools import partial
 from typing import Any
 
 from fastapi import APIRouter, Request, Response
@@ -21,18 +22,17 @@ from sxwl.cloud.api.deps import Ctx
 from sxwl.cloud.api.openai.callers import Caller, InferenceCaller
 from sxwl.cloud.api.responses import SIGNED_IN, WITH_BODY, errors
 from sxwl.cloud.context import CloudContext
-from sxwl.cloud.errors import AppError, invalid
+from sxwl.cloud.db.types import utcnow
+from sxwl.cloud.errors import AppError, error_body, invalid
 from sxwl.cloud.kit import metrics
-from sxwl.cloud.services.endpoints import routing
+from sxwl.cloud.services.endpoints import key_limits, routing
 from sxwl.cloud.tunnel import service
-from sxwl.cloud.tunnel.service import NoTunnel, TunnelError, TunnelRequest
+from sxwl.cloud.tunnel.service import NoTunnel, TunnelError, TunnelRequest, TunnelResponse
 
 router = APIRouter(tags=["inference"], responses=SIGNED_IN)  # mounted at /v1
 # Seconds until the engine's answer starts (its head), and between two of its chunks after that.
 FIRST_BYTE_S = 120.0
 BETWEEN_BYTES_S = 120.0
-# A comment line this often while the engine has said nothing: below common 60 s idle timeouts.
-KEEPALIVE_S = 15.0
 MAX_ANSWER_BYTES = 32 * 1024 * 1024  # a non-streamed answer the cloud reads whole
 ERRORS = WITH_BODY | errors(404, 429, 502, 503, 504)
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
@@ -107,7 +107,7 @@ class _UsageScanner:
 
 
 async def _record(
-    ctx: CloudContext, route: routing.Route, key_id: str, usage: tuple[int, int] | None
+    ctx: CloudContext, route: routing.Route, caller: Caller, usage: tuple[int, int] | None
 ) -> None:
     prompt, completion = usage or (0, 0)
     metrics.ENDPOINT_TOKENS.labels(route.endpoint_id, "prompt").inc(prompt)
@@ -115,7 +115,9 @@ async def _record(
 
     def write() -> None:
         with ctx.db.session() as session:
-            routing.record_usage(session, route.endpoint_id, key_id, prompt, completion)
+            routing.record_usage(session, route.endpoint_id, caller.key_id, prompt, completion)
+            if caller.counts_tokens:
+                key_limits.record_tokens(session, caller.key_id, prompt + completion, utcnow())
 
     await run_in_threadpool(write)
 
@@ -168,14 +170,48 @@ async def _proxy(
         ("content-length", str(len(payload))),
         ("accept", "text/event-stream" if streaming else "application/json"),
     ]
-    try:
-        reply = await service.open_stream(
+    opening = asyncio.ensure_future(
+        service.open_stream(
             ctx.tunnels,
             route.cpod_id,
             route.target,
             TunnelRequest("POST", path, headers, one()),
             FIRST_BYTE_S,
         )
+    )
+    try:
+        if streaming:
+            # An engine slow to send even its head (a long prompt): the SSE head and comment lines
+            # go out meanwhile, so an idle timeout between the client and the cloud never cuts it.
+            every = ctx.settings.stream_keepalive_s
+            await asyncio.wait({opening}, timeout=every)
+            if not opening.done():
+                follow = partial(_relay, ctx, route, caller, arrived=arrived)
+                relay = _late(opening, route, path, every, follow)
+                return StreamingResponse(relay, media_type="text/event-stream", headers=SSE_HEADERS)
+        reply = await _opened(opening, route)
+    except asyncio.CancelledError:
+        _abandon(opening)
+        raise
+    kind = next((v for n, v in reply.headers if n == "content-type"), "application/json")
+    if streaming and reply.status == 200:
+        stream = _relay(ctx, route, caller, reply, arrived=arrived)
+        return StreamingResponse(stream, media_type="text/event-stream", headers=SSE_HEADERS)
+    metrics.ENDPOINT_FIRST_TOKEN.labels(route.endpoint_id).observe(time.perf_counter() - arrived)
+    data = await _whole(route, reply)
+    if reply.status == 200:
+        try:
+            answer = json.loads(data)
+        except (UnicodeDecodeError, json.JSONDecodeError):
+            answer = {}
+        await _record(ctx, route, caller, _usage_of(answer) if isinstance(answer, dict) else None)
+    return Response(data, reply.status, media_type=kind)
+
+
+async def _opened(opening: asyncio.Future[TunnelResponse], route: routing.Route) -> TunnelResponse:
+    """The engine's answer, once its head came; the tunnel's failures as the errors to answer."""
+    try:
+        reply = await opening
     except NoTunnel:
         raise _unreachable(route, "its CPod's tunnel is down") from None
     except TunnelError as exc:
@@ -185,32 +221,87 @@ async def _proxy(
     if reply.from_agent:
         reply.close()
         raise _unreachable(route, "its engine does not answer")
-    kind = next((v for n, v in reply.headers if n == "content-type"), "application/json")
-    if not (streaming and reply.status == 200):
-        metrics.ENDPOINT_FIRST_TOKEN.labels(route.endpoint_id).observe(time.perf_counter() - arrived)
-        outcome = "ok" if reply.status == 200 else "error"
-        metrics.ENDPOINT_REQUESTS.labels(route.endpoint_id, outcome).inc()
-        async with reply:
-            parts: list[bytes] = []
-            size = 0
-            try:
-                async for chunk in _paced(reply.chunks(), None):
-                    parts.append(chunk)
-                    size += len(chunk)
-                    if size > MAX_ANSWER_BYTES:
-                        raise AppError(502, f"endpoint {route.name}: the engine's answer is too large")
-            except (TunnelError, TimeoutError) as exc:
-                raise AppError(
-                    502, f"endpoint {route.name}: the answer was cut ({exc or 'timed out'})"
-                ) from None
-        data = b"".join(parts)
-        if reply.status == 200:
-            try:
-                answer = json.loads(data)
-            except (UnicodeDecodeError, json.JSONDecodeError):
-                answer = {}
-            await _record(ctx, route, caller.key_id, _usage_of(answer) if isinstance(answer, dict) else None)
-        return Response(data, reply.status, media_type=kind)
+    return reply
+
+
+async def _whole(route: routing.Route, reply: TunnelResponse) -> bytes:
+    """A non-streamed answer (or an engine's refusal), read whole within MAX_ANSWER_BYTES."""
+    metrics.ENDPOINT_REQUESTS.labels(route.endpoint_id, "ok" if reply.status == 200 else "error").inc()
+    async with reply:
+        parts: list[bytes] = []
+        size = 0
+        try:
+            async for chunk in _paced(reply.chunks(), None):
+                parts.append(chunk)
+                size += len(chunk)
+                if size > MAX_ANSWER_BYTES:
+                    raise AppError(502, f"endpoint {route.name}: the engine's answer is too large")
+        except (TunnelError, TimeoutError) as exc:
+            raise AppError(502, f"endpoint {route.name}: the answer was cut ({exc or 'timed out'})") from None
+    return b"".join(parts)
+
+
+def _error_event(status: int, said: bytes, path: str) -> bytes:
+    """A refusal that came after the stream's 200 head, as the SSE event OpenAI's streams carry
+    errors in (the ``openai`` client raises it): the engine's own error object where it gave one."""
+    try:
+        parsed = json.loads(said)
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        parsed = None
+    error = error_body(status, f"the engine answered {status}", details=None, path=path)["error"]
+    if isinstance(parsed, dict):
+        inner = parsed.get("error")
+        given: dict[str, Any] = inner if isinstance(inner, dict) else parsed
+        error |= {k: given[k] for k in ("message", "type", "param", "code") if given.get(k) is not None}
+    return b"data: " + json.dumps({"error": error}).encode() + b"\n\n"
+
+
+async def _late(
+    opening: asyncio.Future[TunnelResponse],
+    route: routing.Route,
+    path: str,
+    every: float,
+    relay: Callable[[TunnelResponse], AsyncIterator[bytes]],
+) -> AsyncIterator[bytes]:
+    """A stream whose 200 head went out before the engine's: a comment line at once and every
+    ``every`` seconds until the engine's head (within FIRST_BYTE_S: ``open_stream``'s own timeout), then
+    its stream, or its refusal as an error event."""
+    taken = False
+    try:
+        while not opening.done():
+            yield KEEPALIVE
+            await asyncio.wait({opening}, timeout=every)
+        try:
+            reply = await _opened(opening, route)
+        except AppError as exc:
+            metrics.ENDPOINT_REQUESTS.labels(route.endpoint_id, "error").inc()
+            said = json.dumps({"error": {"message": exc.message, "code": exc.code}}).encode()
+            yield _error_event(exc.status, said, path)
+            return
+        taken = True
+        if reply.status != 200:
+            yield _error_event(reply.status, await _whole(route, reply), path)
+            return
+        async for chunk in relay(reply):
+            yield chunk
+    finally:
+        if not taken:
+            _abandon(opening)
+
+
+def _abandon(opening: asyncio.Future[TunnelResponse]) -> None:
+    """The client left before the engine's answer was taken: its opening stopped, or its stream reset."""
+    if not opening.done():
+        opening.cancel()
+    elif not opening.cancelled() and opening.exception() is None:
+        opening.result().close()
+
+
+def _relay(
+    ctx: CloudContext, route: routing.Route, caller: Caller, reply: TunnelResponse, *, arrived: float
+) -> AsyncIterator[bytes]:
+    """The engine's stream, chunk by chunk: its usage recorded, its outcome counted, ``[DONE]``
+    added where the engine leaves it out."""
 
     async def relay() -> AsyncIterator[bytes]:
         scanner = _UsageScanner()
@@ -230,7 +321,7 @@ async def _proxy(
         try:
             async with reply:
                 try:
-                    async for chunk in _paced(reply.chunks(), KEEPALIVE):
+                    async for chunk in _paced(reply.chunks(), ctx.settings.stream_keepalive_s):
                         if chunk is not KEEPALIVE:
                             if not scanner.seen:
                                 metrics.ENDPOINT_FIRST_TOKEN.labels(route.endpoint_id).observe(
@@ -239,7 +330,7 @@ async def _proxy(
                             scanner.feed(chunk)
                         if scanner.found is not None and not recorded:
                             recorded = True
-                            await _record(ctx, route, caller.key_id, scanner.found)
+                            await _record(ctx, route, caller, scanner.found)
                         if scanner.done:
                             end("ok")
                         yield chunk
@@ -255,14 +346,14 @@ async def _proxy(
         finally:
             end("cut")
             if not recorded:  # a request without counts (cut, or an engine that gave none)
-                _later(_record(ctx, route, caller.key_id, None))
+                _later(_record(ctx, route, caller, None))
 
-    return StreamingResponse(relay(), media_type="text/event-stream", headers=SSE_HEADERS)
+    return relay()
 
 
-async def _paced(chunks: AsyncIterator[bytes], keepalive: bytes | None) -> AsyncIterator[bytes]:
-    """``chunks`` with the between-bytes timeout; until the first, ``keepalive`` every KEEPALIVE_S
-    (its wait counting toward FIRST_BYTE_S)."""
+async def _paced(chunks: AsyncIterator[bytes], keepalive_s: float | None) -> AsyncIterator[bytes]:
+    """``chunks`` with the between-bytes timeout; until the first, KEEPALIVE every ``keepalive_s``
+    (None: none), its wait counting toward FIRST_BYTE_S."""
     it = aiter(chunks)
     first = True
     waited = 0.0
@@ -270,14 +361,15 @@ async def _paced(chunks: AsyncIterator[bytes], keepalive: bytes | None) -> Async
         step = asyncio.ensure_future(anext(it))
         try:
             while True:
-                limit = KEEPALIVE_S if (first and keepalive is not None) else BETWEEN_BYTES_S
+                keeping = first and keepalive_s is not None
+                limit = keepalive_s if keeping and keepalive_s is not None else BETWEEN_BYTES_S
                 done, _ = await asyncio.wait({step}, timeout=limit)
                 if done:
                     break
-                if not (first and keepalive is not None) or waited >= FIRST_BYTE_S:
+                if not keeping or waited >= FIRST_BYTE_S:
                     raise TimeoutError(f"nothing for {limit:.0f} s")
                 waited += limit
-                yield keepalive
+                yield KEEPALIVE
             try:
                 chunk = step.result()
             except StopAsyncIteration:

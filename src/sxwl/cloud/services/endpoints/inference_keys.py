@@ -1,7 +1,8 @@
 """Inference keys (docs/endpoints.md, "Keys"): ``sk-…`` secrets that call their owner's endpoints
 through /v1 and nothing else. Shown once, stored as their SHA-256 (invariant 2, docs/architecture.md:
 a key is a credential of its own, revocable without touching the others), named, revocable, each with
-an optional requests-per-minute limit counted in the database, so it holds across replicas."""
+optional limits (requests and tokens per minute, a monthly spend cap: key_limits.py) counted in the
+database, so they hold across replicas."""
 
 from __future__ import annotations
 
@@ -18,9 +19,17 @@ from sxwl.cloud.db.types import utcnow
 from sxwl.cloud.errors import AppError
 from sxwl.cloud.kit.ratelimit import RateLimiter
 from sxwl.cloud.kit.security import new_token, token_hash
+from sxwl.cloud.services.endpoints import key_limits
 
 PREFIX = "sk-"
 MAX_KEYS = 100  # live keys per user
+
+
+@dataclass(frozen=True)
+class Limits:
+    rpm: int | None = None
+    tpm: int | None = None
+    monthly_cap: int | None = None  # micro-yuan
 
 
 @dataclass(frozen=True)
@@ -29,7 +38,7 @@ class Created:
     secret: str  # shown once, never stored
 
 
-def create(session: Session, owner: User, name: str, rpm: int | None) -> Created:
+def create(session: Session, owner: User, name: str, limits: Limits) -> Created:
     if owner.role == Role.PROVIDER:
         raise AppError(403, "inference keys call endpoints, which compute users (算力用户) deploy")
     live = session.scalars(
@@ -44,7 +53,9 @@ def create(session: Session, owner: User, name: str, rpm: int | None) -> Created
         name=name,
         token_hash=token_hash(secret),
         prefix=secret[:10],
-        rpm=rpm,
+        rpm=limits.rpm,
+        tpm=limits.tpm,
+        monthly_cap=limits.monthly_cap,
     )
     session.add(key)
     session.flush()
@@ -56,10 +67,26 @@ def list_for(session: Session, owner: User) -> list[InferenceKey]:
     return list(session.scalars(stmt.order_by(InferenceKey.created_at.desc(), InferenceKey.id.desc())))
 
 
-def revoke(session: Session, owner: User, key_id: str) -> InferenceKey:
+def _owned(session: Session, owner: User, key_id: str) -> InferenceKey:
     key = session.get(InferenceKey, key_id)
     if key is None or key.owner_id != owner.id:
         raise AppError(404, f"no key {key_id}")
+    return key
+
+
+def change(session: Session, owner: User, key_id: str, changes: dict[str, int | None]) -> InferenceKey:
+    """Sets the limits named in ``changes`` (rpm, tpm, monthly_cap; None lifts one); the next
+    request is judged by them."""
+    key = _owned(session, owner, key_id)
+    if key.revoked_at is not None:
+        raise AppError(409, f"key {key_id} is revoked", code="conflict")
+    for field, value in changes.items():
+        setattr(key, field, value)
+    return key
+
+
+def revoke(session: Session, owner: User, key_id: str) -> InferenceKey:
+    key = _owned(session, owner, key_id)
     if key.revoked_at is None:
         key.revoked_at = utcnow()
     return key
@@ -75,7 +102,17 @@ def resolve(session: Session, secret: str) -> tuple[User, InferenceKey] | None:
     return None if row is None else (row[0], row[1])
 
 
-def admit(ctx: CloudContext, key_id: str, rpm: int | None) -> None:
-    """Counts one request against the key's limit; 429 (with Retry-After) past it."""
-    if rpm is not None:
-        RateLimiter("inference-key", f"{rpm}/60", "requests with this key", ctx.db, ctx.box).hit(key_id)
+def admit(ctx: CloudContext, key: InferenceKey) -> None:
+    """Lets one request of ``key`` through or raises the 429 (with Retry-After) of the limit it is
+    past. Only a request let through counts against its requests per minute."""
+    if key.tpm is not None or key.monthly_cap is not None:
+        with ctx.db.session() as session:
+            refused = key_limits.refusal(session, key, utcnow())
+        if refused is not None:
+            raise refused
+    if key.rpm is not None:
+        limiter = RateLimiter("inference-key", f"{key.rpm}/60", "requests with this key", ctx.db, ctx.box)
+        taken = limiter.take(key.id)
+        if isinstance(taken, AppError):
+            retry = int((taken.headers or {}).get("Retry-After", "1"))
+            raise key_limits.over_limit("rpm", f"this key's {key.rpm} requests per minute are used", retry)

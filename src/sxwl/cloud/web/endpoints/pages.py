@@ -1,6 +1,7 @@
 """推理服务 (Endpoints, docs/endpoints.md): the caller's endpoints (state, replicas, the URL and model
 to call, model, requests and tokens today), a Deploy form (prefilled from the Models page's Deploy
-buttons), delete, and the inference keys (a new key's secret shown once, revoke). The same services
+buttons), delete, and the inference keys (a new key's secret shown once, its limits set and
+changed, its spend this month, revoke). The same services
 as ``/api/v1/endpoints`` and ``/api/v1/keys``."""
 
 from __future__ import annotations
@@ -10,20 +11,23 @@ from dataclasses import dataclass
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 from pydantic import ValidationError
+from sqlalchemy.orm import Session
 
 from sxwl.cloud.api.deps import Principal, csrf_ok
 from sxwl.cloud.db.endpoint_models import InferenceKey
 from sxwl.cloud.db.types import utcnow
 from sxwl.cloud.errors import AppError
 from sxwl.cloud.services.catalog import model_catalog
-from sxwl.cloud.services.endpoints import endpoints, inference_keys, routing
+from sxwl.cloud.services.endpoints import endpoints, inference_keys, key_limits, routing
 from sxwl.cloud.web.i18n import translate
 from sxwl.cloud.web.i18n.reasons import reason_text
 from sxwl.cloud.web.kit import JobsViewer, ctx_of, error_page, field_errors, language, redirect, render
-from sxwl.protocol.endpoints import EndpointRequest
+from sxwl.protocol.endpoints import EndpointRequest, KeyLimits
+from sxwl.protocol.money import money_text, yuan
 
 router = APIRouter(include_in_schema=False)
 FORM_FIELDS = ("name", "model", "gpus", "gpu_product", "replicas")
+LIMIT_FIELDS = ("rpm", "tpm", "monthly_cap")
 
 
 @dataclass(frozen=True)
@@ -39,7 +43,33 @@ class EndpointRow:
     tokens_today: int
 
 
-def _rows(request: Request, principal: Principal) -> tuple[list[EndpointRow], list[InferenceKey], list[str]]:
+@dataclass(frozen=True)
+class KeyRow:
+    id: str
+    name: str
+    prefix: str
+    revoked: bool
+    rpm: str
+    tpm: str
+    monthly_cap: str  # decimal yuan, as the form takes it; "" for none
+    spent: str  # for people: ¥ with two places
+
+
+def _key_row(session: Session, key: InferenceKey) -> KeyRow:
+    spent = key_limits.spent_this_month(session, key, utcnow()) if key.revoked_at is None else 0
+    return KeyRow(
+        id=key.id,
+        name=key.name,
+        prefix=key.prefix,
+        revoked=key.revoked_at is not None,
+        rpm="" if key.rpm is None else str(key.rpm),
+        tpm="" if key.tpm is None else str(key.tpm),
+        monthly_cap="" if key.monthly_cap is None else f"{yuan(key.monthly_cap):f}",
+        spent=money_text(spent),
+    )
+
+
+def _rows(request: Request, principal: Principal) -> tuple[list[EndpointRow], list[KeyRow], list[str]]:
     lang, today = language(request), utcnow().strftime("%Y-%m-%d")
     with ctx_of(request).db.session() as session:
         rows = []
@@ -58,7 +88,7 @@ def _rows(request: Request, principal: Principal) -> tuple[list[EndpointRow], li
                     tokens_today=sum(u.prompt_tokens + u.completion_tokens for u in used),
                 )
             )
-        keys = inference_keys.list_for(session, principal.user)
+        keys = [_key_row(session, k) for k in inference_keys.list_for(session, principal.user)]
         models = [m.name for m in model_catalog.visible(session, user=principal.user)]
     return rows, keys, models
 
@@ -148,22 +178,56 @@ async def delete(request: Request, principal: JobsViewer, endpoint_id: str) -> R
     return redirect("/endpoints")
 
 
+def _limits(lang: str, raw: dict[str, str]) -> KeyLimits | dict[str, str]:
+    """The form's limits (an empty field: none), or each refused field's message."""
+    values = {k: v for k, v in raw.items() if v != ""}
+    try:
+        return KeyLimits.model_validate(values, strict=False)
+    except ValidationError as exc:
+        return {f"key_{field}": message for field, message in field_errors(lang, exc).items()}
+
+
 @router.post("/endpoints/keys")
 async def create_key(request: Request, principal: JobsViewer) -> Response:
     lang = language(request)
     raw = await request.form()
     if not csrf_ok(request, str(raw.get("csrf_token", ""))):
         return _page(request, principal, {}, {"key": translate(lang, "error.csrf")}, 403)
-    name = str(raw.get("key_name", "")).strip() or "key"
+    form = {f"key_{k}": str(raw.get(f"key_{k}", "")).strip() for k in ("name", *LIMIT_FIELDS)}
+    name = form["key_name"] or "key"
     if len(name) > 100:
-        return _page(request, principal, {}, {"key": translate(lang, "error.too_long")}, 422)
+        return _page(request, principal, form, {"key_name": translate(lang, "error.too_long")}, 422)
+    limits = _limits(lang, {k: form[f"key_{k}"] for k in LIMIT_FIELDS})
+    if not isinstance(limits, KeyLimits):
+        return _page(request, principal, form, limits, 422)
+    given = inference_keys.Limits(rpm=limits.rpm, tpm=limits.tpm, monthly_cap=limits.monthly_cap)
     try:
         with ctx_of(request).db.session() as session:
-            made = inference_keys.create(session, session.merge(principal.user), name, None)
+            made = inference_keys.create(session, session.merge(principal.user), name, given)
             secret = made.secret
     except AppError as exc:  # too many keys
-        return _page(request, principal, {}, {"key": exc.message}, exc.status)
+        return _page(request, principal, form, {"key": exc.message}, exc.status)
     return _page(request, principal, {}, new_key=secret)  # shown in this answer only
+
+
+@router.post("/endpoints/keys/{key_id}/limits")
+async def change_key(request: Request, principal: JobsViewer, key_id: str) -> Response:
+    """Sets all three limits as the row's form shows them (an emptied field lifts that limit)."""
+    lang = language(request)
+    raw = await request.form()
+    if not csrf_ok(request, str(raw.get("csrf_token", ""))):
+        return _page(request, principal, {}, {"key": translate(lang, "error.csrf")}, 403)
+    limits = _limits(lang, {k: str(raw.get(k, "")).strip() for k in LIMIT_FIELDS})
+    if not isinstance(limits, KeyLimits):
+        why = "; ".join(f"{field[4:]}: {message}" for field, message in limits.items())
+        return _page(request, principal, {}, {"key": translate(lang, "endpoints.key_refused", why=why)}, 422)
+    changes = {field: getattr(limits, field) for field in LIMIT_FIELDS}
+    try:
+        with ctx_of(request).db.session() as session:
+            inference_keys.change(session, session.merge(principal.user), key_id, changes)
+    except AppError as exc:
+        return _page(request, principal, {}, {"key": exc.message}, exc.status)
+    return redirect("/endpoints")
 
 
 @router.post("/endpoints/keys/{key_id}/revoke")
