@@ -8,6 +8,7 @@ from __future__ import annotations
 import enum
 import secrets
 from dataclasses import dataclass
+from datetime import datetime
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
@@ -61,21 +62,26 @@ class View:
         return [r.job for r in self.replicas if r.job.state == JobState.RUNNING]
 
 
+def _when(job: Job) -> datetime:
+    """When a job last changed as its endpoint counts it: its end, else its submission."""
+    return job.finished_at or job.created_at
+
+
 def _state(endpoint: Endpoint, replicas: list[Replica]) -> tuple[State, Reason | None]:
     live = [r.job for r in replicas if r.job.state not in TERMINAL_STATES]
     if endpoint.stopped_at is not None:
         return State.STOPPED, None
     if not live:
         failed = [r.job for r in replicas if r.job.state == JobState.FAILED]
-        if failed:
-            return State.FAILED, failed[-1].reason
+        if failed:  # the last to fail says why (an endpoint that gave up: endpoint.gave_up)
+            return State.FAILED, max(failed, key=_when).reason
         return State.STOPPED, replicas[-1].job.reason if replicas else None  # a balance stop, say
     ready = sum(1 for job in live if job.state == JobState.RUNNING)
     if ready == endpoint.replicas:
         return State.READY, None
     if endpoint.ready_at is not None:
-        lost = next((r.job.reason for r in replicas if r.job.state != JobState.RUNNING), None)
-        return State.DEGRADED, lost
+        short = [r.job for r in replicas if r.job.state != JobState.RUNNING]
+        return State.DEGRADED, max(short, key=_when).reason if short else None
     if all(job.state in (JobState.QUEUED, JobState.LOST) for job in live):
         return State.PENDING, live[0].reason  # the scheduler's words: what it waits for
     return State.DEPLOYING, None
@@ -86,9 +92,12 @@ def view(session: Session, endpoint: Endpoint) -> View:
         select(EndpointReplica.replica, Job)
         .join(Job, Job.id == EndpointReplica.job_id)
         .where(EndpointReplica.endpoint_id == endpoint.id)
-        .order_by(EndpointReplica.replica, Job.created_at)
     )
-    replicas = [Replica(index, job) for index, job in rows]
+    # A replaced replica's jobs in the order they ran: its live one last (times may be equal).
+    replicas = sorted(
+        (Replica(index, job) for index, job in rows),
+        key=lambda r: (r.index, r.job.created_at, r.job.state not in TERMINAL_STATES),
+    )
     state, reason = _state(endpoint, replicas)
     return View(endpoint, replicas, state, reason)
 
