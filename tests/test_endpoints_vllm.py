@@ -243,3 +243,35 @@ def test_a_replica_whose_cpod_is_lost_mid_stream_is_requeued_and_the_endpoint_se
 
     eventually(gone, timeout=60, what="the stale replica's supervisor stopped")
     gworld.delete(endpoint["id"])
+
+
+def test_an_engine_that_dies_mid_serve_is_replaced_and_the_endpoint_is_ready_again(gworld: GpuWorld) -> None:
+    """The engine crashes while it serves (the stand-in exits when told to), is restarted in place
+    three times, crashes again and fails its replica; the endpoint submits a replacement, shows
+    degraded while it deploys and serves again once it does (docs/endpoints.md)."""
+    endpoint = gworld.create(name="dies")
+    ready = gworld.wait_endpoint(endpoint["id"], "ready", "failed")
+    assert ready["state"] == "ready", ready
+    (first,) = ready["replica_jobs"]
+    once = gworld.api.with_options(max_retries=0).chat.completions
+
+    def replaced() -> dict[str, Any] | None:
+        with pytest.raises((openai.APIError, httpx.HTTPError)):
+            once.create(model="dies", messages=[{"role": "user", "content": "exit"}])
+        found: dict[str, Any] = httpx.get(f"{gworld.url}{URL}/{endpoint['id']}", headers=gworld.user).json()
+        return found if len(found["replica_jobs"]) > 1 else None
+
+    degraded = eventually(replaced, timeout=120, what="the dead replica replaced")
+    assert degraded["state"] == "degraded", degraded
+    old, new = degraded["replica_jobs"]
+    assert (old["job_id"], old["state"], old["attempt"]) == (first["job_id"], "failed", 1)
+    assert new["replica"] == 1 and new["job_id"] != first["job_id"]
+    assert "exited 4 times" in degraded["reason"] and "engine core died" in degraded["reason"]
+    again = gworld.wait_endpoint(endpoint["id"], "ready")
+    assert [r["state"] for r in again["replica_jobs"]] == ["failed", "running"]
+    answer = gworld.api.chat.completions.create(model="dies", messages=[{"role": "user", "content": "hi"}])
+    assert answer.choices[0].message.content == "fake vllm says hi"
+    # The replacement's own engine answered; the dead one's saw only the crashing requests.
+    assert {c.get("model") for c in gworld.calls(new["job_id"])[1:]} == {"dies"}
+    assert gworld.logs(first["job_id"]).count("::sxwl-engine:: starting the engine") == 4
+    gworld.delete(endpoint["id"])
