@@ -21,9 +21,10 @@ from websockets.asyncio.client import ClientConnection
 from websockets.exceptions import InvalidStatus, WebSocketException
 
 import sxwl
+from sxwl.agent.engine_load import InFlight
 from sxwl.agent.tunnel_forward import Sockets, forward
 from sxwl.protocol import PROTOCOL_HEADER, PROTOCOL_VERSION, paths
-from sxwl.tunnel.headers import split_target
+from sxwl.tunnel.headers import TARGET, first, split_target
 from sxwl.tunnel.session import MESSAGE_MAX, PING_S, Session, TunnelStream
 from sxwl.tunnel.websocket import ClientTransport
 
@@ -82,11 +83,14 @@ class TunnelClient:
         backoff: Callable[[int], float],
         sockets: Sockets | None = None,
         engines: Callable[[str], str | None] = lambda _: None,
+        in_flight: InFlight | None = None,
     ) -> None:
-        """``engines``: the socket of the engine a stream's target names (docs/endpoints.md)."""
+        """``engines``: the socket of the engine a stream's target names (docs/endpoints.md);
+        ``in_flight``: where the streams to each engine are counted (its load, engine_load.py)."""
         self.url, self.token, self.settings, self.backoff = tunnel_url(api_url), token, settings, backoff
         self.sockets = sockets  # the attempts' own services (dev environments), found by the runtime
         self.engines = engines
+        self.in_flight = in_flight or InFlight()
         self.sessions: set[Session] = set()
         normalised = {t.lower() for t in settings.targets if split_target(t) is not None}
         self._targets = frozenset(normalised)
@@ -155,4 +159,5 @@ class TunnelClient:
             self.sessions.discard(session)
 
     async def _on_stream(self, stream: TunnelStream) -> None:
-        await forward(stream, self.allowed, self.sockets, self.engines)
+        with self.in_flight.counting(self.engines(first(await stream.head(), TARGET) or "")):
+            await forward(stream, self.allowed, self.sockets, self.engines)

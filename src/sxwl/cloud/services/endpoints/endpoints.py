@@ -23,9 +23,11 @@ from sxwl.cloud.errors import AppError, invalid
 from sxwl.cloud.services.catalog import model_catalog
 from sxwl.cloud.services.endpoints.endpoint_kind import ENDPOINT
 from sxwl.cloud.services.fleet import cpods
+from sxwl.cloud.services.fleet.engine_loads import EngineLoads, SeenLoad
 from sxwl.cloud.services.jobs import jobs
 from sxwl.cloud.services.jobs.job_kinds import Workload
 from sxwl.cloud.services.money import billing
+from sxwl.protocol import attempt_key
 from sxwl.protocol.endpoints import EndpointRequest, EngineSpec
 from sxwl.protocol.finetune import JobInput
 from sxwl.protocol.jobs import JobIn
@@ -100,6 +102,13 @@ def view(session: Session, endpoint: Endpoint) -> View:
     )
     state, reason = _state(endpoint, replicas)
     return View(endpoint, replicas, state, reason)
+
+
+def load_of(loads: EngineLoads, job: Job) -> SeenLoad | None:
+    """A serving replica's engine load, as its CPod's last heartbeat to this process said."""
+    if job.state != JobState.RUNNING:
+        return None
+    return loads.of(job.cpod_id, attempt_key(job.id, job.attempt))
 
 
 def _models(session: Session, owner: User, name: str) -> tuple[CatalogModel, CatalogModel | None]:
