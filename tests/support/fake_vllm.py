@@ -8,7 +8,8 @@ one named `fast…` streams max_tokens one-token chunks as fast as it can (bench
 the path, not a model); one named `dies…` exits (status 1, unanswered) when a message says `exit`,
 as an engine that crashes mid-serve. `GET /metrics` answers as vLLM's Prometheus endpoint does, with
 `vllm:num_requests_running` (the requests it answers now) and `vllm:num_requests_waiting` (0; a
-`slow…` engine says 2, as one whose batch is full), each scrape recorded in `vllm-metrics.jsonl`.
+`slow…` engine says 2, as one whose batch is full), each scrape recorded in `vllm-metrics.jsonl`;
+one whose name holds `bare` has no metrics (404, as `transformers serve`).
 Standard library only: it runs in the attempt's sandbox."""
 
 from __future__ import annotations
@@ -88,6 +89,9 @@ def main() -> None:
         def do_GET(self) -> None:
             if self.path == "/health":
                 self._json(200, {})
+            elif self.path == "/metrics" and "bare" in args.served_model_name:
+                record({"refused": True}, SCRAPES)
+                self._json(404, {"detail": "Not Found"})
             elif self.path == "/metrics":
                 record({"running": running[0]}, SCRAPES)
                 data = metrics()
