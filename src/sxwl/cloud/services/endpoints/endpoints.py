@@ -111,6 +111,19 @@ def load_of(loads: EngineLoads, job: Job) -> SeenLoad | None:
     return loads.of(job.cpod_id, attempt_key(job.id, job.attempt))
 
 
+def replicas_named(session: Session, job_ids: list[str]) -> dict[str, tuple[str, int]]:
+    """For the jobs among ``job_ids`` that are endpoint replicas: their endpoint's name and their
+    replica number (1-based), as the provider's 算力详情 names the work on its CPods."""
+    if not job_ids:
+        return {}
+    rows = session.execute(
+        select(EndpointReplica.job_id, Endpoint.name, EndpointReplica.replica)
+        .join(Endpoint, Endpoint.id == EndpointReplica.endpoint_id)
+        .where(EndpointReplica.job_id.in_(job_ids))
+    )
+    return {job_id: (name, index + 1) for job_id, name, index in rows}
+
+
 def _models(session: Session, owner: User, name: str) -> tuple[CatalogModel, CatalogModel | None]:
     """The base model served, and the adapter on it for a fine-tuned model."""
     model = model_catalog.find(session, owner, name)
