@@ -13,7 +13,7 @@ import json
 import os
 import sys
 import tarfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -61,9 +61,19 @@ class GpuWorld(FineTuneWorld):
 
         return eventually(reached, timeout=timeout, what=f"endpoint {endpoint_id} {'/'.join(states)}")
 
-    def calls(self, job_id: str) -> list[dict[str, Any]]:
+    def calls(self, job_id: str, file: str = "vllm-calls.jsonl") -> list[dict[str, Any]]:
         (work,) = (self.root / "agent-g" / "jobs").glob(f"{job_id}*/work")
-        return [json.loads(line) for line in (work / "vllm-calls.jsonl").read_text().splitlines()]
+        return [json.loads(line) for line in (work / file).read_text().splitlines()]
+
+    def wait_load(self, endpoint_id: str, wanted: Callable[[dict[str, Any]], bool]) -> dict[str, Any]:
+        """The first replica's load once the heartbeats brought one that ``wanted`` takes."""
+
+        def reached() -> dict[str, Any] | None:
+            found = httpx.get(f"{self.url}{URL}/{endpoint_id}", headers=self.user).json()
+            load: dict[str, Any] | None = found["replica_jobs"][0]["load"]
+            return load if load is not None and wanted(load) else None
+
+        return eventually(reached, timeout=30, what=f"endpoint {endpoint_id}'s load")
 
     def close(self) -> None:
         """Every endpoint deleted and its replicas stopped before the agents go: a replica's engine
@@ -218,6 +228,9 @@ def test_a_replica_whose_cpod_is_lost_mid_stream_is_requeued_and_the_endpoint_se
     )
     first = next(iter(stream))
     assert first.choices[0].delta.content == "fake "
+    # The engine's own gauges reach the endpoint through the heartbeat: this stream runs, 2 wait.
+    load = gworld.wait_load(endpoint["id"], lambda load: load["running"] == 1)
+    assert (load["waiting"], load["source"]) == (2, "engine")
     # The CPod is lost mid-stream: its agent dies (its replica's processes run on, unreachable).
     gworld.agents[0].stop()
     with pytest.raises((openai.APIError, httpx.HTTPError)):
@@ -242,4 +255,56 @@ def test_a_replica_whose_cpod_is_lost_mid_stream_is_requeued_and_the_endpoint_se
         return False
 
     eventually(gone, timeout=60, what="the stale replica's supervisor stopped")
+    gworld.delete(endpoint["id"])
+
+
+def test_an_engine_that_dies_mid_serve_is_replaced_and_the_endpoint_is_ready_again(gworld: GpuWorld) -> None:
+    """The engine crashes while it serves (the stand-in exits when told to), is restarted in place
+    three times, crashes again and fails its replica; the endpoint submits a replacement, shows
+    degraded while it deploys and serves again once it does (docs/endpoints.md)."""
+    endpoint = gworld.create(name="dies")
+    ready = gworld.wait_endpoint(endpoint["id"], "ready", "failed")
+    assert ready["state"] == "ready", ready
+    (first,) = ready["replica_jobs"]
+    once = gworld.api.with_options(max_retries=0).chat.completions
+
+    def replaced() -> dict[str, Any] | None:
+        with pytest.raises((openai.APIError, httpx.HTTPError)):
+            once.create(model="dies", messages=[{"role": "user", "content": "exit"}])
+        found: dict[str, Any] = httpx.get(f"{gworld.url}{URL}/{endpoint['id']}", headers=gworld.user).json()
+        return found if len(found["replica_jobs"]) > 1 else None
+
+    degraded = eventually(replaced, timeout=120, what="the dead replica replaced")
+    assert degraded["state"] == "degraded", degraded
+    old, new = degraded["replica_jobs"]
+    assert (old["job_id"], old["state"], old["attempt"]) == (first["job_id"], "failed", 1)
+    assert new["replica"] == 1 and new["job_id"] != first["job_id"]
+    assert "exited 4 times" in degraded["reason"] and "engine core died" in degraded["reason"]
+    again = gworld.wait_endpoint(endpoint["id"], "ready")
+    assert [r["state"] for r in again["replica_jobs"]] == ["failed", "running"]
+    answer = gworld.api.chat.completions.create(model="dies", messages=[{"role": "user", "content": "hi"}])
+    assert answer.choices[0].message.content == "fake vllm says hi"
+    # The replacement's own engine answered; the dead one's saw only the crashing requests.
+    assert {c.get("model") for c in gworld.calls(new["job_id"])[1:]} == {"dies"}
+    assert gworld.logs(first["job_id"]).count("::sxwl-engine:: starting the engine") == 4
+    gworld.delete(endpoint["id"])
+
+
+def test_an_engine_without_metrics_reports_the_requests_the_agent_forwards(gworld: GpuWorld) -> None:
+    """`transformers serve` has no /metrics (the stand-in named `…bare…` answers 404 there, as it
+    does): the agent asks once, then counts the tunnel's streams to the engine itself."""
+    endpoint = gworld.create(name="slowbare")
+    assert gworld.wait_endpoint(endpoint["id"], "ready", "failed")["state"] == "ready"
+    idle = gworld.wait_load(endpoint["id"], lambda load: load["source"] == "agent")
+    assert (idle["running"], idle["waiting"]) == (0, None)
+    stream = gworld.api.chat.completions.create(
+        model="slowbare", messages=[{"role": "user", "content": "hi"}], max_tokens=3, stream=True
+    )
+    chunks = iter(stream)
+    assert next(chunks).choices[0].delta.content == "fake "
+    gworld.wait_load(endpoint["id"], lambda load: load["running"] == 1)
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == "vllm says "
+    gworld.wait_load(endpoint["id"], lambda load: load["running"] == 0)
+    replica = endpoint["replica_jobs"][0]["job_id"]
+    assert gworld.calls(replica, "vllm-metrics.jsonl") == [{"refused": True}]  # asked once
     gworld.delete(endpoint["id"])

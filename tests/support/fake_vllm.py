@@ -7,13 +7,20 @@ and exit 1 at once, as an engine that cannot start does; one named `slow…` str
 one named `fast…` streams max_tokens one-token chunks as fast as it can (bench/serving.py measures
 the path, not a model); one named `lazy…` waits LAZY_HEAD_S before even its response head, as an
 engine reading a long prompt does, and refuses a `temperature` above 2 as vLLM does (400 naming
-it). Standard library only: it runs in the attempt's sandbox."""
+it); one named `dies…` exits (status 1, unanswered) when a message says `exit`,
+as an engine that crashes mid-serve. `GET /metrics` answers as vLLM's Prometheus endpoint does, with
+`vllm:num_requests_running` (the requests it answers now) and `vllm:num_requests_waiting` (0; a
+`slow…` engine says 2, as one whose batch is full), each scrape recorded in `vllm-metrics.jsonl`;
+one whose name holds `bare` has no metrics (404, as `transformers serve`).
+Standard library only: it runs in the attempt's sandbox."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
+import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -21,10 +28,11 @@ from typing import Any
 
 CALLS = Path("vllm-calls.jsonl")
 LAZY_HEAD_S = 3.0
+SCRAPES = Path("vllm-metrics.jsonl")  # apart: the agent scrapes at every heartbeat
 
 
-def record(entry: dict[str, Any]) -> None:
-    with CALLS.open("a") as out:
+def record(entry: dict[str, Any], to: Path = CALLS) -> None:
+    with to.open("a") as out:
         out.write(json.dumps(entry) + "\n")
 
 
@@ -54,6 +62,21 @@ def main() -> None:
         print("ERROR CUDA out of memory: tried to allocate 80.00 GiB", flush=True)
         sys.exit(1)
 
+    running = [0]  # requests being answered now, for /metrics
+    lock = threading.Lock()
+
+    def metrics() -> bytes:
+        waiting = 2 if args.served_model_name.startswith("slow") else 0
+        label = f'{{model_name="{args.served_model_name}"}}'
+        return (
+            "# HELP vllm:num_requests_running Number of requests in model execution batches.\n"
+            "# TYPE vllm:num_requests_running gauge\n"
+            f"vllm:num_requests_running{label} {float(running[0])}\n"
+            "# HELP vllm:num_requests_waiting Number of requests waiting to be processed.\n"
+            "# TYPE vllm:num_requests_waiting gauge\n"
+            f"vllm:num_requests_waiting{label} {float(waiting)}\n"
+        ).encode()
+
     class Handler(BaseHTTPRequestHandler):
         def log_message(self, format: str, *values: Any) -> None:
             print(format % values, flush=True)
@@ -69,14 +92,38 @@ def main() -> None:
         def do_GET(self) -> None:
             if self.path == "/health":
                 self._json(200, {})
+            elif self.path == "/metrics" and "bare" in args.served_model_name:
+                record({"refused": True}, SCRAPES)
+                self._json(404, {"detail": "Not Found"})
+            elif self.path == "/metrics":
+                record({"running": running[0]}, SCRAPES)
+                data = metrics()
+                self.send_response(200)
+                self.send_header("content-type", "text/plain; version=0.0.4")
+                self.send_header("content-length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
             elif self.path == "/v1/models":
                 self._json(200, {"object": "list", "data": [{"id": n, "object": "model"} for n in names]})
             else:
                 self._json(404, {"error": {"message": "not found"}})
 
         def do_POST(self) -> None:
+            with lock:
+                running[0] += 1
+            try:
+                self._post()
+            finally:
+                with lock:
+                    running[0] -= 1
+
+        def _post(self) -> None:
             body = json.loads(self.rfile.read(int(self.headers["content-length"])))
             record({"path": self.path, "model": body.get("model"), "stream": body.get("stream", False)})
+            said = [m.get("content") for m in body.get("messages") or [] if isinstance(m, dict)]
+            if args.served_model_name.startswith("dies") and "exit" in said:
+                print("ERROR engine core died unexpectedly", flush=True)
+                os._exit(1)
             if body.get("model") not in names:
                 self._json(404, {"error": {"message": f"model {body.get('model')} does not exist"}})
                 return

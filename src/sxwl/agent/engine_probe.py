@@ -26,14 +26,15 @@ REASON_LINES = 8  # of the engine's last lines, in the replica's reason
 J = TypeVar("J", bound=AttemptRecord)
 
 
-async def _get(engine: Target, target: str) -> tuple[int, bytes]:
+async def get(engine: Target, target: str, limit: int | None = None) -> tuple[int, bytes]:
+    """``GET target`` of the engine's supervisor: its status and body (cut at ``limit`` bytes)."""
     reader, writer = await open_target(engine)
     try:
         conn = h11.Connection(h11.CLIENT)
         writer.write(conn.send(h11.Request(method="GET", target=target, headers=[("host", "engine")])) or b"")
         writer.write(conn.send(h11.EndOfMessage()) or b"")
         status, body = 0, b""
-        while True:
+        while limit is None or len(body) < limit:
             event = conn.next_event()
             if event is h11.NEED_DATA:
                 conn.receive_data(await reader.read(65536))
@@ -42,7 +43,8 @@ async def _get(engine: Target, target: str) -> tuple[int, bytes]:
             elif isinstance(event, h11.Data):
                 body += bytes(event.data)
             elif isinstance(event, h11.EndOfMessage | h11.ConnectionClosed):
-                return status, body
+                break
+        return status, body
     finally:
         writer.transport.abort()
 
@@ -53,10 +55,10 @@ async def serving(engine: Target | None) -> bool:
     if engine is None:
         return False
     try:
-        health, _ = await asyncio.wait_for(_get(engine, "/health"), PROBE_S)
+        health, _ = await asyncio.wait_for(get(engine, "/health"), PROBE_S)
         if health != 200:
             return False
-        status, body = await asyncio.wait_for(_get(engine, "/v1/models"), PROBE_S)
+        status, body = await asyncio.wait_for(get(engine, "/v1/models"), PROBE_S)
         listed = json.loads(body).get("data") if status == 200 else None
     except (OSError, TimeoutError, h11.ProtocolError, ValueError, AttributeError):
         return False

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Generic, Protocol, TypeVar
 
 import sxwl
 from sxwl.agent.client import CloudClient, Refused, Rejected, Unreachable
+from sxwl.agent.engine_load import InFlight, Loads
 from sxwl.agent.inputs import InputCache
 from sxwl.agent.jobsync import JobSync
 from sxwl.agent.runtimes.base import J, Runtime
@@ -136,6 +137,8 @@ class Agent(Generic[J]):
         self.client = client or CloudClient(config.api_url)
         self.state: TokenStore = state if state is not None else StateDir(config.state_dir)
         self.runtime = runtime
+        # Each engine's load for the heartbeat: its metrics, or the tunnel's streams to it counted.
+        self.loads = Loads(InFlight())
         self.leader = leader
         self._inventory_in_loop = inspect.iscoroutinefunction(getattr(inventory, "start", None))
         self.stop_event = asyncio.Event()
@@ -233,7 +236,8 @@ class Agent(Generic[J]):
             self.seq += 1
             # The input cache only when it changed: the cloud keeps what an accepted beat said.
             cache = sync.cache_report()
-            beat = Heartbeat(seq=self.seq, nodes=nodes, jobs=sync.reports(), cache=cache)
+            jobs = await self.loads.reported(sync.reports(), self.runtime)
+            beat = Heartbeat(seq=self.seq, nodes=nodes, jobs=jobs, cache=cache)
             reply = await self._retrying(
                 "heartbeat",
                 partial(self.client.heartbeat, token, beat),
@@ -330,6 +334,7 @@ class Agent(Generic[J]):
                     self.config.tunnel,
                     backoff_delay,
                     self.runtime.attempt_target,
+                    in_flight=self.loads.in_flight,
                 )
                 tasks.append(asyncio.create_task(tunnel.run(), name="tunnel"))
             if self.cache_server is not None and cache is not None:

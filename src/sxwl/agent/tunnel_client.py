@@ -21,10 +21,11 @@ from websockets.asyncio.client import ClientConnection
 from websockets.exceptions import InvalidStatus, WebSocketException
 
 import sxwl
+from sxwl.agent.engine_load import InFlight
 from sxwl.agent.forward_targets import Targets
 from sxwl.agent.tunnel_forward import forward
 from sxwl.protocol import PROTOCOL_HEADER, PROTOCOL_VERSION, paths
-from sxwl.tunnel.headers import split_target
+from sxwl.tunnel.headers import TARGET, first, split_target
 from sxwl.tunnel.session import MESSAGE_MAX, PING_S, Session, TunnelStream
 from sxwl.tunnel.websocket import ClientTransport
 
@@ -82,10 +83,13 @@ class TunnelClient:
         settings: TunnelSettings,
         backoff: Callable[[int], float],
         targets: Targets | None = None,
+        in_flight: InFlight | None = None,
     ) -> None:
+        """``targets``: the attempts' own services (engines, dev environments), found by the runtime;
+        ``in_flight``: where the streams to each of them are counted (an engine's load, engine_load.py)."""
         self.url, self.token, self.settings, self.backoff = tunnel_url(api_url), token, settings, backoff
-        # The attempts' own services (engines, dev environments), found by the runtime.
         self.targets = targets
+        self.in_flight = in_flight or InFlight()
         self.sessions: set[Session] = set()
         normalised = {t.lower() for t in settings.targets if split_target(t) is not None}
         self._targets = frozenset(normalised)
@@ -154,4 +158,6 @@ class TunnelClient:
             self.sessions.discard(session)
 
     async def _on_stream(self, stream: TunnelStream) -> None:
-        await forward(stream, self.allowed, self.targets)
+        own = self.targets(first(await stream.head(), TARGET) or "") if self.targets else None
+        with self.in_flight.counting(own):
+            await forward(stream, self.allowed, self.targets)

@@ -36,6 +36,15 @@ def endpoint(given: str) -> dict[str, Any]:
     return ids.fetch(given, get, lambda: listed, noun="endpoint", listing="sxwl endpoints list")
 
 
+def _load(load: dict[str, Any] | None) -> str:
+    """A serving replica's engine load: its own metrics, or the requests the agent forwards now."""
+    if not load:
+        return ""
+    waiting = "" if load["waiting"] is None else f", {load['waiting']} waiting"
+    said = "engine metrics" if load["source"] == "engine" else "counted by the agent"
+    return f"; load {load['running']} running{waiting} ({said}, {load['at']})"
+
+
 def _print(e: dict[str, Any]) -> None:
     reason = f" ({escape(e['reason'])})" if e.get("reason") else ""
     out.print(f"[bold]{escape(e['name'])}[/] {e['id']}: {status_text(e['state'])}{reason}", soft_wrap=True)
@@ -45,7 +54,7 @@ def _print(e: dict[str, Any]) -> None:
     for r in e["replica_jobs"]:
         where = f" on {r['cpod_id']}" if r["cpod_id"] else ""
         state = f"{status_text(r['state'])}, attempt {r['attempt']}{where}"
-        out.print(f"  replica {r['replica']}: job {r['job_id']} {state}")
+        out.print(f"  replica {r['replica']}: job {r['job_id']} {state}{_load(r.get('load'))}")
     for day in e.get("usage", []):
         who = day["key_id"] or "your token"
         tokens = f"{day['prompt_tokens']} + {day['completion_tokens']} tokens"

@@ -12,6 +12,7 @@ from sxwl.cloud.kit.notify import Notifier
 from sxwl.cloud.kit.ratelimit import RateLimiter
 from sxwl.cloud.kit.security import Passwords, SecretBox
 from sxwl.cloud.services.fleet.beat import Beat
+from sxwl.cloud.services.fleet.engine_loads import EngineLoads
 from sxwl.cloud.services.scheduling.capacity import CapacityCache
 from sxwl.cloud.storage import ArtifactStore
 from sxwl.cloud.storage.select import artifact_store
@@ -43,6 +44,9 @@ class CloudContext:
     # Heartbeats that arrive together share a transaction; set by ``create_app``, because the
     # writer's logic (services/fleet/heartbeats.py) itself needs this context.
     heartbeats: GroupCommit[Beat, HeartbeatReply] = field(init=False)
+    # The endpoint replicas' engine loads the heartbeats to this process brought (per process:
+    # a snapshot the next heartbeat replaces; docs/replica-state.md).
+    engine_loads: EngineLoads = field(default_factory=EngineLoads)
     # The agents' tunnels this process holds, and relays to those other replicas hold (docs/tunnel.md).
     tunnels: Tunnels = field(init=False)
 

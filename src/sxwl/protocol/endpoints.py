@@ -9,7 +9,7 @@ from typing import Annotated, Literal
 
 from pydantic import BeforeValidator, Field, field_validator
 
-from sxwl.protocol.fields import Name, Strict, Wire
+from sxwl.protocol.fields import Name, NonNegInt32, Strict, Wire, WireIn
 from sxwl.protocol.jobs import MAX_GPUS_PER_NODE
 from sxwl.protocol.money import MAX_AMOUNT_YUAN, parse_yuan
 
@@ -156,3 +156,15 @@ def vllm_argv(run: EngineRun) -> list[str]:
         else:
             argv += [flag, str(value)]
     return argv
+
+
+class EngineLoad(WireIn):
+    """An endpoint replica's load as its agent last saw it, sent in the heartbeat beside the attempt
+    (docs/agent.md, "Heartbeat"): ``engine``, from the engine's own metrics (vLLM's
+    ``vllm:num_requests_running`` and ``vllm:num_requests_waiting``); ``agent``, where the engine
+    has none (``transformers serve``), the requests the agent forwards to it now, with no waiting
+    count (None: not known)."""
+
+    running: NonNegInt32
+    waiting: NonNegInt32 | None = None
+    source: Literal["engine", "agent"]

@@ -10,7 +10,7 @@ from typing import Annotated, Literal
 from pydantic import AliasChoices, Field, field_validator, model_validator
 
 from sxwl.protocol.devenvs import DevEnvSpec
-from sxwl.protocol.endpoints import EngineSpec
+from sxwl.protocol.endpoints import EngineLoad, EngineSpec
 from sxwl.protocol.fields import Int32, Int64, Name, NonNegInt32, NonNegInt64, PosInt32, Text, Wire, WireIn
 from sxwl.protocol.finetune import CachedInput, JobInput, TrainerSpec
 from sxwl.protocol.reasons import Reason
@@ -80,6 +80,8 @@ class JobReport(WireIn):
     job_id: Text = Field(min_length=1, max_length=64)
     attempt: PosInt32
     state: Text = Field(min_length=1, max_length=32)
+    # An endpoint replica's engine load (None: not an engine, or not known in this beat).
+    load: EngineLoad | None = None
 
 
 # "isolated": every job runs in a sandbox of its own (a Kubernetes CPod's namespaces, a local agent's

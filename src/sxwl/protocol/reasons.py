@@ -317,4 +317,7 @@ ENGLISH: dict[str, str] = {
     # endpoints (docs/endpoints.md)
     "endpoint.engine_failed": "the engine exited {exits} times and was not started again; its last "
     "lines:\n{lines}",
+    "endpoint.replacing": "replaces replica job {job}, which failed: {why}",
+    "endpoint.gave_up": "replica {replica} failed again after {times} replacements within an hour; the "
+    "endpoint stopped: {why}",
 }

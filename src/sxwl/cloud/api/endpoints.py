@@ -13,7 +13,9 @@ from sqlalchemy.orm import Session
 
 from sxwl.cloud.api.deps import Ctx, CurrentUser
 from sxwl.cloud.api.responses import SIGNED_IN, WITH_BODY, errors
+from sxwl.cloud.db.models import Job
 from sxwl.cloud.services.endpoints import endpoints, routing
+from sxwl.cloud.services.fleet.engine_loads import EngineLoads
 from sxwl.protocol import paths
 from sxwl.protocol.endpoints import EndpointRequest
 from sxwl.protocol.fields import NonNegInt64, PosInt32
@@ -23,12 +25,22 @@ router = APIRouter(prefix="/endpoints", tags=["endpoints"], responses=SIGNED_IN)
 NOT_FOUND = errors(404)
 
 
+class LoadOut(BaseModel):
+    """A serving replica's engine load as its CPod's last heartbeat said (docs/endpoints.md, "Load")."""
+
+    running: int
+    waiting: int | None  # None: the engine does not say (transformers serve)
+    source: str  # "engine": its own metrics; "agent": the requests the agent forwards to it now
+    at: datetime
+
+
 class ReplicaOut(BaseModel):
     replica: int  # 1-based
     job_id: str
     state: str
     attempt: int
     cpod_id: str | None
+    load: LoadOut | None = None
 
 
 class UsageOut(BaseModel):
@@ -60,7 +72,15 @@ class EndpointOut(BaseModel):
     usage: list[UsageOut]
 
 
-def _out(view: endpoints.View, base_url: str, usage: list[UsageOut]) -> EndpointOut:
+def _load(loads: EngineLoads, job: Job) -> LoadOut | None:
+    seen = endpoints.load_of(loads, job)
+    if seen is None:
+        return None
+    said = seen.load
+    return LoadOut(running=said.running, waiting=said.waiting, source=said.source, at=seen.at)
+
+
+def _out(view: endpoints.View, base_url: str, usage: list[UsageOut], loads: EngineLoads) -> EndpointOut:
     e = view.endpoint
     return EndpointOut(
         id=e.id,
@@ -85,6 +105,7 @@ def _out(view: endpoints.View, base_url: str, usage: list[UsageOut]) -> Endpoint
                 state=r.job.state.value,
                 attempt=r.job.attempt,
                 cpod_id=r.job.cpod_id,
+                load=_load(loads, r.job),
             )
             for r in view.replicas
         ],
@@ -109,7 +130,7 @@ def _usage(session: Session, endpoint_id: str) -> list[UsageOut]:
 def create(body: EndpointRequest, request: Request, user: CurrentUser, ctx: Ctx) -> EndpointOut:
     with ctx.db.session() as session:
         view = endpoints.create(ctx, session, owner=session.merge(user), request=body)
-        return _out(view, str(request.base_url), [])
+        return _out(view, str(request.base_url), [], ctx.engine_loads)
 
 
 @router.get("", response_model=list[EndpointOut])
@@ -121,7 +142,7 @@ def list_endpoints(
 ) -> list[EndpointOut]:
     with ctx.db.session() as session:
         return [
-            _out(view, str(request.base_url), _usage(session, view.endpoint.id))
+            _out(view, str(request.base_url), _usage(session, view.endpoint.id), ctx.engine_loads)
             for view in endpoints.list_for(session, user, stopped=stopped)
         ]
 
@@ -130,14 +151,14 @@ def list_endpoints(
 def get(endpoint_id: str, request: Request, user: CurrentUser, ctx: Ctx) -> EndpointOut:
     with ctx.db.session() as session:
         view = endpoints.view(session, endpoints.get(session, user, endpoint_id))
-        return _out(view, str(request.base_url), _usage(session, endpoint_id))
+        return _out(view, str(request.base_url), _usage(session, endpoint_id), ctx.engine_loads)
 
 
 @router.delete("/{endpoint_id}", response_model=EndpointOut, responses=NOT_FOUND)
 def delete(endpoint_id: str, request: Request, user: CurrentUser, ctx: Ctx) -> EndpointOut:
     with ctx.db.session() as session:
         view = endpoints.delete(session, session.merge(user), endpoint_id)
-        return _out(view, str(request.base_url), _usage(session, endpoint_id))
+        return _out(view, str(request.base_url), _usage(session, endpoint_id), ctx.engine_loads)
 
 
 @router.get("/{endpoint_id}/logs", responses=NOT_FOUND | errors(422), status_code=307)

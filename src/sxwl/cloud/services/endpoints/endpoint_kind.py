@@ -10,6 +10,7 @@ from sqlalchemy.orm import Session
 from sxwl.cloud.db.endpoint_models import Endpoint, EndpointReplica
 from sxwl.cloud.db.models import AttemptLog, Job, JobState
 from sxwl.cloud.db.types import utcnow
+from sxwl.cloud.services.endpoints import replacement
 from sxwl.cloud.services.jobs.job_kinds import Kind
 from sxwl.protocol.reasons import Reason
 
@@ -44,10 +45,15 @@ class EndpointKind(Kind):
     def attempt_ended(
         self, session: Session, job: Job, state: JobState, reason: Reason | None
     ) -> tuple[JobState, Reason | None]:
-        return state, reason  # the agent's reason: the engine's last lines when it gave up
+        """A replica that served and failed is replaced (replacement.py); the agent's reason, the
+        engine's last lines when it gave up, stays the failed job's."""
+        if state == JobState.FAILED:
+            reason = replacement.replace(session, job, reason)
+        return state, reason
 
     def requeued(self, session: Session, job: Job, lost_attempt: int, why: Reason) -> None:
-        """Nothing: the endpoint shows degraded until the new attempt serves."""
+        """Nothing: the endpoint shows degraded until the new attempt serves (a lost CPod's replica is
+        requeued as every job is; only a failed one is replaced)."""
 
     def artifact_recorded(
         self, session: Session, job: Job, attempt: int, path: str, size: int, sha256: str

@@ -8,6 +8,7 @@ from __future__ import annotations
 import enum
 import secrets
 from dataclasses import dataclass
+from datetime import datetime
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
@@ -22,9 +23,11 @@ from sxwl.cloud.errors import AppError, invalid
 from sxwl.cloud.services.catalog import model_catalog
 from sxwl.cloud.services.endpoints.endpoint_kind import ENDPOINT
 from sxwl.cloud.services.fleet import cpods
+from sxwl.cloud.services.fleet.engine_loads import EngineLoads, SeenLoad
 from sxwl.cloud.services.jobs import jobs
 from sxwl.cloud.services.jobs.job_kinds import Workload
 from sxwl.cloud.services.money import billing
+from sxwl.protocol import attempt_key
 from sxwl.protocol.endpoints import EndpointRequest, EngineSpec
 from sxwl.protocol.finetune import JobInput
 from sxwl.protocol.jobs import JobIn
@@ -61,21 +64,26 @@ class View:
         return [r.job for r in self.replicas if r.job.state == JobState.RUNNING]
 
 
+def _when(job: Job) -> datetime:
+    """When a job last changed as its endpoint counts it: its end, else its submission."""
+    return job.finished_at or job.created_at
+
+
 def _state(endpoint: Endpoint, replicas: list[Replica]) -> tuple[State, Reason | None]:
     live = [r.job for r in replicas if r.job.state not in TERMINAL_STATES]
     if endpoint.stopped_at is not None:
         return State.STOPPED, None
     if not live:
         failed = [r.job for r in replicas if r.job.state == JobState.FAILED]
-        if failed:
-            return State.FAILED, failed[-1].reason
+        if failed:  # the last to fail says why (an endpoint that gave up: endpoint.gave_up)
+            return State.FAILED, max(failed, key=_when).reason
         return State.STOPPED, replicas[-1].job.reason if replicas else None  # a balance stop, say
     ready = sum(1 for job in live if job.state == JobState.RUNNING)
     if ready == endpoint.replicas:
         return State.READY, None
     if endpoint.ready_at is not None:
-        lost = next((r.job.reason for r in replicas if r.job.state != JobState.RUNNING), None)
-        return State.DEGRADED, lost
+        short = [r.job for r in replicas if r.job.state != JobState.RUNNING]
+        return State.DEGRADED, max(short, key=_when).reason if short else None
     if all(job.state in (JobState.QUEUED, JobState.LOST) for job in live):
         return State.PENDING, live[0].reason  # the scheduler's words: what it waits for
     return State.DEPLOYING, None
@@ -86,11 +94,34 @@ def view(session: Session, endpoint: Endpoint) -> View:
         select(EndpointReplica.replica, Job)
         .join(Job, Job.id == EndpointReplica.job_id)
         .where(EndpointReplica.endpoint_id == endpoint.id)
-        .order_by(EndpointReplica.replica, Job.created_at)
     )
-    replicas = [Replica(index, job) for index, job in rows]
+    # A replaced replica's jobs in the order they ran: its live one last (times may be equal).
+    replicas = sorted(
+        (Replica(index, job) for index, job in rows),
+        key=lambda r: (r.index, r.job.created_at, r.job.state not in TERMINAL_STATES),
+    )
     state, reason = _state(endpoint, replicas)
     return View(endpoint, replicas, state, reason)
+
+
+def load_of(loads: EngineLoads, job: Job) -> SeenLoad | None:
+    """A serving replica's engine load, as its CPod's last heartbeat to this process said."""
+    if job.state != JobState.RUNNING:
+        return None
+    return loads.of(job.cpod_id, attempt_key(job.id, job.attempt))
+
+
+def replicas_named(session: Session, job_ids: list[str]) -> dict[str, tuple[str, int]]:
+    """For the jobs among ``job_ids`` that are endpoint replicas: their endpoint's name and their
+    replica number (1-based), as the provider's 算力详情 names the work on its CPods."""
+    if not job_ids:
+        return {}
+    rows = session.execute(
+        select(EndpointReplica.job_id, Endpoint.name, EndpointReplica.replica)
+        .join(Endpoint, Endpoint.id == EndpointReplica.endpoint_id)
+        .where(EndpointReplica.job_id.in_(job_ids))
+    )
+    return {job_id: (name, index + 1) for job_id, name, index in rows}
 
 
 def _models(session: Session, owner: User, name: str) -> tuple[CatalogModel, CatalogModel | None]:

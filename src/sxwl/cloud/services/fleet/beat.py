@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 from pydantic import TypeAdapter
 
 from sxwl.cloud.db.types import EncodedJSON
 from sxwl.protocol import Heartbeat, Node, attempt_key
+from sxwl.protocol.endpoints import EngineLoad
 from sxwl.protocol.finetune import CachedInput
 
 NODES = TypeAdapter(list[Node])
@@ -26,6 +28,8 @@ class Beat:
     claimed_cpod_id: str | None = None
     # The inputs the CPod holds, encoded; None: this beat did not report them (kept as stored).
     cache: EncodedJSON | None = None
+    # The endpoint replicas' engine loads, by attempt key (services/fleet/engine_loads.py).
+    loads: Mapping[str, EngineLoad] = field(default_factory=dict)
 
     @classmethod
     def of(cls, token: str, hb: Heartbeat) -> Beat:
@@ -37,4 +41,5 @@ class Beat:
             reported_jobs=[attempt_key(j.job_id, j.attempt) for j in hb.jobs],
             claimed_cpod_id=hb.cpod_id,
             cache=None if hb.cache is None else EncodedJSON(CACHE.dump_json(hb.cache).decode()),
+            loads={attempt_key(j.job_id, j.attempt): j.load for j in hb.jobs if j.load is not None},
         )

@@ -19,6 +19,7 @@ from sxwl.cloud.kit.notify import on_commit
 from sxwl.cloud.services.fleet import cpod_tokens
 from sxwl.cloud.services.fleet.beat import Beat
 from sxwl.cloud.services.fleet.cpods import add_event, counted
+from sxwl.cloud.services.fleet.engine_loads import EngineLoads
 from sxwl.protocol import HeartbeatReply, split_attempt_key
 
 _CPODS: Table = CPod.__table__  # type: ignore[assignment]  # a mapped class's table is a Table
@@ -89,14 +90,15 @@ def writer(ctx: CloudContext) -> GroupCommit[Beat, HeartbeatReply]:
 
     def write(beats: Sequence[Beat]) -> list[Outcome]:
         with ctx.db.session() as session:
-            return apply(session, beats)
+            return apply(session, beats, ctx.engine_loads)
 
     return GroupCommit(write)
 
 
-def apply(session: Session, beats: Sequence[Beat]) -> list[Outcome]:
+def apply(session: Session, beats: Sequence[Beat], loads: EngineLoads | None = None) -> list[Outcome]:
     """Authenticates and applies ``beats`` in order; one outcome per beat. Beats of one CPod in one
-    batch are applied in turn, exactly as if they had come one by one."""
+    batch are applied in turn, exactly as if they had come one by one. ``loads``: where the engines'
+    loads an accepted beat carries are kept."""
     hashes = {b.token: hashed for b in beats if (hashed := cpod_tokens.hash_of(b.token)) is not None}
     holders = {
         row.token_hash: _Holder(
@@ -178,6 +180,10 @@ def apply(session: Session, beats: Sequence[Beat]) -> list[Outcome]:
                     "online",
                     counted("cpod.nodes", beats[index].node_count),
                 )
+    if loads is not None:
+        for beat, outcome in zip(beats, outcomes, strict=True):
+            if isinstance(outcome, HeartbeatReply) and outcome.accepted:
+                loads.record(holders[hashes[beat.token]].cpod_id, beat.loads, now)
     if wake:
         on_commit(session).wake_scheduler()
     return outcomes

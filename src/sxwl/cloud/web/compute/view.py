@@ -5,7 +5,7 @@ Everything here reads; renaming and revoking go through ``sxwl.cloud.services.fl
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 
 from sqlalchemy import func, select
@@ -15,6 +15,7 @@ from sxwl.cloud.db.json_rows import NodeRow
 from sxwl.cloud.db.models import CPod, CPodEvent, CPodStatus, User
 from sxwl.cloud.services.fleet import cpods
 from sxwl.cloud.services.money.gpu_summary import GpuSummary, add_up, summarize
+from sxwl.cloud.web.compute.work import WorkView, work_on
 from sxwl.cloud.web.i18n import translate
 from sxwl.cloud.web.i18n.reasons import reason_text
 from sxwl.cloud.web.jobs.view import size
@@ -68,6 +69,7 @@ class CPodView:
     # The CPod's agent cannot isolate jobs: the accounts whose jobs it runs (the provider first).
     # None: it isolates every job.
     unisolated_for: list[str] | None = None
+    work: list[WorkView] = field(default_factory=list)  # what runs there now (work.py)
 
     @property
     def revoked(self) -> bool:
@@ -163,6 +165,7 @@ def cpod_views(session: Session, user: User, now: datetime) -> list[CPodView]:
     """The CPods ``user`` may see (their own; every one for an admin), oldest first."""
     rows = cpods.list_for(session, user)
     events = recent_events(session, [cpod.id for cpod, _ in rows])
+    work = work_on(session, [cpod.id for cpod, _ in rows])
     trusted_ids = {i for cpod, _ in rows for i in cpod.trusted_owner_ids}
     emails = dict(session.execute(select(User.id, User.email).where(User.id.in_(trusted_ids))).all())
     views = []
@@ -188,6 +191,7 @@ def cpod_views(session: Session, user: User, now: datetime) -> list[CPodView]:
                 unisolated_for=None
                 if cpod.isolation == "isolated"
                 else [email, *(emails[i] for i in cpod.trusted_owner_ids if i in emails)],
+                work=work.get(cpod.id, []),
             )
         )
     return views

@@ -19,6 +19,7 @@ from sxwl.cloud.db.types import utcnow
 from sxwl.cloud.errors import AppError
 from sxwl.cloud.services.catalog import model_catalog
 from sxwl.cloud.services.endpoints import endpoints, inference_keys, key_limits, routing
+from sxwl.cloud.services.fleet.engine_loads import SeenLoad
 from sxwl.cloud.web.i18n import translate
 from sxwl.cloud.web.i18n.reasons import reason_text
 from sxwl.cloud.web.kit import JobsViewer, ctx_of, error_page, field_errors, language, redirect, render
@@ -41,6 +42,18 @@ class EndpointRow:
     replicas: int
     requests_today: int
     tokens_today: int
+    load: str  # the serving replicas' engine load, summed ("" when none was reported)
+
+
+def _load(lang: str, seen: list[SeenLoad | None]) -> str:
+    """The engines' requests running and waiting, summed; waiting only where every engine says."""
+    said = [s.load for s in seen if s is not None]
+    if not said:
+        return ""
+    running = sum(load.running for load in said)
+    if any(load.waiting is None for load in said):
+        return translate(lang, "endpoints.load_running", running=running)
+    return translate(lang, "endpoints.load", running=running, waiting=sum(load.waiting or 0 for load in said))
 
 
 @dataclass(frozen=True)
@@ -71,6 +84,7 @@ def _key_row(session: Session, key: InferenceKey) -> KeyRow:
 
 def _rows(request: Request, principal: Principal) -> tuple[list[EndpointRow], list[KeyRow], list[str]]:
     lang, today = language(request), utcnow().strftime("%Y-%m-%d")
+    loads = ctx_of(request).engine_loads
     with ctx_of(request).db.session() as session:
         rows = []
         for view in endpoints.list_for(session, principal.user):
@@ -86,6 +100,7 @@ def _rows(request: Request, principal: Principal) -> tuple[list[EndpointRow], li
                     replicas=view.endpoint.replicas,
                     requests_today=sum(u.requests for u in used),
                     tokens_today=sum(u.prompt_tokens + u.completion_tokens for u in used),
+                    load=_load(lang, [endpoints.load_of(loads, job) for job in view.ready]),
                 )
             )
         keys = [_key_row(session, k) for k in inference_keys.list_for(session, principal.user)]

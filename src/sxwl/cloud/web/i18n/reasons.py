@@ -134,6 +134,8 @@ ZH: dict[str, str] = {
     "ft.requeued_fresh": "第 {attempt} 次尝试丢失（{why}）；已重新排队，将从头开始",
     # endpoints (docs/endpoints.md)
     "endpoint.engine_failed": "推理引擎已退出 {exits} 次，不再重启；最后几行输出：\n{lines}",
+    "endpoint.replacing": "替换失败的副本任务 {job}：{why}",
+    "endpoint.gave_up": "副本 {replica} 在一小时内替换 {times} 次后再次失败，推理服务已停止：{why}",
 }
 
 _BY_LANGUAGE = {"zh": ZH, "en": ENGLISH}
