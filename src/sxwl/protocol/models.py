@@ -180,6 +180,11 @@ class Assignment(Wire):
     nodes: int = Field(ge=1)
     node_names: list[str] = Field(default_factory=list)
     max_runtime_s: int | None = Field(default=None, ge=1)
+    # Cores and memory per node the attempt asked for (a dev environment's ``cpus``, ``memory_gib``):
+    # the local runtime's cgroup quota and limit, a pod's requests and limits; None: the runtime's
+    # defaults. A cloud that predates them sends none.
+    cpus: int | None = Field(default=None, ge=1)
+    memory_mib: int | None = Field(default=None, ge=1)
     # The attempt's own credential for its pods' artifact uploads (docs/agent.md, "Artifacts from
     # pods"); a cloud that predates it sends none. Never shown by repr, so never in a log line.
     upload_token: str | None = Field(default=None, repr=False)

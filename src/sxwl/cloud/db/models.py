@@ -218,6 +218,10 @@ class Job(Base):
     gpus_per_node: Mapped[int] = mapped_column(Integer)
     nodes: Mapped[int] = mapped_column(Integer)
     max_runtime_s: Mapped[int | None] = mapped_column(Integer)
+    # Cores and memory per node it asked for (a dev environment's; migration 0020): placed only on
+    # nodes that have them, enforced by the runtime; None: the runtime's defaults, billed as 1 core.
+    cpus: Mapped[int | None] = mapped_column(Integer)
+    memory_mib: Mapped[int | None] = mapped_column(Integer)
     pinned_cpod_id: Mapped[str | None] = mapped_column(String(32))
     priority: Mapped[int] = mapped_column(Integer, default=0)
     max_attempts: Mapped[int] = mapped_column(Integer, default=3)

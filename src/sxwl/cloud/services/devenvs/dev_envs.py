@@ -118,6 +118,8 @@ def create(ctx: CloudContext, session: Session, *, owner: User, request: DevEnvI
         state=DevEnvState.ACTIVE,
         gpu_product=request.gpu_product,
         gpus=request.gpus,
+        cpus=request.cpus,
+        memory_gib=request.memory_gib,
         image=request.image,
         mounts=mounts,
         inputs=inputs,
@@ -150,7 +152,13 @@ def _submit(
         gpus_per_node=env.gpus,
         cpod_id=cpod_id,
     )
-    workload = Workload(DEV_ENV, inputs=[*env.inputs, *(restored or [])], dev_env_id=env.id)
+    workload = Workload(
+        DEV_ENV,
+        inputs=[*env.inputs, *(restored or [])],
+        dev_env_id=env.id,
+        cpus=env.cpus,
+        memory_mib=env.memory_gib * 1024 if env.memory_gib else None,
+    )
     job = jobs.submit(ctx, session, owner, spec, workload)  # refuses (402) a balance that cannot pay
     env.job_id = job.id
     return job

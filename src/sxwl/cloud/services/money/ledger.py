@@ -29,6 +29,8 @@ PROVIDER_AVAILABLE = "provider_available"
 PLATFORM_FEES = "platform_fees"
 PLATFORM_TOP_UPS = "platform_top_ups"
 PLATFORM_PAYOUTS = "platform_payouts"
+# What saved dev environment workspaces earned the platform, which stores them (no provider's share).
+PLATFORM_STORAGE = "platform_storage"
 _OWNED = frozenset({USER_CASH, PROVIDER_PENDING, PROVIDER_AVAILABLE})
 
 

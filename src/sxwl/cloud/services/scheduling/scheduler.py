@@ -22,7 +22,7 @@ from sxwl.cloud.db.money_models import PriceResource
 from sxwl.cloud.db.types import utcnow
 from sxwl.cloud.kit.notify import on_commit
 from sxwl.cloud.services.money import ledger
-from sxwl.cloud.services.money.prices import FREE, PriceBook, Rate, price_book
+from sxwl.cloud.services.money.prices import FREE, PriceBook, Rate, cpu_units, price_book
 from sxwl.cloud.services.scheduling.capacity import CapacityCache, Hold
 from sxwl.cloud.services.scheduling.placement import Need, Placement, Pool, never_fits, why_not
 from sxwl.protocol.money import yuan_text
@@ -55,6 +55,8 @@ class Queued:
     trainer: dict[str, Any] | None
     dev_env_id: str | None
     engine: dict[str, Any] | None
+    cpus: int | None
+    memory_mib: int | None
 
 
 _QUEUED_COLUMNS = (
@@ -73,6 +75,8 @@ _QUEUED_COLUMNS = (
     Job.trainer,
     Job.dev_env_id,
     Job.engine,
+    Job.cpus,
+    Job.memory_mib,
 )
 
 
@@ -198,6 +202,8 @@ def _decide(
             trainer=job.trainer is not None,
             dev_env=job.dev_env_id is not None,
             engine=job.engine is not None,
+            cpus=job.cpus,
+            memory_mib=job.memory_mib,
         )
         total = job.gpus_per_node * job.nodes
         limit = limits.get(job.owner_id) or ctx.settings.default_user_max_gpus
@@ -302,8 +308,8 @@ def _attempt_row(
         "gpus": gpus,
         "assigned_at": now,
         "resource": resource.value,
-        # CPU-only work is billed one core per node until jobs can ask for cores.
-        "units": gpus if resource == PriceResource.GPU else job.nodes,
+        # CPU-only work is billed per core it asked for (one per node when it asked for none).
+        "units": gpus if resource == PriceResource.GPU else cpu_units(job.cpus, job.nodes),
         "gpu_product": product,
         "price_per_hour": rate.price_per_hour,
         "fee_bp": rate.fee_bp,
