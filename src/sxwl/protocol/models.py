@@ -206,16 +206,19 @@ class Assignment(Wire):
 
 
 class Command(Wire):
-    """Stop one job attempt; ``reason`` says why (cancelled by its user, fenced after a requeue)."""
+    """Stop one job attempt; ``reason`` says why (cancelled by its user, fenced after a requeue).
+    ``forget_workspace``: remove a stopped dev environment's workspace (``workspace``, its id) from
+    the CPod; its job and attempt are the environment's last, already ended."""
 
     id: int
-    kind: Literal["stop"]
+    kind: Literal["stop", "forget_workspace"]
     job_id: str
     attempt: int
     cancel: bool = False
     reason: str | None = None
     # Seconds between SIGTERM and SIGKILL; None: the agent's own --stop-grace.
     grace_s: float | None = None
+    workspace: str | None = Field(default=None, pattern=r"^[A-Za-z0-9]{1,32}$")
 
 
 class AssignmentsReply(Wire):

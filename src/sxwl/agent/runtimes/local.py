@@ -21,12 +21,14 @@ from pathlib import Path
 
 from sxwl.agent.inputs import READ_ONLY_DIR, materialise, writable_tree
 from sxwl.agent.runtimes.base import RECORD_FILE, AttemptDirs, AttemptRecord, Outcome
+from sxwl.agent.runtimes.bounds import JobBounds
 from sxwl.agent.runtimes.cgroups import NONE, Cgroups
 from sxwl.agent.runtimes.engine_local import engine_command
 from sxwl.agent.runtimes.jupyter import (
     RUN_DIR,
     SOCKET,
     SSH_SOCKET,
+    forget_workspace,
     jupyter_command,
     save_workspace,
     workspace,
@@ -181,6 +183,9 @@ class LocalRuntime(AttemptDirs[LocalJob]):
 
     # ---- lifecycle -------------------------------------------------------------------------------
 
+    def forget_workspace(self, workspace: str) -> bool:
+        return forget_workspace(self.state_dir, workspace)
+
     def knows(self, job_id: str, attempt: int) -> bool:
         return self.workdir(job_id, attempt).exists()
 
@@ -237,7 +242,8 @@ class LocalRuntime(AttemptDirs[LocalJob]):
             SXWL_ATTEMPT=str(assignment.attempt),
         )
         cgroup = self.cgroup_name(assignment.job_id, assignment.attempt)
-        proc = self.launch(workdir, paths, command, env, uid, gpus, cgroup)
+        bounds = self.setup.bounds.for_attempt(assignment.cpus, assignment.memory_mib)
+        proc = self.launch(workdir, paths, command, env, uid, gpus, cgroup, bounds)
         job = LocalJob(
             job_id=assignment.job_id,
             attempt=assignment.attempt,
@@ -302,12 +308,14 @@ class LocalRuntime(AttemptDirs[LocalJob]):
         uid: int | None,
         gpus: list[int],
         cgroup: str,
+        bounds: JobBounds | None = None,
     ) -> subprocess.Popen[bytes]:
-        """Starts the launcher of one attempt (or of the start-up check), in a session of its own."""
+        """Starts the launcher of one attempt (or of the start-up check), in a session of its own;
+        ``bounds``: the attempt's own (the CPod's, narrowed to what it asked for)."""
         procs: list[str] = []
         if self.cgroups.usable:
             try:
-                procs = [str(p) for p in self.cgroups.create(cgroup, self.setup.bounds)]
+                procs = [str(p) for p in self.cgroups.create(cgroup, bounds or self.setup.bounds)]
             except OSError as exc:
                 raise RuntimeError(f"cannot make the job's cgroup: {exc.strerror or exc}") from None
         slirp = self.setup.slirp4netns if self.isolation.isolated else None

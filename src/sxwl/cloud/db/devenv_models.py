@@ -55,6 +55,9 @@ class DevEnv(Base):
     saved: Mapped[StoredInput | None] = mapped_column(JSON)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
     stopped_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
+    # When its CPod was told to remove its workspace, once it was stopped and its last job ended
+    # (services/devenvs/cleanup.py; migration 0020).
+    workspace_forgotten_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
 
 
 class SshKey(Base):

@@ -4,6 +4,7 @@ job with one conditional update (invariant 3, docs/architecture.md), and say why
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import itertools
 from collections import defaultdict
 from collections.abc import Iterator, Sequence
@@ -198,7 +199,7 @@ def _decide(
             job.pinned_cpod_id,
             image=bool(job.image),
             owner_id=job.owner_id if restricted else None,
-            inputs=_input_sizes(job.inputs),
+            inputs=input_sizes(job.inputs),
             trainer=job.trainer is not None,
             dev_env=job.dev_env_id is not None,
             engine=job.engine is not None,
@@ -244,7 +245,18 @@ def _decide(
     return writes
 
 
-def _input_sizes(inputs: list[StoredInput]) -> tuple[tuple[str, int], ...]:
+def room_now(ctx: CloudContext, session: Session, need: Need, owner_id: str) -> Placement | None:
+    """Where a job of ``need`` would be placed now, taking nothing: for a request that chooses
+    between waiting for one CPod and going to another (a dev environment's resume)."""
+    with ctx.capacity.lock:
+        pool = ctx.capacity.refresh(session)
+        if pool.restricted:
+            need = dataclasses.replace(need, owner_id=owner_id)
+        products = frozenset(price_book(session).gpu) if ctx.settings.billing_enabled else None
+        return pool.place(need, products)
+
+
+def input_sizes(inputs: list[StoredInput]) -> tuple[tuple[str, int], ...]:
     """(sha256, size) once per content: an input listed under two names is held, or not, once."""
     if not inputs:  # most jobs: nothing more to do
         return ()
