@@ -15,7 +15,15 @@ from sqlalchemy.orm import Session
 
 from sxwl.cloud.context import CloudContext
 from sxwl.cloud.db.devenv_models import DevEnv, DevEnvState
-from sxwl.cloud.db.models import FORGET_WORKSPACE, TERMINAL_STATES, AgentCommand, Artifact, CPod, Job
+from sxwl.cloud.db.models import (
+    FORGET_WORKSPACE,
+    TERMINAL_STATES,
+    AgentCommand,
+    Artifact,
+    CPod,
+    Job,
+    JobAttempt,
+)
 from sxwl.cloud.db.types import utcnow
 from sxwl.cloud.kit.notify import on_commit
 from sxwl.cloud.storage import Artifact as Stored
@@ -27,10 +35,11 @@ BATCH = 500  # environments or tars per sweep: the next sweep takes the rest
 
 
 def forget_stopped(session: Session) -> list[str]:
-    """Tells the CPod of each stopped environment whose last job has ended to remove its workspace,
-    once; the environments' ids. A revoked CPod's agent can no longer be told anything."""
+    """Tells every CPod that ran a stopped environment whose last job has ended (a resumed one ran
+    on several) to remove its workspace, once; the environments' ids. A revoked CPod's agent can no
+    longer be told anything."""
     found = session.execute(
-        select(DevEnv.id, DevEnv.job_id, DevEnv.cpod_id, Job.attempt)
+        select(DevEnv.id, DevEnv.job_id, Job.attempt)
         .join(Job, Job.id == DevEnv.job_id)
         .where(
             DevEnv.state == DevEnvState.STOPPED,
@@ -40,7 +49,7 @@ def forget_stopped(session: Session) -> list[str]:
         .limit(BATCH)
     ).all()
     told = []
-    for env_id, job_id, cpod_id, attempt in found:
+    for env_id, job_id, attempt in found:
         won = session.execute(
             update(DevEnv)
             .where(DevEnv.id == env_id, DevEnv.workspace_forgotten_at.is_(None))
@@ -48,20 +57,24 @@ def forget_stopped(session: Session) -> list[str]:
         )
         if not won.rowcount:  # type: ignore[attr-defined]  # another replica's sweep took it
             continue
-        cpod = session.get(CPod, cpod_id) if cpod_id else None
-        if cpod is None or cpod.revoked_at is not None or job_id is None:
-            continue
-        session.add(
-            AgentCommand(
-                cpod_id=cpod.id,
+        ran_on = session.scalars(
+            select(CPod.id)
+            .join(JobAttempt, JobAttempt.cpod_id == CPod.id)
+            .join(Job, Job.id == JobAttempt.job_id)
+            .where(Job.dev_env_id == env_id, CPod.revoked_at.is_(None))
+            .distinct()
+        ).all()
+        for cpod_id in ran_on:
+            command = AgentCommand(
+                cpod_id=cpod_id,
                 kind=FORGET_WORKSPACE,
                 job_id=job_id,
                 attempt=attempt,
                 reason="dev environment stopped",
                 workspace=env_id,
             )
-        )
-        on_commit(session).wake_cpod(cpod.id)
+            session.add(command)
+            on_commit(session).wake_cpod(cpod_id)
         told.append(env_id)
     return told
 
