@@ -104,9 +104,9 @@ def test_cores_and_memory_are_checked_placed_enforced_and_billed_per_core(world:
         refused = create(name="bad", **{field: value})
         assert refused.status_code == 422, refused.text
         assert field in json.dumps(refused.json()["error"]["details"]), refused.text
-    _price(world, "cpu", CPU_PRICE)
 
-    # More cores than any node has: it says so while it waits, and starts nothing.
+    # More cores than any node has: it says so while it waits (before the price: no node would ever
+    # do, whatever it cost), and starts nothing.
     huge = create(name="huge", cpus=MAX_CPUS).json()
     waiting = eventually(
         lambda: (e := _env(world, huge["id"]))["reason"] and "CPU cores" in e["reason"] and e,
@@ -116,6 +116,7 @@ def test_cores_and_memory_are_checked_placed_enforced_and_billed_per_core(world:
     assert waiting["reason"] == f"no online CPod offers a CPU-only node with {MAX_CPUS} CPU cores"
     assert httpx.delete(f"{world.url}/api/v1/dev-envs/{huge['id']}", headers=world.user).status_code == 200
 
+    _price(world, "cpu", CPU_PRICE)
     (cpod,) = httpx.get(f"{world.url}/api/v1/cpods", headers=world.provider).json()
     cores = min(2, cpod["nodes"][0]["cpu_cores"])
     created = create(name="cores", cpus=cores, memory_gib=1)

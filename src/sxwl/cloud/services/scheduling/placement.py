@@ -183,7 +183,14 @@ class Pool:
             entries = self._fitting(need, products)
             if refused:
                 entries = (entry for entry in entries if entry[1] not in refused)
+            if need.cpus or need.memory_mib:  # the index orders by free GPUs only
+                entries = (entry for entry in entries if self._big_enough(entry, need))
         return _best(entries, need)
+
+    def _big_enough(self, entry: Entry, need: Need) -> bool:
+        """Whether the node of an index entry has the cores and memory ``need`` asks for."""
+        node = next(n for n in self.cpods[entry[1]].nodes if n.name == entry[2])
+        return _fits(node, need, free=False)
 
     def product_of(self, placement: Placement) -> str | None:
         """The GPU product of a placement's nodes (one product per placement: nodes fit by it)."""
