@@ -85,6 +85,11 @@ def _cgroup_value(name: str, *files: str) -> str | None:
     return None
 
 
+def _online(world: World, count: int) -> list[dict[str, Any]] | None:
+    found: list[dict[str, Any]] = httpx.get(f"{world.url}/api/v1/cpods", headers=world.provider).json()
+    return found if len(found) == count and all(c["status"] == "online" for c in found) else None
+
+
 def _write_note(world: World, env_id: str, text: str) -> httpx.Client:
     browser = world.console("dev@example.com")
     base = f"/dev/{env_id}"
@@ -105,6 +110,8 @@ def test_cores_and_memory_are_checked_placed_enforced_and_billed_per_core(world:
         assert refused.status_code == 422, refused.text
         assert field in json.dumps(refused.json()["error"]["details"]), refused.text
 
+    (cpod,) = eventually(lambda: _online(world, 1), timeout=120, what="the CPod online")
+
     # More cores than any node has: it says so while it waits (before the price: no node would ever
     # do, whatever it cost), and starts nothing.
     huge = create(name="huge", cpus=MAX_CPUS).json()
@@ -117,7 +124,6 @@ def test_cores_and_memory_are_checked_placed_enforced_and_billed_per_core(world:
     assert httpx.delete(f"{world.url}/api/v1/dev-envs/{huge['id']}", headers=world.user).status_code == 200
 
     _price(world, "cpu", CPU_PRICE)
-    (cpod,) = httpx.get(f"{world.url}/api/v1/cpods", headers=world.provider).json()
     cores = min(2, cpod["nodes"][0]["cpu_cores"])
     created = create(name="cores", cpus=cores, memory_gib=1)
     assert created.status_code == 201, created.text
@@ -133,8 +139,8 @@ def test_cores_and_memory_are_checked_placed_enforced_and_billed_per_core(world:
         assert quota in (f"{cores * CPU_PERIOD_US} {CPU_PERIOD_US}", str(cores * CPU_PERIOD_US)), quota
         assert _cgroup_value(name, "memory.max", "memory.limit_in_bytes") == str(2**30)
 
-    page = world.console("dev@example.com").get("/dev-envs", headers={"Accept-Language": "en"})
-    assert f"{cores} cores · 1 GiB" in page.text
+    page = world.console("dev@example.com").get("/dev-envs")  # zh-CN, the console's default
+    assert f"{cores} 核 · 1 GiB" in page.text
 
     assert httpx.post(f"{world.url}/api/v1/dev-envs/{env_id}/pause", headers=world.user).status_code == 200
     paused = eventually(
@@ -222,17 +228,7 @@ def test_storage_is_charged_daily_a_full_cpod_is_left_and_a_stopped_env_leaves_n
         what="the job holding the first CPod's GPU",
     )
     world.others.append(world.start_agent("agent-b", "dev-b"))
-    eventually(
-        lambda: (
-            len(httpx.get(f"{world.url}/api/v1/cpods", headers=world.provider).json()) == 2
-            and all(
-                c["status"] == "online"
-                for c in httpx.get(f"{world.url}/api/v1/cpods", headers=world.provider).json()
-            )
-        ),
-        timeout=30,
-        what="the second CPod online",
-    )
+    eventually(lambda: _online(world, 2), timeout=120, what="the second CPod online")
     resumed = httpx.post(f"{world.url}/api/v1/dev-envs/{env_id}/resume", headers=world.user)
     assert resumed.status_code == 200, resumed.text
     moved = eventually(lambda: _status_is(world, env_id, "running"), timeout=90, what="it to run elsewhere")

@@ -263,7 +263,7 @@ def check_ledger(data_dir: DataDir = Path(".sxwl")) -> None:
             f"[red]cached balance differs[/] {account}: cached {cached}, entries sum to {summed} (micro-yuan)"
         )
     for key in report.unlined:
-        out.print(f"[red]usage lines differ from their transaction[/] {key}")
+        out.print(f"[red]usage lines (a storage charge) differ from their transaction[/] {key}")
     if not report.ok:
         raise CliError(
             f"the ledger does not balance: {len(report.unbalanced)} transaction(s), "
