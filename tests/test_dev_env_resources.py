@@ -24,6 +24,7 @@ from sxwl.cloud.db.types import utcnow
 from sxwl.cloud.services.devenvs import storage
 from sxwl.cloud.services.money import ledger
 from sxwl.protocol.devenvs import MAX_CPUS
+from sxwl.protocol.money import cost
 from tests.support.agent import eventually
 from tests.support.metering import context
 from tests.test_dev_envs import PRODUCT, World
@@ -156,7 +157,8 @@ def test_cores_and_memory_are_checked_placed_enforced_and_billed_per_core(world:
     # Billed per core-second at the CPU price: its cores are the units of its one usage line.
     charged = eventually(line, timeout=30, what="its usage rated into the ledger")
     assert charged["resource"] == "cpu" and charged["units"] == cores
-    assert charged["gross"] == cores * charged["usage_us"] // 1_000_000 > 0  # 1 CNY a core-second
+    assert charged["unit_price"] == int(CPU_PRICE) * 1_000_000
+    assert charged["gross"] == cost(cores, charged["unit_price"], charged["usage_us"]) > 0
     assert paused["cost"] == charged["gross"]
     _ledger_ok(world)
     assert httpx.delete(f"{world.url}/api/v1/dev-envs/{env_id}", headers=world.user).status_code == 200
