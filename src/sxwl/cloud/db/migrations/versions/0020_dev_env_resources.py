@@ -16,7 +16,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision = "0020"
-down_revision = "0018"  # TEMP: set back to "0019"
+down_revision = "0019"
 branch_labels = None
 depends_on = None
 
