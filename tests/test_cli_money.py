@@ -104,7 +104,9 @@ def test_bad_input_is_refused_naming_the_flag_and_changes_nothing(cli: Cli) -> N
         (("payout", "--email", PROVIDER, "--amount", "1", "--reference", " "), "--reference: must not"),
         (("prices", "set", "--product", PRODUCT, "--price", "1", "--fee", "150"), "--fee"),
         (("prices", "set", "--product", PRODUCT, "--price", "-1", "--fee", "10"), "--price"),
-        (("prices", "set", "--price", "1", "--fee", "10"), "--product or --cpu"),
+        (("prices", "set", "--price", "1", "--fee", "10"), "--product, --cpu or --storage"),
+        (("prices", "set", "--cpu", "--storage", "--price", "1"), "--product, --cpu or --storage"),
+        (("prices", "set", "--cpu", "--price", "1"), "--fee: give the platform's fee"),
         (("payout", "--email", PROVIDER, "--amount", "1", "--reference", "r"), "--amount: is more than"),
         (("payout", "--email", USER, "--amount", "1", "--reference", "r"), "--email: no provider"),
     ]
@@ -154,8 +156,11 @@ def test_money_from_prices_to_payout(cli: Cli) -> None:
     assert code == 0 and "7.20 CNY per GPU-hour" in output
     cli.env["SXWL_ADMIN_EMAIL"] = ADMIN  # the environment names the admin as well as --as
     assert cli.admin("prices", "set", "--cpu", "--price", "0.5", "--fee", "10", actor=None)[0] == 0
+    code, output = cli.admin("prices", "set", "--storage", "--price", "0.02", actor=None)
+    assert code == 0 and "0.02 CNY per GiB-day of saved workspace, fee 100" in output, output
     listed = cli.read("prices")[1]
     assert PRODUCT in listed and "7.20 / GPU-hour" in listed and "0.50 / core-hour" in listed
+    assert "0.02 / GiB-day" in listed and "saved workspaces" in listed
     assert ADMIN in listed  # who set them (and when)
     code, output = cli.admin("top-up", "--email", USER, "--amount", "100", "--idempotency-key", "k1")
     assert code == 0 and "balance now 100.00 CNY" in output

@@ -184,6 +184,14 @@ def test_prices_empty_state_set_list_and_remove(client: TestClient) -> None:
     again = post_form(admin, "/admin/prices", "/admin/prices/remove", resource="gpu", product=PRODUCT)
     assert again.status_code == 422 and "没有这个定价。" in again.text
 
+    # Saved workspaces: a price per GiB-day, all the platform's whatever fee is typed.
+    assert set_price(admin, "", price="0.02", fee="0", resource="storage").status_code == 303
+    row = re.search(r'<tr data-product="storage">(.*?)</tr>', admin.get("/admin/prices").text, re.S)
+    assert row and "已保存的工作区" in row.group(1) and "¥0.02" in row.group(1) and "100%" in row.group(1)
+    assert {p["unit"] for p in admin.get("/api/v1/admin/prices").json()} == {"core-hour", "GiB-day"}
+    removed = post_form(admin, "/admin/prices", "/admin/prices/remove", resource="storage", product="")
+    assert removed.headers["location"] == "/admin/prices?notice=price_removed"
+
 
 @pytest.mark.parametrize(
     ("fields", "field", "message"),

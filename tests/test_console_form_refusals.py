@@ -257,6 +257,16 @@ def create_dev_env(world: World) -> None:
     browser = world.browser("dev@example.com")
     response = post(browser, "/dev-envs", "/dev-envs", name="kept-name", gpus="-1")
     in_place(response, "/dev-envs", 422, zh("dev.field_invalid"), 'value="kept-name"')
+    for field in ("cpus", "memory_gib"):
+        response = post(browser, "/dev-envs", "/dev-envs", name="kept-name", **{field: "0"})
+        in_place(
+            response,
+            "/dev-envs",
+            422,
+            zh("dev.field_invalid"),
+            'value="kept-name"',
+            f'name="{field}" value="0"',
+        )
 
 
 def dev_env_actions(world: World) -> None:

@@ -195,3 +195,22 @@ def test_an_endpoint_replica_goes_only_where_an_engine_runs_and_says_why_it_wait
     assert place(need, [kube, local]).cpod_id == "l"  # type: ignore[union-attr]
     serving = CPodCapacity("s", [NodeCapacity("n", A100, 8, 8)], takes_fine_tunes=True, takes_endpoints=True)
     assert place(need, [serving]).cpod_id == "s"  # type: ignore[union-attr]
+
+
+def test_cores_and_memory_per_node_decide_where_a_need_fits_and_why_it_waits() -> None:
+    def node(name: str, cores: int, memory_gib: int) -> NodeCapacity:
+        return NodeCapacity(name, A100, 8, 8, cpu_cores=cores, memory_mib=memory_gib * 1024)
+
+    pool = [CPodCapacity("c1", [node("small", 8, 32)]), CPodCapacity("c2", [node("big", 64, 512)])]
+    assert place(Need(None, 0, 1, cpus=8, memory_mib=32 * 1024), pool) == Placement("c1", ["small"])
+    assert place(Need(None, 0, 1, cpus=9), pool) == Placement("c2", ["big"])
+    assert place(Need(A100, 1, 1, memory_mib=64 * 1024), pool) == Placement("c2", ["big"])
+    assert place(Need(None, 0, 1, cpus=65), pool) is None
+    assert place(Need(None, 0, 1, cpus=9, cpod_id="c1"), pool) is None
+    assert english(why_not(Need(None, 0, 1, cpus=65), pool, None)) == (
+        "no online CPod offers a CPU-only node with 65 CPU cores"
+    )
+    too_much = Need(A100, 2, 1, cpus=4, memory_mib=1024 * 1024)
+    assert english(why_not(too_much, pool, None)) == (
+        f"no online CPod offers 2 × {A100} with 4 CPU cores with 1024 GiB of memory"
+    )

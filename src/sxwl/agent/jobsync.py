@@ -18,10 +18,10 @@ from sxwl.agent import engine_probe
 from sxwl.agent.client import CloudClient, LogGap, Rejected, Stale, Unreachable
 from sxwl.agent.input_grants import InputGrants
 from sxwl.agent.inputs import InputCache, InputError
-from sxwl.agent.runtimes.base import J, Runtime
+from sxwl.agent.runtimes.base import J, KeepsWorkspaces, Runtime
 from sxwl.agent.status_report import could_not_start, status
 from sxwl.agent.tenant_files import OutputTree
-from sxwl.protocol import AgentJobState, Assignment, AssignmentsReply, JobReport
+from sxwl.protocol import AgentJobState, Assignment, AssignmentsReply, Command, JobReport
 from sxwl.protocol.finetune import CHECKPOINT_DIR, CachedInput, JobInput
 from sxwl.protocol.models import attempt_key
 from sxwl.protocol.reasons import Reason, english
@@ -134,6 +134,9 @@ class JobSync(Generic[J]):
                 job.reported_state = "starting"
             self.runtime.save(job)
         for command in reply.commands:
+            if command.kind == "forget_workspace":
+                await self._forget_workspace(command)
+                continue
             fetching = self.preparing.pop(attempt_key(command.job_id, command.attempt), None)
             if fetching is not None:
                 # Never started: end the fetch, and say so instead of starting the job.
@@ -154,6 +157,17 @@ class JobSync(Generic[J]):
                 grace_s=command.grace_s,
             )
             await self.client.ack(self.token, command.id)
+
+    async def _forget_workspace(self, command: Command) -> None:
+        """A stopped dev environment's workspace, removed from this CPod (docs/dev-envs.md)."""
+        runtime, workspace = self.runtime, command.workspace
+        if (
+            workspace is not None
+            and isinstance(runtime, KeepsWorkspaces)
+            and await asyncio.to_thread(runtime.forget_workspace, workspace)
+        ):
+            log.info("removed the workspace of stopped dev environment %s", workspace)
+        await self.client.ack(self.token, command.id)
 
     # ---- attempts with inputs ------------------------------------------------------------------
 

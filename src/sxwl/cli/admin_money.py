@@ -179,13 +179,12 @@ def list_prices(ctx: typer.Context, data_dir: DataDir = Path(".sxwl")) -> None:
         if not rows:
             out.print("No prices yet: nothing is placed until one is set (`sxwl admin prices set`).")
             return
-        table = Table("resource", "product", "CNY per unit-hour", "fee %", "set at (UTC)", "by")
+        table = Table("resource", "product", "CNY per unit", "fee %", "set at (UTC)", "by")
         for row, by in rows:
-            unit = "core-hour" if row.resource == PriceResource.CPU else "GPU-hour"
             table.add_row(
                 row.resource.value,
-                row.product or "CPU cores",
-                f"{money_text(row.price_per_hour)} / {unit}",
+                row.product or ("saved workspaces" if row.resource == PriceResource.STORAGE else "CPU cores"),
+                f"{money_text(row.price_per_hour)} / {prices.UNITS[row.resource]}",
                 percent_text(row.fee_bp),
                 row.updated_at.strftime("%Y-%m-%d %H:%M"),
                 by.email if by else "-",
@@ -195,42 +194,60 @@ def list_prices(ctx: typer.Context, data_dir: DataDir = Path(".sxwl")) -> None:
 
 @prices_app.command("set")
 def set_price(
-    price: Annotated[str, typer.Option("--price", help="CNY per GPU-hour (per core-hour with --cpu).")],
-    fee: Annotated[str, typer.Option("--fee", help="The platform's fee in percent (0-100).")],
+    price: Annotated[
+        str,
+        typer.Option(
+            "--price", help="CNY per GPU-hour (per core-hour with --cpu, per GiB-day with --storage)."
+        ),
+    ],
+    fee: Annotated[
+        str, typer.Option("--fee", help="The platform's fee in percent (0-100; --storage: always 100).")
+    ] = "",
     product: Annotated[str, typer.Option("--product", help="GPU product, as CPods report it.")] = "",
     cpu: Annotated[bool, typer.Option("--cpu", help="The price per CPU core-hour of CPU-only work.")] = False,
+    storage: Annotated[
+        bool,
+        typer.Option("--storage", help="The price per GiB-day of paused dev environments' saved workspaces."),
+    ] = False,
     actor: Actor = "",
     data_dir: DataDir = Path(".sxwl"),
 ) -> None:
     """Set a price; attempts already placed keep the price they were placed at."""
-    if cpu == bool(product):
-        raise CliError("--product or --cpu: give exactly one", exit_code=2)
+    resource = _resource(product, cpu, storage)
     micro = _yuan("--price", price, MAX_PRICE_YUAN, allow_zero=True)
+    if resource != PriceResource.STORAGE and not fee:
+        raise CliError("--fee: give the platform's fee in percent", exit_code=2)
     try:
-        fee_bp = parse_percent(fee)
+        fee_bp = parse_percent(fee) if resource != PriceResource.STORAGE else 10_000
     except ValueError as exc:
         raise CliError(f"--fee: {exc}", exit_code=2) from None
-    resource = PriceResource.CPU if cpu else PriceResource.GPU
     with _acting(data_dir, actor) as (session, admin):
         prices.set_price(session, admin, resource=resource, product=product, rate=prices.Rate(micro, fee_bp))
-    unit = "CPU core-hour" if cpu else f"GPU-hour of {product}"
+    unit = {PriceResource.CPU: "CPU core-hour", PriceResource.STORAGE: "GiB-day of saved workspace"}.get(
+        resource, f"GPU-hour of {product}"
+    )
     out.print(f"{money_text(micro)} CNY per {unit}, fee {percent_text(fee_bp)} %")
+
+
+def _resource(product: str, cpu: bool, storage: bool) -> PriceResource:
+    if bool(product) + cpu + storage != 1:
+        raise CliError("--product, --cpu or --storage: give exactly one", exit_code=2)
+    return PriceResource.CPU if cpu else PriceResource.STORAGE if storage else PriceResource.GPU
 
 
 @prices_app.command("remove")
 def remove_price(
     product: Annotated[str, typer.Option("--product", help="GPU product whose price is removed.")] = "",
     cpu: Annotated[bool, typer.Option("--cpu", help="Remove the CPU core-hour price.")] = False,
+    storage: Annotated[bool, typer.Option("--storage", help="Remove the storage price (then free).")] = False,
     actor: Actor = "",
     data_dir: DataDir = Path(".sxwl"),
 ) -> None:
-    """Remove a price: work on it is not placed until it is priced again."""
-    if cpu == bool(product):
-        raise CliError("--product or --cpu: give exactly one", exit_code=2)
-    resource = PriceResource.CPU if cpu else PriceResource.GPU
+    """Remove a price: work on it is not placed until it is priced again (saved workspaces: free)."""
+    resource = _resource(product, cpu, storage)
     with _acting(data_dir, actor) as (session, admin):
         prices.set_price(session, admin, resource=resource, product=product, rate=None)
-    out.print(f"removed the price of {product or 'CPU cores'}")
+    out.print(f"removed the price of {product or ('saved workspaces' if storage else 'CPU cores')}")
 
 
 @ledger_app.command("check")
@@ -246,7 +263,7 @@ def check_ledger(data_dir: DataDir = Path(".sxwl")) -> None:
             f"[red]cached balance differs[/] {account}: cached {cached}, entries sum to {summed} (micro-yuan)"
         )
     for key in report.unlined:
-        out.print(f"[red]usage lines differ from their transaction[/] {key}")
+        out.print(f"[red]usage lines (a storage charge) differ from their transaction[/] {key}")
     if not report.ok:
         raise CliError(
             f"the ledger does not balance: {len(report.unbalanced)} transaction(s), "

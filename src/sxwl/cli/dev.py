@@ -13,7 +13,7 @@ from rich.table import Column, Table
 from sxwl.cli import client, ids
 from sxwl.cli.client import CliError, Credentials
 from sxwl.cli.output import listing, out, show, status_text
-from sxwl.protocol.devenvs import DEFAULT_IDLE_TIMEOUT_MIN, MAX_IDLE_TIMEOUT_MIN
+from sxwl.protocol.devenvs import DEFAULT_IDLE_TIMEOUT_MIN, MAX_CPUS, MAX_IDLE_TIMEOUT_MIN, MAX_MEMORY_GIB
 from sxwl.protocol.jobs import MAX_GPUS_PER_NODE
 from sxwl.protocol.money import money_text
 
@@ -55,6 +55,13 @@ def create(
     gpu_product: Annotated[
         str | None, typer.Option("--gpu-product", help="e.g. NVIDIA-A100-SXM4-80GB.")
     ] = None,
+    cpus: Annotated[
+        int | None,
+        typer.Option("--cpus", min=1, max=MAX_CPUS, help="CPU cores (billed per core without GPUs)."),
+    ] = None,
+    memory_gib: Annotated[
+        int | None, typer.Option("--memory-gib", min=1, max=MAX_MEMORY_GIB, help="Memory limit in GiB.")
+    ] = None,
     model: Annotated[list[str] | None, typer.Option("--model", help="A model to mount (repeatable).")] = None,
     file: Annotated[list[str] | None, typer.Option("--file", help="A file id to mount (repeatable).")] = None,
     image: Annotated[str | None, typer.Option("--image", help="Container image (kubernetes CPods).")] = None,
@@ -73,7 +80,8 @@ def create(
         "files": file or [],
         "idle_timeout_min": idle_timeout,
     }
-    body.update({k: v for k, v in {"gpu_product": gpu_product, "image": image}.items() if v is not None})
+    given = {"gpu_product": gpu_product, "image": image, "cpus": cpus, "memory_gib": memory_gib}
+    body.update({k: v for k, v in given.items() if v is not None})
     try:
         env = client.call("POST", PATH, json=body).json()
     except client.ApiError as exc:
@@ -112,13 +120,16 @@ def show_env(env_id: Annotated[str, typer.Argument(help=ID_HELP)]) -> None:
     """One environment: its status, where it runs, what is mounted, what it cost."""
     env = env_by_id(env_id)
     table = Table(Column(no_wrap=True), Column(overflow="fold"), show_header=False, box=None)
-    for key in ("id", "name", "status", "reason", "gpus", "gpu_product", "image", "cpod_id", "job_id",
-                "idle_timeout_min", "created_at", "started_at", "stopped_at"):  # fmt: skip
+    for key in ("id", "name", "status", "reason", "gpus", "gpu_product", "cpus", "memory_gib", "image",
+                "cpod_id", "job_id", "idle_timeout_min", "created_at", "started_at", "stopped_at",
+                "saved_workspace_bytes"):  # fmt: skip
         value = env.get(key)
         if value not in (None, ""):
             table.add_row(key, status_text(value) if key == "status" else escape(str(value)))
     table.add_row("url", f"{Credentials.load().url.rstrip('/')}{env['url']}")
     table.add_row("cost", f"{money_text(env['cost'])} CNY")
+    if env.get("storage_cost"):
+        table.add_row("storage cost", f"{money_text(env['storage_cost'])} CNY (saved workspace)")
     for mount in env["mounts"]:
         table.add_row(mount["kind"], f"{escape(mount['name'])} at {mount['path']}")
     show(table)

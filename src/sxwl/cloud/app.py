@@ -36,6 +36,7 @@ from sxwl.cloud.api.agent import routes as agent
 from sxwl.cloud.api.deps import plain_parameters
 from sxwl.cloud.api.openai import files, fine_tuning, inference, models
 from sxwl.cloud.background import (
+    dev_env_cleanup,
     dev_env_idle,
     listener,
     liveness,
@@ -97,6 +98,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             asyncio.create_task(scheduling.run(ctx), name="scheduling"),
             asyncio.create_task(metering.run(ctx), name="metering"),
             asyncio.create_task(dev_env_idle.run(ctx), name="dev-env-idle"),
+            asyncio.create_task(dev_env_cleanup.run(ctx), name="dev-env-cleanup"),
             asyncio.create_task(notifier_counts.run(), name="notifier-metrics"),
             asyncio.create_task(rate_events.run(ctx), name="rate-events"),
             asyncio.create_task(listener.run(ctx), name="listener"),

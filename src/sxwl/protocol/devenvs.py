@@ -10,6 +10,10 @@ from sxwl.protocol.fields import Name, Strict, Text
 from sxwl.protocol.jobs import MAX_GPUS_PER_NODE
 
 MAX_MOUNTS = 16  # models and files each
+# Cores and memory an environment may ask for: bounds of the request only; whether a CPod offers as
+# much is the scheduler's answer (a queue reason naming the need).
+MAX_CPUS = 1024
+MAX_MEMORY_GIB = 16_384
 MAX_IDLE_TIMEOUT_MIN = 7 * 24 * 60
 DEFAULT_IDLE_TIMEOUT_MIN = 60
 # Where the environment's JupyterLab is served, on the cloud and in the environment alike.
@@ -39,6 +43,9 @@ class DevEnvIn(Strict):
     name: Name = Field(default="dev", min_length=1, max_length=100)
     gpu_product: Name | None = Field(default=None, min_length=1, max_length=128)
     gpus: int = Field(default=0, ge=0, le=MAX_GPUS_PER_NODE)
+    # None: a job's default bounds (billed as one core without GPUs: docs/billing.md).
+    cpus: int | None = Field(default=None, ge=1, le=MAX_CPUS)
+    memory_gib: int | None = Field(default=None, ge=1, le=MAX_MEMORY_GIB)
     image: Text | None = Field(default=None, max_length=500)
     # Names of catalogue models (base models or adapters) and ids of uploaded files, read-only inside.
     models: list[Name] = Field(default_factory=list, max_length=MAX_MOUNTS)

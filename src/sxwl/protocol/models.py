@@ -188,6 +188,11 @@ class Assignment(Wire):
     nodes: int = Field(ge=1)
     node_names: list[str] = Field(default_factory=list)
     max_runtime_s: int | None = Field(default=None, ge=1)
+    # Cores and memory per node the attempt asked for (a dev environment's ``cpus``, ``memory_gib``):
+    # the local runtime's cgroup quota and limit, a pod's requests and limits; None: the runtime's
+    # defaults. A cloud that predates them sends none.
+    cpus: int | None = Field(default=None, ge=1)
+    memory_mib: int | None = Field(default=None, ge=1)
     # The attempt's own credential for its pods' artifact uploads (docs/agent.md, "Artifacts from
     # pods"); a cloud that predates it sends none. Never shown by repr, so never in a log line.
     upload_token: str | None = Field(default=None, repr=False)
@@ -209,16 +214,19 @@ class Assignment(Wire):
 
 
 class Command(Wire):
-    """Stop one job attempt; ``reason`` says why (cancelled by its user, fenced after a requeue)."""
+    """Stop one job attempt; ``reason`` says why (cancelled by its user, fenced after a requeue).
+    ``forget_workspace``: remove a stopped dev environment's workspace (``workspace``, its id) from
+    the CPod; its job and attempt are the environment's last, already ended."""
 
     id: int
-    kind: Literal["stop"]
+    kind: Literal["stop", "forget_workspace"]
     job_id: str
     attempt: int
     cancel: bool = False
     reason: str | None = None
     # Seconds between SIGTERM and SIGKILL; None: the agent's own --stop-grace.
     grace_s: float | None = None
+    workspace: str | None = Field(default=None, pattern=r"^[A-Za-z0-9]{1,32}$")
 
 
 class AssignmentsReply(Wire):

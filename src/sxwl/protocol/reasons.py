@@ -174,6 +174,8 @@ ENGLISH: dict[str, str] = {
     "need.gpus": "{gpus} × {product}",
     "need.gpus_any": "{gpus} × GPU",
     "need.nodes": "{nodes} nodes with {each} each",
+    "need.cores": "{each} with {cpus} CPU cores",
+    "need.memory": "{each} with {memory_gib} GiB of memory",
     # why a queued job waits (the scheduler's words)
     "queue.scheduler": "waiting for the scheduler",
     "queue.pinned_offline": "CPod {cpod} is not online",

@@ -13,7 +13,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Generic, Literal, Protocol, TypeVar
+from typing import Generic, Literal, Protocol, TypeVar, runtime_checkable
 
 from sxwl.agent.forward_targets import Target
 from sxwl.agent.tenant_files import OutputTree
@@ -67,6 +67,15 @@ class AttemptRecord:
 
 
 J = TypeVar("J", bound=AttemptRecord)
+
+
+@runtime_checkable
+class KeepsWorkspaces(Protocol):
+    """A runtime that keeps dev environments' workspaces on the CPod between their attempts."""
+
+    def forget_workspace(self, workspace: str) -> bool:
+        """Removes a stopped environment's workspace; False when this CPod kept none."""
+        ...
 
 
 class Runtime(Protocol[J]):

@@ -1,10 +1,12 @@
-"""What bounds each attempt on a local CPod (docs/agent.md, "Bounds (local runtime)"): its memory
-and its number of processes (a cgroup of its own, and RLIMIT_NPROC on its own uid), the size of its
+"""What bounds each attempt on a local CPod (docs/agent.md, "Bounds (local runtime)"): its memory,
+its CPU time (the cores a dev environment asked for) and its number of processes (a cgroup of its
+own, and RLIMIT_NPROC on its own uid), the size of its
 private /tmp and /dev/shm, and its network (a namespace of its own: loopback only, or outbound
 through slirp4netns)."""
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +29,17 @@ class JobBounds:
     pids: int | None = None  # None: no bound on processes
     tmpfs_bytes: int | None = None  # each of /tmp and /dev/shm; None: the kernel's default
     network: JobNetwork = "loopback"
+    cpus: int | None = None  # cores' worth of CPU time (a cgroup quota); None: no bound
+
+    def for_attempt(self, cpus: int | None, memory_mib: int | None) -> JobBounds:
+        """These bounds (the CPod's, from the agent's flags) narrowed to what one attempt asked for
+        (``Assignment.cpus``, ``memory_mib``): its cores as a CPU quota, its memory where that is
+        less than the CPod's own bound (which an attempt never raises)."""
+        memory = self.memory_bytes
+        if memory_mib is not None:
+            asked = memory_mib * 2**20
+            memory = asked if memory is None else min(memory, asked)
+        return dataclasses.replace(self, memory_bytes=memory, cpus=cpus)
 
     def describe(self) -> str:
         """For the start-up log: the bounds as a provider set them."""

@@ -1,6 +1,6 @@
 """A cgroup per attempt on a local CPod, bounding its memory (its private /tmp and /dev/shm count:
-tmpfs pages are charged to the job that wrote them) and its processes (docs/agent.md, "Bounds
-(local runtime)").
+tmpfs pages are charged to the job that wrote them), its processes and, for an attempt that asked
+for cores, its CPU time (docs/agent.md, "Bounds (local runtime)").
 
 Each hierarchy gets a dir ``sxwl-jobs`` at its root, shared by every agent of the machine, and each
 attempt a cgroup below it named by the agent's tag (from its state dir) and the attempt. On cgroup
@@ -25,6 +25,10 @@ log = logging.getLogger("sxwl.agent.cgroups")
 ROOT = Path("/sys/fs/cgroup")
 BASE = "sxwl-jobs"
 CONTROLLERS = ("memory", "pids")
+# Taken where the kernel lets the agent have it: without it the asked cores go unenforced (a
+# warning says so), which is no reason to run jobs without their memory and process bounds.
+OPTIONAL = ("cpu",)
+CPU_PERIOD_US = 100_000  # the kernel's default period; the quota is the cores times it
 
 
 @dataclass(frozen=True)
@@ -55,8 +59,15 @@ class Cgroups:
         return tuple(procs)
 
     def _limits(self, leaf: Path, bounds: JobBounds) -> list[tuple[str, str]]:
-        memory, pids = bounds.memory_bytes, bounds.pids
+        memory, pids, cpus = bounds.memory_bytes, bounds.pids, bounds.cpus
         limits: list[tuple[str, str]] = []
+        if cpus is not None and (leaf / "cpu.max").exists():  # v2
+            limits.append(("cpu.max", f"{cpus * CPU_PERIOD_US} {CPU_PERIOD_US}"))
+        if cpus is not None and (leaf / "cpu.cfs_quota_us").exists():  # v1
+            limits += [
+                ("cpu.cfs_period_us", str(CPU_PERIOD_US)),
+                ("cpu.cfs_quota_us", str(cpus * CPU_PERIOD_US)),
+            ]
         if self.version == 2:
             if memory is not None:
                 limits.append(("memory.max", str(memory)))
@@ -142,16 +153,24 @@ def _unified(root: Path) -> Cgroups:
     base = root / BASE
     base.mkdir(mode=0o755, exist_ok=True)
     _enable(base, wanted)
+    for controller in (c for c in OPTIONAL if c in available):
+        try:
+            _enable(root, (controller,))
+            _enable(base, (controller,))
+        except OSError as exc:
+            log.warning(
+                "cannot enable the cgroup %s controller for jobs: %s", controller, exc.strerror or exc
+            )
     return Cgroups((base,), 2, "")
 
 
 def _legacy(root: Path) -> Cgroups:
     bases = []
-    for controller in CONTROLLERS:
+    for controller in (*CONTROLLERS, *OPTIONAL):
         if (root / controller).is_dir() and os.access(root / controller, os.W_OK):
             base = root / controller / BASE
             base.mkdir(mode=0o755, exist_ok=True)
             bases.append(base)
-    if not bases:
+    if not any(base.parent.name in CONTROLLERS for base in bases):
         return Cgroups((), 1, f"cannot write the cgroup v1 memory or pids hierarchy under {root}")
     return Cgroups(tuple(bases), 1, "")

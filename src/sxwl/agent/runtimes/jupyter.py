@@ -140,6 +140,16 @@ def workspace(state_dir: Path, spec: DevEnvSpec, uid: int | None, saved: Path | 
     return work
 
 
+def forget_workspace(state_dir: Path, env_id: str) -> bool:
+    """Removes a stopped environment's workspace (``forget_workspace``); False when there was none.
+    Its links are removed, never followed: the tenant made them."""
+    work = state_dir / "workspaces" / env_id
+    if not work.is_dir() or work.is_symlink():
+        return False
+    shutil.rmtree(work)
+    return True
+
+
 def save_workspace(work: Path, output: Path, limit: int | None, uid: int) -> bool:
     """The workspace as a tar among the attempt's outputs (``WORKSPACE_TAR``), which the agent
     uploads as an artifact with the rest, so that another CPod can restore it. Only directories and

@@ -21,19 +21,22 @@ from pathlib import Path
 
 from sxwl.agent.engine_probe import engine_job
 from sxwl.agent.forward_targets import SocketTarget
-from sxwl.agent.inputs import READ_ONLY_DIR, materialise, writable_tree
+from sxwl.agent.inputs import writable_tree
 from sxwl.agent.runtimes.base import RECORD_FILE, AttemptDirs, AttemptRecord, Outcome
+from sxwl.agent.runtimes.bounds import JobBounds
 from sxwl.agent.runtimes.cgroups import NONE, Cgroups
 from sxwl.agent.runtimes.engine_local import engine_command
 from sxwl.agent.runtimes.jupyter import (
     RUN_DIR,
     SOCKET,
     SSH_SOCKET,
+    forget_workspace,
     jupyter_command,
     save_workspace,
     workspace,
 )
 from sxwl.agent.runtimes.launcher import EXIT_FILE, NET_FDS, REASON_FD, REASON_FILE
+from sxwl.agent.runtimes.local_files import place_inputs, process_start_time
 from sxwl.agent.runtimes.sandbox import (
     UID_BASE,
     UID_COUNT,
@@ -68,24 +71,6 @@ class LocalJob(AttemptRecord):
     uid: int | None = None
     # A dev environment's workspace, its work dir kept across attempts (runtimes/jupyter.py).
     work: str | None = None
-
-
-def process_start_time(pid: int) -> str | None:
-    """The kernel's start time of a process: a pid reused by another process does not match it."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return None
-    return fields[19] if fields[0] != "Z" else None
-
-
-def place_inputs(inputs: Mapping[str, Path], placed: Path) -> None:
-    """``placed/<name>`` for each cached input: the job sees these, never the cache (the sandbox
-    hides the state dir), and cannot change them (read-only files, dir and mount)."""
-    placed.mkdir(mode=0o755)
-    for name, source in sorted(inputs.items()):
-        materialise(source, placed / name)
-    os.chmod(placed, READ_ONLY_DIR)
 
 
 NOT_ISOLATED = (
@@ -182,6 +167,9 @@ class LocalRuntime(AttemptDirs[LocalJob]):
 
     # ---- lifecycle -------------------------------------------------------------------------------
 
+    def forget_workspace(self, workspace: str) -> bool:
+        return forget_workspace(self.state_dir, workspace)
+
     def knows(self, job_id: str, attempt: int) -> bool:
         return self.workdir(job_id, attempt).exists()
 
@@ -238,7 +226,8 @@ class LocalRuntime(AttemptDirs[LocalJob]):
             SXWL_ATTEMPT=str(assignment.attempt),
         )
         cgroup = self.cgroup_name(assignment.job_id, assignment.attempt)
-        proc = self.launch(workdir, paths, command, env, uid, gpus, cgroup)
+        bounds = self.setup.bounds.for_attempt(assignment.cpus, assignment.memory_mib)
+        proc = self.launch(workdir, paths, command, env, uid, gpus, cgroup, bounds)
         job = LocalJob(
             job_id=assignment.job_id,
             attempt=assignment.attempt,
@@ -303,12 +292,14 @@ class LocalRuntime(AttemptDirs[LocalJob]):
         uid: int | None,
         gpus: list[int],
         cgroup: str,
+        bounds: JobBounds | None = None,
     ) -> subprocess.Popen[bytes]:
-        """Starts the launcher of one attempt (or of the start-up check), in a session of its own."""
+        """Starts the launcher of one attempt (or of the start-up check), in a session of its own;
+        ``bounds``: the attempt's own (the CPod's, narrowed to what it asked for)."""
         procs: list[str] = []
         if self.cgroups.usable:
             try:
-                procs = [str(p) for p in self.cgroups.create(cgroup, self.setup.bounds)]
+                procs = [str(p) for p in self.cgroups.create(cgroup, bounds or self.setup.bounds)]
             except OSError as exc:
                 raise RuntimeError(f"cannot make the job's cgroup: {exc.strerror or exc}") from None
         slirp = self.setup.slirp4netns if self.isolation.isolated else None

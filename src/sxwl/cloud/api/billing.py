@@ -3,6 +3,7 @@ payouts. Thin: the services hold the rules (services/money/billing.py, earnings.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Annotated, Literal
 
@@ -29,6 +30,8 @@ from sxwl.cloud.db.models import Role, User
 from sxwl.cloud.db.money_models import LedgerTransaction, PriceResource
 from sxwl.cloud.db.types import utcnow
 from sxwl.cloud.errors import AppError, invalid
+from sxwl.cloud.services.devenvs import storage
+from sxwl.cloud.services.devenvs.storage import StorageLine
 from sxwl.cloud.services.money import billing, earnings, prices
 from sxwl.cloud.services.money.billing import StatementRow
 from sxwl.protocol.money import percent_text
@@ -48,9 +51,11 @@ def _month(month: str | None) -> tuple[str, datetime, datetime]:
     return month, start, end
 
 
-def _csv(rows: list[StatementRow], name: str, *, provider: bool = False) -> Response:
+def _csv(
+    rows: list[StatementRow], name: str, *, provider: bool = False, storage_lines: Sequence[StorageLine] = ()
+) -> Response:
     return Response(
-        billing.statement_csv(rows, provider=provider),
+        billing.statement_csv(rows, provider=provider) + storage.csv_rows(list(storage_lines)),
         media_type=CSV_TYPE,
         headers={"Content-Disposition": f'attachment; filename="{name}.csv"', **NO_STORE},
     )
@@ -98,12 +103,18 @@ def statement(
     name, start, end = _month(month)
     with ctx.db.session() as session:
         rows = billing.usage_rows(session, start, end, payer_id=user.id)
+        kept = storage.lines_for(session, user.id, name)
         if format == "csv":
-            return _csv(rows, f"sxwl-statement-{name}")
+            return _csv(rows, f"sxwl-statement-{name}", storage_lines=kept)
         top_ups = [_transaction(session, tx) for tx in billing.top_ups(session, user.id, start, end)]
-    total = sum(r.gross for r in rows)
+    total = sum(r.gross for r in rows) + sum(line.gross for line in kept)
     return StatementOut(
-        month=name, lines=billing.charges(rows), total=total, total_yuan=yuan_str(total), top_ups=top_ups
+        month=name,
+        lines=billing.charges(rows),
+        storage=kept,
+        total=total,
+        total_yuan=yuan_str(total),
+        top_ups=top_ups,
     )
 
 
@@ -164,6 +175,7 @@ def _prices(session: Session) -> list[PriceOut]:
         PriceOut(
             resource=row.resource.value,
             product=row.product,
+            unit=prices.UNITS[row.resource],
             price_per_hour=row.price_per_hour,
             price_per_hour_yuan=yuan_str(row.price_per_hour),
             fee_percent=percent_text(row.fee_bp),

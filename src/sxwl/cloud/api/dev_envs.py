@@ -13,7 +13,7 @@ from sxwl.cloud.api.deps import Ctx, CurrentUser
 from sxwl.cloud.api.responses import SIGNED_IN, WITH_BODY, errors
 from sxwl.cloud.db.devenv_models import DevEnv
 from sxwl.cloud.db.models import Job
-from sxwl.cloud.services.devenvs import dev_envs
+from sxwl.cloud.services.devenvs import dev_envs, storage
 from sxwl.cloud.services.money import billing
 from sxwl.protocol.devenvs import DevEnvIn, base_url
 from sxwl.protocol.reasons import english
@@ -35,6 +35,8 @@ class DevEnvOut(BaseModel):
     reason: str | None
     gpu_product: str | None
     gpus: int
+    cpus: int | None  # cores it asked for (None: a job's defaults; billed as 1 without GPUs)
+    memory_gib: int | None
     image: str | None
     mounts: list[MountOut]
     idle_timeout_min: int
@@ -47,10 +49,12 @@ class DevEnvOut(BaseModel):
     cost: int  # micro-yuan so far, billed while it runs
     cost_per_hour: int
     saved_workspace_bytes: int | None  # its workspace as last saved to the artifact store
+    storage_cost: int  # micro-yuan its saved workspace has cost so far (the storage price per GiB-day)
 
 
 def env_outs(session: Session, rows: list[tuple[DevEnv, Job | None]]) -> list[DevEnvOut]:
     costs = billing.job_costs(session, [job.id for _, job in rows if job is not None])
+    kept = storage.totals(session, [env.id for env, _ in rows])
     outs = []
     for env, job in rows:
         cost = costs.get(job.id) if job is not None else None
@@ -62,6 +66,8 @@ def env_outs(session: Session, rows: list[tuple[DevEnv, Job | None]]) -> list[De
                 reason=english(env.reason or (job.reason if job is not None else None)),
                 gpu_product=env.gpu_product,
                 gpus=env.gpus,
+                cpus=env.cpus,
+                memory_gib=env.memory_gib,
                 image=env.image,
                 mounts=[MountOut(**mount) for mount in env.mounts],
                 idle_timeout_min=env.idle_timeout_min,
@@ -74,6 +80,7 @@ def env_outs(session: Session, rows: list[tuple[DevEnv, Job | None]]) -> list[De
                 cost=cost.cost if cost else 0,
                 cost_per_hour=cost.per_hour if cost else 0,
                 saved_workspace_bytes=env.saved["size"] if env.saved else None,
+                storage_cost=kept.get(env.id, 0),
             )
         )
     return outs

@@ -8,6 +8,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
+from sxwl.cloud.services.devenvs.storage import StorageLine
 from sxwl.cloud.services.money.billing import Charge, StatementRow
 from sxwl.protocol.fields import Name, Strict, Text
 from sxwl.protocol.money import FeePercent, YuanAmount, YuanPrice, yuan
@@ -20,7 +21,9 @@ def yuan_str(micro: int) -> str:
 
 
 class PriceIn(Strict):
-    resource: Literal["gpu", "cpu"] = "gpu"
+    # "storage": saved dev environment workspaces, whose price (``price_per_hour_yuan``) is per
+    # GiB-day and whose fee is always 100 % (the platform stores them; docs/billing.md).
+    resource: Literal["gpu", "cpu", "storage"] = "gpu"
     product: Name = Field(default="", max_length=128)  # a GPU product as CPods report it; "" for CPU
     # Strings, or numbers: "7.20" is exact, a JSON number is taken at its decimal text.
     price_per_hour_yuan: YuanPrice = Field(strict=False)
@@ -36,6 +39,7 @@ class PricesIn(Strict):
 class PriceOut(BaseModel):
     resource: str
     product: str
+    unit: Literal["GPU-hour", "core-hour", "GiB-day"]  # what ``price_per_hour`` is the price of
     price_per_hour: int
     price_per_hour_yuan: str
     fee_percent: str
@@ -81,6 +85,8 @@ class BalanceOut(BaseModel):
 class StatementOut(BaseModel):
     month: str
     lines: list[Charge]
+    # Each day a paused dev environment's saved workspace was kept, at the storage price.
+    storage: list[StorageLine]
     total: int
     total_yuan: str
     top_ups: list[TransactionOut]

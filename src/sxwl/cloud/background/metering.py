@@ -1,5 +1,5 @@
-"""Rates usage, counts GPU time offered, releases held earnings, and stops the work of users whose
-balance is empty."""
+"""Rates usage, charges the day's storage of saved workspaces, counts GPU time offered, releases held
+earnings, and stops the work of users whose balance is empty."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import logging
 import time
 
 from sxwl.cloud.context import CloudContext
+from sxwl.cloud.services.devenvs import storage
 from sxwl.cloud.services.jobs import balance_stop
 from sxwl.cloud.services.money import earnings, metering, offers
 
@@ -21,6 +22,8 @@ def one_round(ctx: CloudContext, release: bool) -> None:
     result = metering.meter_once(ctx)
     if result.rated:
         log.debug("rated %d attempts, %d micro-yuan", result.rated, result.charged)
+    if charged := storage.charge_once(ctx):
+        log.debug("charged %d saved workspaces for today", charged)
     offers.account_once(ctx)
     if release:
         earnings.release_once(ctx)

@@ -35,6 +35,8 @@ class DevEnv(Base):
     state: Mapped[DevEnvState] = mapped_column(str_enum(DevEnvState), default=DevEnvState.ACTIVE)
     gpu_product: Mapped[str | None] = mapped_column(String(128))
     gpus: Mapped[int] = mapped_column(Integer)
+    cpus: Mapped[int | None] = mapped_column(Integer)  # migration 0020; None: a job's defaults
+    memory_gib: Mapped[int | None] = mapped_column(Integer)
     image: Mapped[str | None] = mapped_column(String(500))
     # What is mounted where: [{"kind": "model"|"file", "name": ..., "path": ...}], as the user sees it.
     mounts: Mapped[list[dict[str, str]]] = mapped_column(JSON)
@@ -53,6 +55,9 @@ class DevEnv(Base):
     saved: Mapped[StoredInput | None] = mapped_column(JSON)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
     stopped_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
+    # When its CPod was told to remove its workspace, once it was stopped and its last job ended
+    # (services/devenvs/cleanup.py; migration 0020).
+    workspace_forgotten_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
 
 
 class SshKey(Base):

@@ -218,6 +218,10 @@ class Job(Base):
     gpus_per_node: Mapped[int] = mapped_column(Integer)
     nodes: Mapped[int] = mapped_column(Integer)
     max_runtime_s: Mapped[int | None] = mapped_column(Integer)
+    # Cores and memory per node it asked for (a dev environment's; migration 0020): placed only on
+    # nodes that have them, enforced by the runtime; None: the runtime's defaults, billed as 1 core.
+    cpus: Mapped[int | None] = mapped_column(Integer)
+    memory_mib: Mapped[int | None] = mapped_column(Integer)
     pinned_cpod_id: Mapped[str | None] = mapped_column(String(32))
     priority: Mapped[int] = mapped_column(Integer, default=0)
     max_attempts: Mapped[int] = mapped_column(Integer, default=3)
@@ -306,6 +310,9 @@ class Artifact(Base):
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
 
 
+FORGET_WORKSPACE = "forget_workspace"  # an AgentCommand's kind beside "stop" and "cancel"
+
+
 class AgentCommand(Base):
     """An instruction for one CPod's agent (stop a job attempt), delivered by long-poll until acked."""
 
@@ -320,6 +327,8 @@ class AgentCommand(Base):
     reason: Mapped[str | None] = mapped_column(String(200))
     # Seconds between SIGTERM and SIGKILL the cloud asks for; None: the agent's own setting.
     grace_s: Mapped[float | None] = mapped_column(Float)
+    # Of a "forget_workspace" command: the stopped dev environment whose workspace goes (migration 0020).
+    workspace: Mapped[str | None] = mapped_column(String(32))
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
     acked_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
 

@@ -24,6 +24,8 @@ from sxwl.cloud.db.types import UTCDateTime, utcnow
 class PriceResource(enum.StrEnum):
     GPU = "gpu"
     CPU = "cpu"
+    # Saved dev environment workspaces: ``price_per_hour`` holds the price per GiB-day (docs/billing.md).
+    STORAGE = "storage"
 
 
 class Price(Base):
@@ -127,6 +129,27 @@ class UsageLine(Base):
     transaction_id: Mapped[str] = mapped_column(
         ForeignKey("ledger_transactions.id", ondelete="RESTRICT", name="fk_usage_lines_transaction"),
         index=True,
+    )
+
+
+class StorageCharge(Base):
+    """One dev environment's saved workspace charged for one UTC day (migration 0020): the primary
+    key is the (environment, day), so a day is charged once whichever replica charges it."""
+
+    __tablename__ = "storage_charges"
+    __table_args__ = (
+        PrimaryKeyConstraint("dev_env_id", "day", name="pk_storage_charges"),
+        Index("ix_storage_charges_payer_day", "payer_id", "day"),
+    )
+
+    dev_env_id: Mapped[str] = mapped_column(String(32))
+    day: Mapped[str] = mapped_column(String(10))  # YYYY-MM-DD, UTC
+    payer_id: Mapped[str] = mapped_column(String(32))
+    bytes: Mapped[int] = mapped_column(BigInteger)
+    price_per_gib_day: Mapped[int] = mapped_column(BigInteger)  # micro-yuan, as it was that day
+    gross: Mapped[int] = mapped_column(BigInteger)
+    transaction_id: Mapped[str] = mapped_column(
+        ForeignKey("ledger_transactions.id", ondelete="RESTRICT", name="fk_storage_charges_transaction")
     )
 
 

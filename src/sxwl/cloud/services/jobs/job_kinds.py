@@ -76,6 +76,10 @@ class Workload:
     engine: dict[str, object] | None = None
     inputs: list[StoredInput] = field(default_factory=list)
     dev_env_id: str | None = None  # the dev environment the job runs (services/devenvs)
+    # Cores and memory per node (a dev environment's): placed by, enforced by its runtime, and
+    # without GPUs billed per core (docs/billing.md); None: the defaults.
+    cpus: int | None = None
+    memory_mib: int | None = None
 
 
 _KINDS: list[Kind] = []

@@ -34,7 +34,7 @@ def submit(
         cpod = session.get(CPod, spec.cpod_id)
         if cpod is None or cpod.revoked_at is not None:
             raise invalid("cpod_id", f"no CPod {spec.cpod_id}")
-    billing.require_funds(ctx, session, owner, spec)
+    billing.require_funds(ctx, session, owner, spec, workload.cpus if workload else None)
     job = Job(
         owner_id=owner.id,
         **spec.model_dump(exclude={"cpod_id"}),
@@ -48,6 +48,8 @@ def submit(
         engine=workload.engine if workload else None,
         inputs=list(workload.inputs) if workload else [],
         dev_env_id=workload.dev_env_id if workload else None,
+        cpus=workload.cpus if workload else None,
+        memory_mib=workload.memory_mib if workload else None,
     )
     # A kind that would not know its own job (or is not registered) would never hear of it again.
     if kind_of(job) is not (workload.kind if workload else None):

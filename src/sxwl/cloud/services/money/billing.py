@@ -22,7 +22,7 @@ from sxwl.cloud.errors import AppError, invalid
 from sxwl.cloud.services.money import ledger
 from sxwl.cloud.services.money.ledger import Posting
 from sxwl.cloud.services.money.metering import proof
-from sxwl.cloud.services.money.prices import Rate, price_book
+from sxwl.cloud.services.money.prices import Rate, cpu_units, price_book
 from sxwl.protocol import attempt_key
 from sxwl.protocol.jobs import JobFields
 from sxwl.protocol.money import cost, yuan_text
@@ -59,33 +59,38 @@ def top_up(
     return session.scalars(select(LedgerTransaction).where(LedgerTransaction.idempotency_key == key)).one()
 
 
-def rate_for(session: Session, spec: JobFields) -> tuple[int, Rate | None]:
+def rate_for(session: Session, spec: JobFields, cpus: int | None = None) -> tuple[int, Rate | None]:
     """The units a job is billed for and the price it would be placed at (for a GPU job that names no
-    product, the cheapest priced one); None: no price yet, the job waits in the queue."""
+    product, the cheapest priced one); None: no price yet, the job waits in the queue. Without GPUs
+    the units are the cores it asked for per node (``cpus``; 1 when it asked for none)."""
     book = price_book(session)
     if not spec.gpus_per_node:
-        return spec.nodes, book.cpu
+        return cpu_units(cpus, spec.nodes), book.cpu
     rate = book.gpu.get(spec.gpu_product) if spec.gpu_product else book.cheapest_gpu()
     return spec.gpus_per_node * spec.nodes, rate
 
 
-def estimate(session: Session, spec: JobFields, seconds: int | None = None) -> int | None:
+def estimate(
+    session: Session, spec: JobFields, seconds: int | None = None, cpus: int | None = None
+) -> int | None:
     """What the job costs for ``seconds`` (default: its maximum runtime); None: unknown."""
-    units, rate = rate_for(session, spec)
+    units, rate = rate_for(session, spec, cpus)
     seconds = seconds if seconds is not None else spec.max_runtime_s
     if rate is None or seconds is None:
         return None
     return cost(units, rate.price_per_hour, seconds * 1_000_000)
 
 
-def require_funds(ctx: CloudContext, session: Session, owner: User, spec: JobFields) -> None:
+def require_funds(
+    ctx: CloudContext, session: Session, owner: User, spec: JobFields, cpus: int | None = None
+) -> None:
     """A submission needs a positive balance that covers the job's first hour (or its maximum
     runtime, if shorter): 402 with the amount missing otherwise."""
     if not ctx.settings.billing_enabled:
         return
     balance = ledger.balance(session, ledger.account_key(ledger.USER_CASH, owner.id))
     first = min(FIRST_HOUR_S, spec.max_runtime_s or FIRST_HOUR_S)
-    needed = estimate(session, spec, first) or 0
+    needed = estimate(session, spec, first, cpus) or 0
     if balance > 0 and balance >= needed:
         return
     missing = max(needed - balance, 1 - balance if balance <= 0 else 0)
@@ -319,7 +324,7 @@ CSV_COLUMNS = ("job", "job_name", "attempt", "gpu_product", "gpu_seconds", "unit
 EARNINGS_CSV_COLUMNS = (*CSV_COLUMNS[:3], "cpod", *CSV_COLUMNS[3:], "fee", "net")
 
 
-def _cell(text: str) -> str:
+def csv_cell(text: str) -> str:
     """Text that a spreadsheet would run as a formula is quoted: job names are the user's and GPU
     products the provider's, and each reads the other's in a statement or earnings download."""
     return "'" + text if text[:1] in ("=", "+", "-", "@", "\t", "\r") else text
@@ -331,12 +336,12 @@ def statement_csv(rows: list[StatementRow], *, provider: bool = False) -> str:
     writer = csv.writer(out)
     writer.writerow(EARNINGS_CSV_COLUMNS if provider else CSV_COLUMNS)
     for row in rows:
-        cells: list[str | int] = [row.job_id, _cell(row.job_name), row.attempt]
+        cells: list[str | int] = [row.job_id, csv_cell(row.job_name), row.attempt]
         if provider:
             cells.append(row.cpod_id or "")
         # Unit-seconds exactly: usage is whole microseconds.
         seconds = Decimal(row.units * row.usage_us).scaleb(-6)
-        cells += [_cell(row.gpu_product or "CPU"), f"{seconds:.6f}", yuan_text(row.unit_price, 6)]
+        cells += [csv_cell(row.gpu_product or "CPU"), f"{seconds:.6f}", yuan_text(row.unit_price, 6)]
         cells.append(yuan_text(row.gross, 6))
         if provider:
             cells += [yuan_text(row.fee, 6), yuan_text(row.net, 6)]

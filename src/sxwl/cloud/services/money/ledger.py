@@ -19,7 +19,13 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from sxwl.cloud.db.models import new_id
-from sxwl.cloud.db.money_models import LedgerAccount, LedgerEntry, LedgerTransaction, UsageLine
+from sxwl.cloud.db.money_models import (
+    LedgerAccount,
+    LedgerEntry,
+    LedgerTransaction,
+    StorageCharge,
+    UsageLine,
+)
 from sxwl.cloud.db.types import utcnow
 from sxwl.cloud.errors import AppError
 
@@ -29,6 +35,8 @@ PROVIDER_AVAILABLE = "provider_available"
 PLATFORM_FEES = "platform_fees"
 PLATFORM_TOP_UPS = "platform_top_ups"
 PLATFORM_PAYOUTS = "platform_payouts"
+# What saved dev environment workspaces earned the platform, which stores them (no provider's share).
+PLATFORM_STORAGE = "platform_storage"
 _OWNED = frozenset({USER_CASH, PROVIDER_PENDING, PROVIDER_AVAILABLE})
 
 
@@ -207,7 +215,7 @@ class CheckReport:
     entries: int
     unbalanced: list[str]  # idempotency keys of transactions whose entries do not sum to zero
     mismatched: list[tuple[str, int, int]]  # (account key, cached balance, sum of its entries)
-    unlined: list[str]  # idempotency keys of usage transactions whose lines differ in gross or net
+    unlined: list[str]  # usage (storage) transactions whose lines (charge row) differ in gross or net
 
     @property
     def ok(self) -> bool:
@@ -216,8 +224,9 @@ class CheckReport:
 
 def check(session: Session) -> CheckReport:
     """Proves the ledger: every transaction sums to zero, every cached balance equals its entries,
-    and every usage transaction's lines (what statements list) add up to what it charged and
-    credited. Aggregates in the database; reads no row it does not report."""
+    every usage transaction's lines (what statements list) add up to what it charged and
+    credited, and every storage transaction's charge row to what it charged. Aggregates in the
+    database; reads no row it does not report."""
     transactions = session.scalar(select(func.count()).select_from(LedgerTransaction)) or 0
     entries = session.scalar(select(func.count()).select_from(LedgerEntry)) or 0
     per_tx = (
@@ -264,6 +273,19 @@ def check(session: Session) -> CheckReport:
                 (func.coalesce(per_usage.c.gross, -1) != LedgerTransaction.gross)
                 | (func.coalesce(per_usage.c.net, -1) != LedgerTransaction.net),
             )
+        )
+    )
+    per_storage = (
+        select(StorageCharge.transaction_id, func.sum(StorageCharge.gross).label("gross"))
+        .group_by(StorageCharge.transaction_id)
+        .subquery()
+    )
+    unlined += session.scalars(  # a saved workspace's day: its charge row says what it charged
+        select(LedgerTransaction.idempotency_key)
+        .outerjoin(per_storage, per_storage.c.transaction_id == LedgerTransaction.id)
+        .where(
+            LedgerTransaction.kind == "storage",
+            func.coalesce(per_storage.c.gross, -1) != LedgerTransaction.gross,
         )
     )
     return CheckReport(transactions, entries, unbalanced, mismatched, unlined)

@@ -4,6 +4,7 @@ There is never a default price: work on a product without one is not placed."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Final, Literal
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
@@ -29,6 +30,7 @@ class PriceBook:
 
     gpu: dict[str, Rate]
     cpu: Rate | None
+    storage_per_gib_day: int = 0  # micro-yuan per GiB-day of saved workspace; 0 (unset): free
 
     def for_product(self, product: str | None) -> Rate | None:
         return self.cpu if product is None else self.gpu.get(product)
@@ -37,16 +39,32 @@ class PriceBook:
         return min(self.gpu.values(), key=lambda r: r.price_per_hour, default=None)
 
 
+UNITS: Final[dict[PriceResource, Literal["GPU-hour", "core-hour", "GiB-day"]]] = {
+    PriceResource.GPU: "GPU-hour",
+    PriceResource.CPU: "core-hour",
+    PriceResource.STORAGE: "GiB-day",
+}
+_NAMES = {PriceResource.CPU: "CPU cores", PriceResource.STORAGE: "saved workspaces", PriceResource.GPU: ""}
+
+
+def cpu_units(cpus: int | None, nodes: int) -> int:
+    """The cores a CPU-only attempt is billed for: those it asked for per node, 1 when it asked for none."""
+    return (cpus or 1) * nodes
+
+
 def price_book(session: Session) -> PriceBook:
     gpu: dict[str, Rate] = {}
     cpu: Rate | None = None
+    storage = 0
     for row in session.scalars(select(Price)):
         rate = Rate(row.price_per_hour, row.fee_bp)
         if row.resource == PriceResource.CPU:
             cpu = rate
+        elif row.resource == PriceResource.STORAGE:
+            storage = row.price_per_hour  # per GiB-day (docs/billing.md)
         else:
             gpu[row.product] = rate
-    return PriceBook(gpu, cpu)
+    return PriceBook(gpu, cpu, storage)
 
 
 def listing(session: Session) -> list[Price]:
@@ -57,8 +75,11 @@ def set_price(
     session: Session, admin: User, *, resource: PriceResource, product: str, rate: Rate | None
 ) -> Price | None:
     """Sets (or, with ``rate`` None, removes) one price, and records who did it and when. Attempts
-    already placed keep the price they were placed at."""
-    if resource == PriceResource.CPU:
+    already placed keep the price they were placed at. The storage price (per GiB-day) is all the
+    platform's: it stores the workspaces, so its fee is 100 %."""
+    if resource == PriceResource.STORAGE and rate is not None:
+        rate = Rate(rate.price_per_hour, 10_000)
+    if resource in (PriceResource.CPU, PriceResource.STORAGE):
         product = ""
     elif not product:
         raise AppError(422, "product: a GPU price needs its product", details=[{"field": "product"}])
@@ -74,7 +95,7 @@ def set_price(
     )
     if rate is None:
         if row is None:
-            raise AppError(404, f"no price is set for {product or 'CPU cores'}")
+            raise AppError(404, f"no price is set for {product or _NAMES[resource]}")
         session.delete(row)
         return None
     if row is None:

@@ -191,7 +191,13 @@ class CapacityCache:
             free = allocatable - int(gpu.get("used", 0)) - unreported[node["name"]]
             entry.nodes.append(
                 NodeCapacity(
-                    node["name"], gpu.get("product"), allocatable, max(free, 0), node.get("status") == "ready"
+                    node["name"],
+                    gpu.get("product"),
+                    allocatable,
+                    max(free, 0),
+                    node.get("status") == "ready",
+                    cpu_cores=int(node.get("cpu_cores", 0)),
+                    memory_mib=int(node.get("memory_mib", 0)),
                 )
             )
         return entry

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from sqlalchemy import ColumnElement, func, select
 
 from sxwl.cloud.context import CloudContext
-from sxwl.cloud.db.models import AgentCommand, Job, JobState
+from sxwl.cloud.db.models import FORGET_WORKSPACE, AgentCommand, Job, JobState
 from sxwl.cloud.services.jobs.job_kinds import kind_of
 from sxwl.protocol import Assignment, AssignmentsReply, Command
 
@@ -73,12 +73,13 @@ def pending(ctx: CloudContext, cpod_id: str) -> AssignmentsReply:
             commands=[
                 Command(
                     id=c.id,
-                    kind="stop",
+                    kind="forget_workspace" if c.kind == FORGET_WORKSPACE else "stop",
                     job_id=c.job_id,
                     attempt=c.attempt,
                     cancel=c.kind == "cancel",
                     reason=c.reason,
                     grace_s=c.grace_s,
+                    workspace=c.workspace,
                 )
                 for c in commands
             ],

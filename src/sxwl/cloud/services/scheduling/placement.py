@@ -22,6 +22,9 @@ class NodeCapacity:
     allocatable: int  # GPUs the node offers at all
     free: int  # GPUs free right now
     ready: bool = True
+    # What the node reports having: a job that asks for more cores or memory per node never fits it.
+    cpu_cores: int = 0
+    memory_mib: int = 0
 
 
 @dataclass
@@ -75,6 +78,8 @@ class Need:
     trainer: bool = False
     dev_env: bool = False  # a dev environment's job: its agent runs JupyterLab
     engine: bool = False  # an endpoint replica's job: its agent runs an inference engine
+    cpus: int | None = None  # cores per node it asked for (a dev environment's); None: any node
+    memory_mib: int | None = None  # memory per node it asked for; None: any node
 
     @property
     def fine_tune(self) -> bool:
@@ -88,6 +93,10 @@ class Need:
             each = Reason.of("need.gpus_any", gpus=self.gpus_per_node)
         else:
             each = Reason.of("need.gpus", gpus=self.gpus_per_node, product=self.gpu_product)
+        if self.cpus:
+            each = Reason.of("need.cores", each=each, cpus=self.cpus)
+        if self.memory_mib:
+            each = Reason.of("need.memory", each=each, memory_gib=self.memory_mib // 1024)
         return Reason.of("need.nodes", nodes=self.nodes, each=each) if self.nodes > 1 else each
 
 
@@ -103,6 +112,8 @@ Entry = tuple[int, str, str]
 
 def _fits(node: NodeCapacity, need: Need, free: bool) -> bool:
     if not node.ready:
+        return False
+    if (need.cpus and node.cpu_cores < need.cpus) or (need.memory_mib and node.memory_mib < need.memory_mib):
         return False
     if need.gpus_per_node == 0:
         return True
@@ -180,7 +191,14 @@ class Pool:
             entries = self._fitting(need, products)
             if refused:
                 entries = (entry for entry in entries if entry[1] not in refused)
+            if need.cpus or need.memory_mib:  # the index orders by free GPUs only
+                entries = (entry for entry in entries if self._big_enough(entry, need))
         return _best(entries, need)
+
+    def _big_enough(self, entry: Entry, need: Need) -> bool:
+        """Whether the node of an index entry has the cores and memory ``need`` asks for."""
+        node = next(n for n in self.cpods[entry[1]].nodes if n.name == entry[2])
+        return _fits(node, need, free=False)
 
     def product_of(self, placement: Placement) -> str | None:
         """The GPU product of a placement's nodes (one product per placement: nodes fit by it)."""

@@ -4,6 +4,7 @@ job with one conditional update (invariant 3, docs/architecture.md), and say why
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import itertools
 from collections import defaultdict
 from collections.abc import Iterator, Sequence
@@ -22,7 +23,7 @@ from sxwl.cloud.db.money_models import PriceResource
 from sxwl.cloud.db.types import utcnow
 from sxwl.cloud.kit.notify import on_commit
 from sxwl.cloud.services.money import ledger
-from sxwl.cloud.services.money.prices import FREE, PriceBook, Rate, price_book
+from sxwl.cloud.services.money.prices import FREE, PriceBook, Rate, cpu_units, price_book
 from sxwl.cloud.services.scheduling.capacity import CapacityCache, Hold
 from sxwl.cloud.services.scheduling.placement import Need, Placement, Pool, never_fits, why_not
 from sxwl.protocol.money import yuan_text
@@ -55,6 +56,8 @@ class Queued:
     trainer: dict[str, Any] | None
     dev_env_id: str | None
     engine: dict[str, Any] | None
+    cpus: int | None
+    memory_mib: int | None
 
 
 _QUEUED_COLUMNS = (
@@ -73,6 +76,8 @@ _QUEUED_COLUMNS = (
     Job.trainer,
     Job.dev_env_id,
     Job.engine,
+    Job.cpus,
+    Job.memory_mib,
 )
 
 
@@ -194,10 +199,12 @@ def _decide(
             job.pinned_cpod_id,
             image=bool(job.image),
             owner_id=job.owner_id if restricted else None,
-            inputs=_input_sizes(job.inputs),
+            inputs=input_sizes(job.inputs),
             trainer=job.trainer is not None,
             dev_env=job.dev_env_id is not None,
             engine=job.engine is not None,
+            cpus=job.cpus,
+            memory_mib=job.memory_mib,
         )
         total = job.gpus_per_node * job.nodes
         limit = limits.get(job.owner_id) or ctx.settings.default_user_max_gpus
@@ -238,7 +245,18 @@ def _decide(
     return writes
 
 
-def _input_sizes(inputs: list[StoredInput]) -> tuple[tuple[str, int], ...]:
+def room_now(ctx: CloudContext, session: Session, need: Need, owner_id: str) -> Placement | None:
+    """Where a job of ``need`` would be placed now, taking nothing: for a request that chooses
+    between waiting for one CPod and going to another (a dev environment's resume)."""
+    with ctx.capacity.lock:
+        pool = ctx.capacity.refresh(session)
+        if pool.restricted:
+            need = dataclasses.replace(need, owner_id=owner_id)
+        products = frozenset(price_book(session).gpu) if ctx.settings.billing_enabled else None
+        return pool.place(need, products)
+
+
+def input_sizes(inputs: list[StoredInput]) -> tuple[tuple[str, int], ...]:
     """(sha256, size) once per content: an input listed under two names is held, or not, once."""
     if not inputs:  # most jobs: nothing more to do
         return ()
@@ -302,8 +320,8 @@ def _attempt_row(
         "gpus": gpus,
         "assigned_at": now,
         "resource": resource.value,
-        # CPU-only work is billed one core per node until jobs can ask for cores.
-        "units": gpus if resource == PriceResource.GPU else job.nodes,
+        # CPU-only work is billed per core it asked for (one per node when it asked for none).
+        "units": gpus if resource == PriceResource.GPU else cpu_units(job.cpus, job.nodes),
         "gpu_product": product,
         "price_per_hour": rate.price_per_hour,
         "fee_bp": rate.fee_bp,

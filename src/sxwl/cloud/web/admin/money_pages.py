@@ -110,7 +110,8 @@ async def remove_price(request: Request, principal: Admin) -> Response:
     form = await read_form(request)
     if not csrf_ok(request, form.get("csrf_token")):
         return _prices(request, principal, None, _refused_csrf(request))
-    resource = PriceResource.CPU if form.get("resource") == "cpu" else PriceResource.GPU
+    chosen = form.get("resource")
+    resource = PriceResource(chosen) if chosen in ("cpu", "storage") else PriceResource.GPU
     try:
         with ctx_of(request).db.session() as session:
             prices.set_price(

@@ -14,14 +14,22 @@ from sxwl.cloud.api.deps import Principal, csrf_ok
 from sxwl.cloud.db.types import utcnow
 from sxwl.cloud.errors import AppError
 from sxwl.cloud.services.catalog import model_catalog
-from sxwl.cloud.services.devenvs import dev_envs
+from sxwl.cloud.services.catalog.storage_quota import size_text
+from sxwl.cloud.services.devenvs import dev_envs, storage
 from sxwl.cloud.services.finetune import datasets
 from sxwl.cloud.services.fleet import cpods
 from sxwl.cloud.services.money import billing
 from sxwl.cloud.web.i18n import translate
 from sxwl.cloud.web.i18n.reasons import reason_text
 from sxwl.cloud.web.kit import JobsViewer, ctx_of, language, redirect, render
-from sxwl.protocol.devenvs import DEFAULT_IDLE_TIMEOUT_MIN, MAX_IDLE_TIMEOUT_MIN, DevEnvIn, base_url
+from sxwl.protocol.devenvs import (
+    DEFAULT_IDLE_TIMEOUT_MIN,
+    MAX_CPUS,
+    MAX_IDLE_TIMEOUT_MIN,
+    MAX_MEMORY_GIB,
+    DevEnvIn,
+    base_url,
+)
 from sxwl.protocol.jobs import MAX_GPUS_PER_NODE
 from sxwl.protocol.money import money_text
 
@@ -36,6 +44,7 @@ def _rows(request: Request, principal: Principal) -> list[dict[str, Any]]:
     with ctx_of(request).db.session() as session:
         found = dev_envs.list_for(session, principal.user)
         costs = billing.job_costs(session, [job.id for _, job in found if job is not None])
+        kept = storage.totals(session, [env.id for env, _ in found])
         rows = []
         for env, job in found:
             status = dev_envs.status(env, job)
@@ -51,6 +60,11 @@ def _rows(request: Request, principal: Principal) -> list[dict[str, Any]]:
                     "status": status.value,
                     "gpus": env.gpus,
                     "gpu_product": env.gpu_product,
+                    "cpus": env.cpus,
+                    "memory_gib": env.memory_gib,
+                    "saved_bytes": env.saved["size"] if env.saved else None,
+                    "saved_size": size_text(env.saved["size"]) if env.saved else "",
+                    "storage_cost": money_text(kept[env.id]) if kept.get(env.id) else "",
                     "cpod_id": (job.cpod_id if job is not None else None) or env.cpod_id,
                     "running_min": int((now - job.started_at).total_seconds() // 60)
                     if running and job and job.started_at
@@ -90,6 +104,8 @@ def _page(
         gpu_types=gpu_types,
         max_gpus=MAX_GPUS_PER_NODE,
         max_idle=MAX_IDLE_TIMEOUT_MIN,
+        max_cpus=MAX_CPUS,
+        max_memory_gib=MAX_MEMORY_GIB,
         cli_example=CLI_EXAMPLE,
         banner=translate(lang, f"notice.{notice}") if notice in NOTICES else None,
     )
@@ -111,7 +127,8 @@ async def create_dev_env(request: Request, principal: JobsViewer) -> Response:
     ctx, lang = ctx_of(request), language(request)
     raw = await request.form()
     form: dict[str, Any] = {
-        k: str(raw.get(k, "")).strip() for k in ("name", "gpus", "gpu_product", "idle_timeout_min")
+        k: str(raw.get(k, "")).strip()
+        for k in ("name", "gpus", "gpu_product", "cpus", "memory_gib", "idle_timeout_min")
     }
     form["models"] = [str(v) for v in raw.getlist("models")]
     form["files"] = [str(v) for v in raw.getlist("files")]

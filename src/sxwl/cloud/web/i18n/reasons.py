@@ -10,6 +10,8 @@ ZH: dict[str, str] = {
     "need.gpus": "{gpus} × {product}",
     "need.gpus_any": "{gpus} × GPU",
     "need.nodes": "{nodes} 个节点、每个 {each}",
+    "need.cores": "{each}，{cpus} 个 CPU 核",
+    "need.memory": "{each}，{memory_gib} GiB 内存",
     "queue.scheduler": "等待调度",
     "queue.pinned_offline": "指定的 CPod {cpod} 不在线",
     "queue.no_gpus": "没有在线的 CPod 提供 GPU；此任务需要 {need}",
