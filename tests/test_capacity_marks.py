@@ -15,7 +15,7 @@ from sxwl.cloud.db import migrate
 from sxwl.cloud.db.engine import Database
 from sxwl.cloud.db.models import CPod, CPodEvent, CPodStatus, Role, User
 from sxwl.cloud.db.types import utcnow
-from sxwl.cloud.services.fleet import dev_env_cpods
+from sxwl.cloud.services.fleet.cpods import set_isolation
 from sxwl.cloud.services.scheduling.capacity import CapacityCache
 from sxwl.cloud.services.scheduling.placement import Pool
 from sxwl.protocol import IsolationReport
@@ -42,6 +42,8 @@ def db(db_url: str) -> Iterator[Database]:
                     "name": cpod_id[:8],
                     "cluster_uid": cpod_id,
                     "runtime": "local",
+                    "takes_endpoints": True,
+                    "takes_dev_envs": True,
                     "agent_version": "t",
                     "token_hash": cpod_id,
                     "status": CPodStatus.ONLINE,
@@ -180,28 +182,32 @@ def test_migration_0013_says_which_cpods_take_fine_tunes_and_marks_a_change(
     assert refresh(db, cache).cpods[CPODS[1]].takes_fine_tunes is True
 
 
-def test_what_a_kubernetes_agent_says_of_dev_environments_marks_its_cpod_for_the_next_pass(
-    db: Database,
-) -> None:
-    """No column of its own: the CPod's latest ``dev-envs`` event (services/fleet/dev_env_cpods.py),
-    written only when it changes, and the write marks the CPod as any watched column does."""
+def test_what_a_kubernetes_agent_says_it_runs_marks_its_cpod_for_the_next_pass(db: Database) -> None:
+    """Whether it runs endpoint replicas and dev environments: columns the agent's report at each
+    start sets (an event when one changes), whose writes mark the CPod as any watched column does."""
     with db.session() as session:
-        session.execute(update(CPod).where(CPod.id == CPODS[2]).values(runtime="kubernetes"))
+        kube = {"runtime": "kubernetes", "takes_endpoints": False, "takes_dev_envs": False}
+        session.execute(update(CPod).where(CPod.id == CPODS[2]).values(**kube))
     cache = CapacityCache()
-    pool = refresh(db, cache)
-    assert (pool.cpods[CPODS[2]].takes_dev_envs, pool.cpods[CPODS[0]].takes_dev_envs) == (False, True)
+    refresh(db, cache)
 
-    def say(cpod_id: str, dev_envs: bool | None) -> int:
+    def say(cpod_id: str, report: IsolationReport) -> list[str]:
         with db.session() as session:
             cpod = session.get(CPod, cpod_id)
             assert cpod is not None
-            dev_env_cpods.record(session, cpod, IsolationReport(dev_envs=dev_envs))
+            set_isolation(session, cpod, report)
         with db.session() as session:
-            return len(session.scalars(select(CPodEvent).where(CPodEvent.kind == dev_env_cpods.EVENT)).all())
+            events = session.scalars(select(CPodEvent).where(CPodEvent.cpod_id == cpod_id))
+            return [e.detail.code for e in events if e.detail and e.kind in ("endpoints", "dev-envs")]
 
-    assert say(CPODS[2], True) == 1  # the agent restarted with a dev environment image
-    assert refresh(db, cache).cpods[CPODS[2]].takes_dev_envs is True
-    assert say(CPODS[2], True) == 1  # said again at its next start: nothing new
-    assert say(CPODS[0], None) == 1  # a local agent from before the field: as it was
-    assert say(CPODS[2], False) == 2
-    assert refresh(db, cache).cpods[CPODS[2]].takes_dev_envs is False
+    # The agent restarted with an engine image and a dev environment image.
+    both = IsolationReport(endpoints=True, dev_envs=True)
+    assert say(CPODS[2], both) == ["cpod.endpoints", "cpod.dev_envs"]
+    pool = refresh(db, cache)
+    assert (pool.cpods[CPODS[2]].takes_endpoints, pool.cpods[CPODS[2]].takes_dev_envs) == (True, True)
+    assert len(say(CPODS[2], both)) == 2  # said again at its next start: nothing new
+    assert say(CPODS[0], IsolationReport()) == []  # a local agent from before the fields: as it was
+    assert say(CPODS[2], IsolationReport(endpoints=True, dev_envs=False))[-1] == "cpod.no_dev_envs"
+    pool = refresh(db, cache)
+    assert (pool.cpods[CPODS[2]].takes_endpoints, pool.cpods[CPODS[2]].takes_dev_envs) == (True, False)
+    assert (pool.cpods[CPODS[0]].takes_endpoints, pool.cpods[CPODS[0]].takes_dev_envs) == (True, True)

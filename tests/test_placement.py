@@ -170,7 +170,14 @@ def test_fair_share_interleaves_users_and_keeps_priority_first() -> None:
 
 def test_a_dev_environment_goes_only_to_a_cpod_that_runs_them_and_says_why_it_waits() -> None:
     kube = pod("k", ("n", A100, 8, 8))
-    local = CPodCapacity("l", [NodeCapacity("vm", A100, 1, 1)], runtime="local", takes_fine_tunes=True)
+    local = CPodCapacity(
+        "l",
+        [NodeCapacity("vm", A100, 1, 1)],
+        runtime="local",
+        takes_fine_tunes=True,
+        takes_endpoints=True,
+        takes_dev_envs=True,
+    )
     need = Need(A100, 1, 1, dev_env=True)
     assert place(need, [kube]) is None
     assert "run no dev environments" in str(english(why_not(need, [kube], None)))
@@ -188,7 +195,14 @@ def test_an_endpoint_replica_goes_only_where_an_engine_runs_and_says_why_it_wait
     """A Kubernetes CPod whose agent has no engine image would fail a replica at once; one with it,
     and a local CPod, take replicas."""
     kube = pod("k", ("n", A100, 8, 8))
-    local = CPodCapacity("l", [NodeCapacity("vm", A100, 1, 1)], runtime="local", takes_fine_tunes=True)
+    local = CPodCapacity(
+        "l",
+        [NodeCapacity("vm", A100, 1, 1)],
+        runtime="local",
+        takes_fine_tunes=True,
+        takes_endpoints=True,
+        takes_dev_envs=True,
+    )
     need = Need(A100, 1, 1, engine=True)
     assert place(need, [kube]) is None
     assert "do not run inference engines" in str(english(why_not(need, [kube], None)))

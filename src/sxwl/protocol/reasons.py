@@ -263,6 +263,8 @@ ENGLISH: dict[str, str] = {
     "cpod.again_revoked": "registered again after revocation; {runtime} agent {version}",
     "cpod.fine_tunes": "now takes fine-tunes",
     "cpod.no_fine_tunes": "no longer takes fine-tunes",
+    "cpod.endpoints": "now runs endpoint replicas",
+    "cpod.no_endpoints": "no longer runs endpoint replicas",
     "cpod.dev_envs": "now runs dev environments",
     "cpod.no_dev_envs": "no longer runs dev environments",
     "cpod.isolated": "jobs isolated",

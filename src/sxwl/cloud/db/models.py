@@ -160,6 +160,9 @@ class CPod(Base):
     # Whether its agent fetches a fine-tune's inputs and runs the trainer (the local runtime; a
     # Kubernetes one with a trainer image), as it said at its last start.
     takes_fine_tunes: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
+    # Likewise whether it runs endpoint replicas (an engine) and dev environments (JupyterLab).
+    takes_endpoints: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
+    takes_dev_envs: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
     # Set by triggers on every write of a column the scheduler reads (services/scheduling/capacity_marks.py),
     # never by the code: a scheduling pass reads only the CPods marked since its last one.
     capacity_mark: Mapped[int] = mapped_column(BigInteger, server_default=text("0"), index=True)

@@ -26,7 +26,7 @@ from sxwl.cloud.db.types import UTCDateTime, utcnow
 from sxwl.cloud.errors import AppError, invalid
 from sxwl.cloud.kit.security import ACCESS_KEY_PREFIX, new_token, token_hash
 from sxwl.cloud.services.accounts import accounts
-from sxwl.cloud.services.fleet import cpod_tokens, dev_env_cpods
+from sxwl.cloud.services.fleet import cpod_tokens
 from sxwl.cloud.services.jobs import attempts
 from sxwl.cloud.services.money.gpu_summary import GpuSummary, add_up, summarize
 from sxwl.cloud.services.money.prices import price_book
@@ -104,7 +104,10 @@ def _register(ctx: CloudContext, session: Session, owner: User, req: RegisterReq
             name=req.name or default_name(req.cluster_uid),
             cluster_uid=req.cluster_uid,
             runtime=req.runtime,
-            takes_fine_tunes=takes_fine_tunes(req, req.runtime),  # no event: "registered" says enough
+            # No events: "registered" says enough.
+            takes_fine_tunes=runs(req.fine_tunes, req.runtime),
+            takes_endpoints=runs(req.endpoints, req.runtime),
+            takes_dev_envs=runs(req.dev_envs, req.runtime),
             agent_version=req.agent_version,
             token_hash=token_hash(token),
             status=CPodStatus.OFFLINE,
@@ -142,25 +145,48 @@ def cached_bytes(cpod: CPod) -> int:
     return sum(int(entry.get("size", 0)) for entry in cpod.cached_inputs or ())
 
 
-def takes_fine_tunes(report: IsolationReport, runtime: str) -> bool:
-    """What the agent said, or for agents from before it said anything, what their runtime did."""
-    return report.fine_tunes if report.fine_tunes is not None else runtime == "local"
+def runs(said: bool | None, runtime: str) -> bool:
+    """Whether the agent runs a kind of work (fine-tunes, endpoint replicas, dev environments): what
+    it said, or for agents from before they said anything, what their runtime did (only the local
+    one ran them)."""
+    return said if said is not None else runtime == "local"
+
+
+def _changed(session: Session, cpod: CPod, was: bool, now: bool, kind: str, codes: tuple[str, str]) -> bool:
+    """``now``, with an event on the CPod when it differs from what it ``was``."""
+    if was != now:
+        add_event(session, cpod.id, kind, Reason.of(codes[0] if now else codes[1]))
+    return now
 
 
 def set_isolation(session: Session, cpod: CPod, report: IsolationReport) -> frozenset[str] | None:
-    """Records how the CPod's agent runs jobs (isolated or not, fine-tunes or not); returns whose
-    jobs it may run (None: anyone's). The scheduler reads the columns every pass, so a change counts
-    from the next one."""
-    fine_tunes = takes_fine_tunes(report, cpod.runtime)
-    if cpod.takes_fine_tunes != fine_tunes:
-        add_event(
-            session,
-            cpod.id,
-            "fine-tunes",
-            Reason.of("cpod.fine_tunes" if fine_tunes else "cpod.no_fine_tunes"),
-        )
-        cpod.takes_fine_tunes = fine_tunes
-    dev_env_cpods.record(session, cpod, report)
+    """Records how the CPod's agent runs jobs (isolated or not; fine-tunes, endpoint replicas and
+    dev environments or not); returns whose jobs it may run (None: anyone's). The scheduler reads
+    the columns every pass, so a change counts from the next one."""
+    cpod.takes_fine_tunes = _changed(
+        session,
+        cpod,
+        cpod.takes_fine_tunes,
+        runs(report.fine_tunes, cpod.runtime),
+        "fine-tunes",
+        ("cpod.fine_tunes", "cpod.no_fine_tunes"),
+    )
+    cpod.takes_endpoints = _changed(
+        session,
+        cpod,
+        cpod.takes_endpoints,
+        runs(report.endpoints, cpod.runtime),
+        "endpoints",
+        ("cpod.endpoints", "cpod.no_endpoints"),
+    )
+    cpod.takes_dev_envs = _changed(
+        session,
+        cpod,
+        cpod.takes_dev_envs,
+        runs(report.dev_envs, cpod.runtime),
+        "dev-envs",
+        ("cpod.dev_envs", "cpod.no_dev_envs"),
+    )
     trusted: list[str] = []
     if report.isolation == "none":
         for index, email in enumerate(report.trusted_accounts):

@@ -23,7 +23,6 @@ from sqlalchemy import Connection, func, select
 from sqlalchemy.orm import Session
 
 from sxwl.cloud.db.models import ACTIVE_STATES, CPod, CPodStatus, Job
-from sxwl.cloud.services.fleet import dev_env_cpods
 from sxwl.cloud.services.scheduling.capacity_marks import Watermark, watermark
 from sxwl.cloud.services.scheduling.placement import CPodCapacity, NodeCapacity, Pool
 from sxwl.protocol import attempt_key
@@ -53,6 +52,7 @@ class Hold:
 class _Snapshot:
     runtime: str
     takes_fine_tunes: bool
+    takes_endpoints: bool
     takes_dev_envs: bool
     takes_only: frozenset[str] | None  # the owners whose jobs it may run (CPod.takes_only)
     nodes: list[dict[str, Any]]
@@ -116,13 +116,14 @@ class CapacityCache:
             CPod.revoked_at,
             CPod.runtime,
             CPod.takes_fine_tunes,
+            CPod.takes_endpoints,
+            CPod.takes_dev_envs,
             CPod.isolation,
             CPod.owner_id,
             CPod.trusted_owner_ids,
             CPod.nodes,
             CPod.reported_jobs,
             CPod.cached_inputs,
-            dev_env_cpods.said().label("dev_envs"),
         )
         since = self._read_up_to
         query = query.where(*_ONLINE) if since is None else query.where(since.unread())
@@ -134,7 +135,8 @@ class CapacityCache:
             self._snapshots[row.id] = _Snapshot(
                 row.runtime,
                 row.takes_fine_tunes,
-                dev_env_cpods.runs_dev_envs(row.dev_envs, row.runtime),
+                row.takes_endpoints,
+                row.takes_dev_envs,
                 None if row.isolation == "isolated" else frozenset((row.owner_id, *row.trusted_owner_ids)),
                 row.nodes,
                 frozenset(row.reported_jobs),
@@ -181,6 +183,7 @@ class CapacityCache:
             cpod_id,
             runtime=snapshot.runtime,
             takes_fine_tunes=snapshot.takes_fine_tunes,
+            takes_endpoints=snapshot.takes_endpoints,
             takes_dev_envs=snapshot.takes_dev_envs,
             takes_only=snapshot.takes_only,
             cached=snapshot.cached,

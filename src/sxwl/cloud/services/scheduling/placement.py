@@ -35,12 +35,10 @@ class CPodCapacity:
     # Its agent fetches inputs and runs the trainer: the local runtime, a Kubernetes one with a
     # trainer image.
     takes_fine_tunes: bool = False
-    # A Kubernetes CPod whose agent runs endpoint replicas (it has an engine image); a local one
-    # always does.
+    # Its agent runs endpoint replicas' engines and dev environments' JupyterLab: the local runtime,
+    # a Kubernetes one with an engine image, a dev environment image.
     takes_endpoints: bool = False
-    # It runs dev environments (services/fleet/dev_env_cpods.py); None: as its runtime did before
-    # agents said so (only the local one).
-    takes_dev_envs: bool | None = None
+    takes_dev_envs: bool = False
     # The owners whose jobs it may run (a CPod without isolation); None: anyone's.
     takes_only: frozenset[str] | None = None
     cached: frozenset[str] = frozenset()  # the sha256 of the inputs its agent keeps fetched
@@ -51,11 +49,9 @@ class CPodCapacity:
             return "image"
         if need.fine_tune and not self.takes_fine_tunes:
             return "fine-tune"
-        if need.dev_env and not (
-            self.runtime == "local" if self.takes_dev_envs is None else self.takes_dev_envs
-        ):
+        if need.dev_env and not self.takes_dev_envs:
             return "dev-env"  # a Kubernetes agent without a dev environment image (docs/dev-envs.md)
-        if need.engine and self.runtime != "local" and not self.takes_endpoints:
+        if need.engine and not self.takes_endpoints:
             return "endpoint"  # its agent has no engine image (docs/endpoints.md)
         if self.takes_only is not None and need.owner_id not in self.takes_only:
             return "isolation"

@@ -86,6 +86,8 @@ ZH: dict[str, str] = {
     "cpod.again_revoked": "吊销后重新注册；运行环境 {runtime}，agent 版本 {version}",
     "cpod.fine_tunes": "开始接受微调任务",
     "cpod.no_fine_tunes": "不再接受微调任务",
+    "cpod.endpoints": "开始运行推理服务副本",
+    "cpod.no_endpoints": "不再运行推理服务副本",
     "cpod.dev_envs": "现在运行开发环境",
     "cpod.no_dev_envs": "不再运行开发环境",
     "cpod.isolated": "任务相互隔离",
