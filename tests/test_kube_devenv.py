@@ -118,6 +118,10 @@ def test_the_pod_runs_jupyterlab_on_the_claim_with_its_token_from_the_secret() -
     assert pod["securityContext"]["runAsUser"] == 1000 and pod["securityContext"]["fsGroup"] == 1000
     assert pod["automountServiceAccountToken"] is False  # as every tenant pod
     assert [c["name"] for c in pod["initContainers"]] == ["inputs"]
+    assert "resources" not in main  # no GPUs, no cores or memory asked for, no agent default
+    # The cores and memory it asked for are the pod's limits (and so its requests).
+    sized = manifest(assignment(cpus=4, memory_mib=8192))["spec"]["template"]["spec"]["containers"][0]
+    assert sized["resources"] == {"limits": {"cpu": "4", "memory": "8192Mi"}}
     # An environment that names its own image runs on it.
     assert (
         manifest(assignment(image="me/lab:2"))["spec"]["template"]["spec"]["containers"][0]["image"]

@@ -106,8 +106,14 @@ def _container(
     limits: dict[str, str] = {}
     if job.gpus_per_node:
         limits[GPU] = str(job.gpus_per_node)
-    if memory_limit:
-        limits["memory"] = memory_limit  # requests default to the limit: the scheduler reserves it
+    # Requests default to the limits: Kubernetes' scheduler reserves what the attempt asked for (a
+    # dev environment's cores and memory), else the agent's default memory bound.
+    if assignment.cpus:
+        limits["cpu"] = str(assignment.cpus)
+    if assignment.memory_mib:
+        limits["memory"] = f"{assignment.memory_mib}Mi"
+    elif memory_limit:
+        limits["memory"] = memory_limit
     if limits:
         container["resources"] = {"limits": limits}
     if job.nodes > 1:
