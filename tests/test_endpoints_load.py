@@ -12,6 +12,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from sxwl.cli.endpoints import _load
+from sxwl.cloud.services.endpoints import routing
 from tests.support.billing_api import BILLING
 from tests.support.clock import TestClock
 from tests.support.cpods import access_key, beat, gpu_node, register_cpod
@@ -96,3 +97,29 @@ def test_a_bad_load_is_refused_naming_its_field(eps: Endpoints, load: dict[str, 
     answer = beat(eps.client, eps.token, eps.seq + 1, [gpu_node("w1", count=eps.gpus)], jobs=[job])
     assert answer.status_code == 422, answer.text
     assert field in str(answer.json()["error"]["details"])
+
+
+def test_a_call_goes_to_the_less_busy_of_two_serving_replicas(eps: Endpoints) -> None:
+    """Routing takes two serving replicas at random and sends the call to the one whose engine
+    the heartbeats said was less busy (running and waiting); with no load said, either."""
+    endpoint = eps.created(replicas=2)
+    first, second = (r["job_id"] for r in endpoint["replica_jobs"])
+    for job_id in (first, second):
+        eps.status(job_id, eps.take(job_id), "running")
+
+    def routed() -> set[str]:
+        with eps.ctx.db.session() as session:
+            routes = {routing.route(session, eps.user_id, "chat", eps.ctx.engine_loads) for _ in range(40)}
+        return {route.target.rsplit("-", 1)[0] for route in routes}
+
+    assert routed() == {first, second}  # nothing said yet: both take calls
+    _beat(
+        eps,
+        {first: {"running": 1, "waiting": 3, "source": "engine"}, second: {"running": 2, "source": "agent"}},
+    )
+    assert routed() == {second}
+    _beat(
+        eps,
+        {first: {"running": 0, "waiting": 0, "source": "engine"}, second: {"running": 2, "source": "agent"}},
+    )
+    assert routed() == {first}

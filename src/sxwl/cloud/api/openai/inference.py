@@ -153,7 +153,7 @@ async def _proxy(
 
     def find() -> routing.Route:
         with ctx.db.session() as session:
-            return routing.route(session, caller.user.id, body["model"])
+            return routing.route(session, caller.user.id, body["model"], ctx.engine_loads)
 
     route = await run_in_threadpool(find)
     body["model"] = route.name  # the engine serves the endpoint under its name

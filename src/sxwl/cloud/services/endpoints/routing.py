@@ -12,10 +12,12 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from sxwl.cloud.db.endpoint_models import Endpoint, EndpointUsage
+from sxwl.cloud.db.models import Job
 from sxwl.cloud.db.types import utcnow
 from sxwl.cloud.errors import AppError
 from sxwl.cloud.services.endpoints import endpoints
 from sxwl.cloud.services.endpoints.endpoints import State
+from sxwl.cloud.services.fleet.engine_loads import EngineLoads
 from sxwl.protocol.endpoints import engine_target
 
 RETRY_AFTER_S = 10  # what a call to an endpoint that does not serve yet is told to wait
@@ -59,13 +61,22 @@ def find(session: Session, owner_id: str, model: str) -> endpoints.View:
     )
 
 
-def route(session: Session, owner_id: str, model: str) -> Route:
-    """A replica that serves now, picked at random among them; 503 with Retry-After when none does."""
+def route(session: Session, owner_id: str, model: str, loads: EngineLoads | None = None) -> Route:
+    """A replica that serves now; 503 with Retry-After when none does. Of two picked at random, the
+    one whose engine the heartbeats said was less busy (``loads``: requests running and waiting):
+    a load is as old as its heartbeat, and sending every call to the one least busy then would pile
+    them onto it until the next; two random choices spread them and still shun a busy engine."""
     view = find(session, owner_id, model)
     ready = [job for job in view.ready if job.cpod_id is not None]
     if view.state in (State.STOPPED, State.FAILED) or not ready:
         raise _not_ready(view)
-    job = random.choice(ready)  # noqa: S311  (spreading load, not a secret)
+    picked = random.sample(ready, min(2, len(ready)))  # spreading load, not a secret
+
+    def busy(job: Job) -> int:
+        seen = endpoints.load_of(loads, job) if loads is not None else None
+        return 0 if seen is None else seen.load.running + (seen.load.waiting or 0)
+
+    job = min(picked, key=busy)
     assert job.cpod_id is not None
     return Route(view.endpoint.id, view.endpoint.name, job.cpod_id, engine_target(job.id, job.attempt))
 
