@@ -31,10 +31,6 @@ MAX_STREAMS = 256  # concurrent streams a side accepts on one connection
 MAX_WINDOW = 2**31 - 1
 MAX_FRAME = 2**24 - 1
 MESSAGE_MAX = 1024 * 1024  # the largest WebSocket message a side sends (HTTP/2 bytes cut anywhere)
-# Bytes queued in h2 for the writer past which a stream's write waits for the writer: below it a
-# write returns at once, so many small chunks (an SSE stream's tokens) leave in one message.
-HIGH_WATER = 256 * 1024
-READ_MAX = 256 * 1024  # the most one read() joins of what already came
 PING_S = 20.0  # keep-alive: below the 60 s idle timeout of common load balancers
 PING_TIMEOUT_S = 20.0
 CLOSE_S = 1.0
@@ -77,8 +73,6 @@ class TunnelStream:
         return await self._head
 
     async def read(self) -> bytes:
-        """What came since the last read, joined (up to ``READ_MAX``): a reader that fell behind
-        catches up in one call and one window update, not one per frame."""
         while not self._chunks:
             if self.remote_ended:
                 return b""  # everything came: a reset after it (the answer ended first) takes nothing
@@ -87,15 +81,6 @@ class TunnelStream:
             self._changed.clear()
             await self._changed.wait()
         data, flow = self._chunks.popleft()
-        if self._chunks and len(data) < READ_MAX:
-            pieces = [data]
-            size = len(data)
-            while self._chunks and size + len(self._chunks[0][0]) <= READ_MAX:
-                more, more_flow = self._chunks.popleft()
-                pieces.append(more)
-                size += len(more)
-                flow += more_flow
-            data = b"".join(pieces)
         self.session.consumed(self.id, flow)
         return data
 
@@ -124,7 +109,7 @@ class TunnelStream:
                 continue
             piece, view = bytes(view[:room]), view[room:]
             self.session.call(lambda c, piece=piece: c.send_data(self.id, piece))  # type: ignore[misc]
-            await self.session.drained(len(piece))
+            await self.session.drained()
 
     async def end(self) -> None:
         if not self.local_ended:
@@ -211,8 +196,7 @@ class Session:
         self.closed = asyncio.Event()
         self.going_away = False  # a GOAWAY came, or this end is closing: no new streams
         self._dirty = asyncio.Event()  # frames queued in h2 for the writer
-        self._unsent = 0  # DATA bytes queued in h2 since the writer last took them
-        self._sent = asyncio.Event()  # set (and replaced) each time the writer has sent a batch
+        self._idle = asyncio.Event()  # the writer has sent everything queued
         self._pings: dict[bytes, asyncio.Future[None]] = {}
         self._ping_ids = itertools.count(1)
         self._handlers: set[asyncio.Task[None]] = set()
@@ -235,16 +219,13 @@ class Session:
             raise StreamReset(f"tunnel protocol: {exc}", ErrorCodes.PROTOCOL_ERROR) from None
         self._queued()
 
-    async def drained(self, written: int = 0) -> None:
-        """Counts ``written`` bytes as queued; past ``HIGH_WATER`` waits until the writer has
-        handed what is queued to the transport, so a fast writer cannot pile frames up faster
-        than the WebSocket takes them. Below it returns at once: waiting for the writer after
-        every chunk cost a task switch each and sent one WebSocket message per chunk."""
-        self._unsent += written
-        while self._unsent > HIGH_WATER and not self.closed.is_set():
-            await self._sent.wait()
+    async def drained(self) -> None:
+        """Waits until the writer has handed what is queued to the transport, so a fast writer
+        cannot pile frames up faster than the WebSocket takes them."""
+        await self._idle.wait()
 
     def _queued(self) -> None:
+        self._idle.clear()
         self._dirty.set()
 
     def consumed(self, stream_id: int, flow: int) -> None:
@@ -322,7 +303,7 @@ class Session:
     def _finish(self) -> None:
         self.closed.set()
         self.going_away = True
-        self._sent.set()
+        self._idle.set()
         gone = StreamReset("the tunnel connection closed", ErrorCodes.CONNECT_ERROR)
         for stream in list(self.streams.values()):
             stream.fail(gone)
@@ -336,11 +317,10 @@ class Session:
             await self._dirty.wait()
             self._dirty.clear()
             data = self.conn.data_to_send()
-            self._unsent = 0
             for start in range(0, len(data), MESSAGE_MAX):
                 await self.transport.send(data[start : start + MESSAGE_MAX])
-            self._sent.set()
-            self._sent = asyncio.Event()
+            if not self._dirty.is_set():
+                self._idle.set()
 
     async def _keepalive(self) -> None:
         while True:
