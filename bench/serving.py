@@ -6,10 +6,16 @@ agent, the socket), in one run.
   p99 of the first content chunk's arrival, direct and through, and the difference;
 - **chunks/s** at 1, 16, 64 and 256 concurrent streams of ``--tokens`` one-token chunks each.
 
-The engine is the recording vLLM stand-in (tests/support/fake_vllm.py) in its fast mode, streaming
-as fast as it can, run by a real agent (simulated GPUs) as an endpoint's replica in its sandbox: the
-path is measured, not a model. The cloud is `sxwl serve` on SQLite. Appends a dated section to
-bench/RESULTS.md. Run: ``.venv/bin/python bench/serving.py``.
+Two engines, each run by a real agent (simulated GPUs) as an endpoint's replica in its sandbox:
+
+- the recording vLLM stand-in (tests/support/fake_vllm.py) in its fast mode, streaming as fast as
+  it can, so that the path is measured, not a model (all of the above);
+- the tiny Llama the tests build, served by `transformers serve` on the CPU (a `gpus: 0` replica),
+  so that a real engine's figures stand beside it: added time to first token (``--llama-requests``
+  calls) and chunks/s at 1 and 4 streams of ``--llama-tokens`` (it may stop early at its EOS).
+
+The cloud is `sxwl serve` on SQLite. Appends a dated section to bench/RESULTS.md, with the load
+average (the machine is shared). Run: ``.venv/bin/python bench/serving.py``.
 """
 
 from __future__ import annotations
@@ -39,14 +45,18 @@ from tests.test_jobs_process import PRODUCT  # noqa: E402
 from sxwl.engine.sockets import reachable  # noqa: E402
 
 CONCURRENCY = (1, 16, 64, 256)
+LLAMA_CONCURRENCY = (1, 4)
 BODY: dict[str, Any] = {"model": "fast", "messages": [{"role": "user", "content": "hi"}], "stream": True}
 
 
-async def stream_once(client: httpx.AsyncClient, url: str, tokens: int) -> tuple[float, int]:
+async def stream_once(
+    client: httpx.AsyncClient, url: str, tokens: int, model: str = "fast"
+) -> tuple[float, int]:
     """(seconds to the first content chunk, content chunks) of one streamed call."""
     started = time.perf_counter()
     first, chunks = 0.0, 0
-    async with client.stream("POST", url, json=BODY | {"max_tokens": tokens}) as reply:
+    body = BODY | {"max_tokens": tokens, "model": model}
+    async with client.stream("POST", url, json=body) as reply:
         assert reply.status_code == 200, await reply.aread()
         async for line in reply.aiter_lines():
             if line.startswith("data: {") and '"content"' in line:
@@ -56,15 +66,21 @@ async def stream_once(client: httpx.AsyncClient, url: str, tokens: int) -> tuple
     return first, chunks
 
 
-async def first_tokens(client: httpx.AsyncClient, url: str, requests: int) -> list[float]:
-    return [(await stream_once(client, url, 4))[0] for _ in range(requests)]
+async def first_tokens(
+    client: httpx.AsyncClient, url: str, requests: int, model: str = "fast"
+) -> list[float]:
+    return [(await stream_once(client, url, 4, model))[0] for _ in range(requests)]
 
 
-async def chunk_rate(client: httpx.AsyncClient, url: str, streams: int, tokens: int) -> float:
+async def chunk_rate(
+    client: httpx.AsyncClient, url: str, streams: int, tokens: int, model: str = "fast"
+) -> float:
+    """Content chunks per second of ``streams`` concurrent calls; the stand-in sends every chunk
+    asked for, a model may stop at its end of sequence."""
     started = time.perf_counter()
-    done = await asyncio.gather(*(stream_once(client, url, tokens) for _ in range(streams)))
-    assert all(chunks == tokens for _, chunks in done)
-    return streams * tokens / (time.perf_counter() - started)
+    done = await asyncio.gather(*(stream_once(client, url, tokens, model) for _ in range(streams)))
+    assert all(chunks == tokens for _, chunks in done) or model != "fast"
+    return sum(chunks for _, chunks in done) / (time.perf_counter() - started)
 
 
 def client_for(
@@ -84,6 +100,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--ttft-requests", type=int, default=100)
     parser.add_argument("--tokens", type=int, default=200)
+    parser.add_argument("--llama-requests", type=int, default=20)
+    parser.add_argument("--llama-tokens", type=int, default=32)
+    parser.add_argument("--no-llama", action="store_true", help="the stand-in only")
     args = parser.parse_args()
     processes = Processes()
     with interrupt_on_sigterm(), tempfile.TemporaryDirectory() as tmp:
@@ -93,16 +112,9 @@ def main() -> None:
             processes.stop_all()
 
 
-def run(root: Path, args: argparse.Namespace, processes: Processes) -> None:
-    world = FineTuneWorld(root, f"sqlite:///{root / 'sxwl.db'}")
-    processes.add(world.close)
-    fakebin = root / "fakebin"
-    fakebin.mkdir()
-    (fakebin / "vllm").write_text(f"#!{sys.executable}\n" + FAKE.read_text())
-    (fakebin / "vllm").chmod(0o755)
-    world.agent("bench", 1, "--share-dir", str(fakebin), env={"PATH": f"{fakebin}:{os.environ['PATH']}"})
-    world.online()
-    body = {"name": "fast", "model": MODEL, "gpus": 1, "gpu_product": PRODUCT}
+def deploy(world: FineTuneWorld, processes: Processes, name: str, gpus: int) -> Path:
+    """An endpoint of the tiny Llama's model, ready; the unix socket of its replica's engine."""
+    body = {"name": name, "model": MODEL, "gpus": gpus} | ({"gpu_product": PRODUCT} if gpus else {})
     created = httpx.post(f"{world.url}/api/v1/endpoints", headers=world.user, json=body).json()
 
     def ready() -> dict[str, Any] | None:
@@ -111,8 +123,8 @@ def run(root: Path, args: argparse.Namespace, processes: Processes) -> None:
         ).json()
         return found if found["state"] == "ready" else None
 
-    replica = eventually(ready, timeout=120, what="the endpoint ready")["replica_jobs"][0]
-    (socket,) = (root / "agent-bench" / "jobs").glob(f"{replica['job_id']}*/work/engine.sock")
+    replica = eventually(ready, timeout=300, what=f"the endpoint {name} ready")["replica_jobs"][0]
+    (socket,) = (world.root / "agent-bench" / "jobs").glob(f"{replica['job_id']}*/work/engine.sock")
 
     def stop_endpoint() -> None:
         """Before the agent stops (reverse order): its replica's engine ends with it."""
@@ -120,36 +132,69 @@ def run(root: Path, args: argparse.Namespace, processes: Processes) -> None:
         eventually(lambda: world.job(replica["job_id"])["state"] == "cancelled", timeout=60, what="stopped")
 
     processes.add(stop_endpoint)
+    return socket
+
+
+def measure(
+    world: FineTuneWorld, socket: Path, model: str, requests: int, tokens: int, concurrency: tuple[int, ...]
+) -> list[str]:
     limits = httpx.Limits(max_connections=300, max_keepalive_connections=300)
+    lines: list[str] = []
     with reachable(str(socket)) as short:
         direct = client_for(
             lambda: httpx.AsyncClient(
-                transport=httpx.AsyncHTTPTransport(uds=short, limits=limits), timeout=120
+                transport=httpx.AsyncHTTPTransport(uds=short, limits=limits), timeout=300
             )
         )
-        through = client_for(lambda: httpx.AsyncClient(headers=world.user, limits=limits, timeout=120))
+        through = client_for(lambda: httpx.AsyncClient(headers=world.user, limits=limits, timeout=300))
         direct_url, through_url = "http://engine/v1/chat/completions", f"{world.url}/v1/chat/completions"
-        lines = [f"## Serving: {utc_now()}", "", machine_line(), ""]
         firsts = {
-            "direct": direct(lambda c: first_tokens(c, direct_url, args.ttft_requests)),
-            "through": through(lambda c: first_tokens(c, through_url, args.ttft_requests)),
+            "direct": direct(lambda c: first_tokens(c, direct_url, requests, model)),
+            "through": through(lambda c: first_tokens(c, through_url, requests, model)),
         }
         p = {k: (percentile(v, 50) * 1000, percentile(v, 99) * 1000) for k, v in firsts.items()}
         added = (p["through"][0] - p["direct"][0], p["through"][1] - p["direct"][1])
         lines.append(
-            f"- time to first token at concurrency 1 ({args.ttft_requests} calls): direct p50 "
+            f"- time to first token at concurrency 1 ({requests} calls): direct p50 "
             f"{p['direct'][0]:.1f} ms, p99 {p['direct'][1]:.1f} ms; through the cloud p50 "
             f"{p['through'][0]:.1f} ms, p99 {p['through'][1]:.1f} ms; added p50 {added[0]:.1f} ms "
             f"(target 5 ms), p99 {added[1]:.1f} ms"
         )
-        for streams in CONCURRENCY:
-            d = direct(functools.partial(chunk_rate, url=direct_url, streams=streams, tokens=args.tokens))
-            t = through(functools.partial(chunk_rate, url=through_url, streams=streams, tokens=args.tokens))
+        for streams in concurrency:
+            rate = functools.partial(chunk_rate, streams=streams, tokens=tokens, model=model)
+            d = direct(functools.partial(rate, url=direct_url))
+            t = through(functools.partial(rate, url=through_url))
             target = " (target 0.90)" if streams == 64 else ""
             lines.append(
-                f"- {streams} concurrent streams of {args.tokens} chunks: direct {d:,.0f} chunks/s, "
+                f"- {streams} concurrent streams of {tokens} chunks: direct {d:,.0f} chunks/s, "
                 f"through {t:,.0f} chunks/s, ratio {t / d:.2f}{target}"
             )
+    return lines
+
+
+def run(root: Path, args: argparse.Namespace, processes: Processes) -> None:
+    load_before = os.getloadavg()[0]
+    world = FineTuneWorld(root, f"sqlite:///{root / 'sxwl.db'}")
+    processes.add(world.close)
+    fakebin = root / "fakebin"
+    fakebin.mkdir()
+    (fakebin / "vllm").write_text(f"#!{sys.executable}\n" + FAKE.read_text())
+    (fakebin / "vllm").chmod(0o755)
+    world.agent("bench", 1, "--share-dir", str(fakebin), env={"PATH": f"{fakebin}:{os.environ['PATH']}"})
+    world.online()
+    fast = deploy(world, processes, "fast", 1)
+    lines = [f"## Serving: {utc_now()}", "", machine_line(), ""]
+    lines += ["Against the stand-in that streams as fast as it can:", ""]
+    lines += measure(world, fast, "fast", args.ttft_requests, args.tokens, CONCURRENCY)
+    if not args.no_llama:
+        tiny = deploy(world, processes, "tiny", 0)
+        lines += ["", "Against the tiny Llama (`transformers serve`, CPU):", ""]
+        lines += measure(world, tiny, "tiny", args.llama_requests, args.llama_tokens, LLAMA_CONCURRENCY)
+    lines.insert(
+        3,
+        f"- 1-minute load average: {load_before:.2f} before, {os.getloadavg()[0]:.2f} after (the "
+        "machine's 2 cores are shared with other work; anything above ~2 skews the figures)",
+    )
     print("\n".join(lines))
     append_results("\n".join(lines) + "\n")
 

@@ -192,7 +192,8 @@ def _terminal_echoes(world: World, browser: httpx.Client, env_id: str, xsrf: str
     return seen
 
 
-def test_a_dev_environment_runs_jupyterlab_reached_only_by_its_owner(world: World) -> None:
+def upload_notes(world: World) -> str:
+    """The user's uploaded file notes.jsonl (one chat whose answer is "hello"): its id."""
     chat = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]}
     uploaded = httpx.post(
         f"{world.url}/v1/files",
@@ -201,10 +202,15 @@ def test_a_dev_environment_runs_jupyterlab_reached_only_by_its_owner(world: Worl
         files={"file": ("notes.jsonl", json.dumps(chat).encode() + b"\n", "application/jsonl")},
     )
     assert uploaded.status_code == 200, uploaded.text
+    file_id: str = uploaded.json()["id"]
+    return file_id
+
+
+def test_a_dev_environment_runs_jupyterlab_reached_only_by_its_owner(world: World) -> None:
     created = httpx.post(
         f"{world.url}/api/v1/dev-envs",
         headers=world.user,
-        json={"name": "explore", "gpus": 1, "gpu_product": PRODUCT, "files": [uploaded.json()["id"]]},
+        json={"name": "explore", "gpus": 1, "gpu_product": PRODUCT, "files": [upload_notes(world)]},
     )
     assert created.status_code == 201, created.text
     env = created.json()
