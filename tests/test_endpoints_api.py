@@ -98,8 +98,11 @@ def test_an_endpoint_s_replicas_are_jobs_that_serve_until_stopped_and_are_billed
     assert eps.meter().charged >= 1
     stopped = eps.client.delete(f"{URL}/{endpoint['id']}", headers=eps.user).json()
     assert stopped["state"] == "stopped"
-    (command,) = eps.poll(wait=0)["commands"]
-    assert command["job_id"] == first and command["cancel"] is True
+    # The failed replica's replacement (docs/endpoints.md, "Replacing a failed replica") is cancelled
+    # too: a command as well where a scheduling pass on another thread (PostgreSQL) placed it.
+    commands = {c["job_id"]: c for c in eps.poll(wait=0)["commands"]}
+    assert first in commands and all(c["cancel"] is True for c in commands.values())
+    assert second not in commands and len(commands) <= 2
     eps.finish(first, 1, "cancelled")
     eps.meter()
     assert eps.balance() < 100_000_000

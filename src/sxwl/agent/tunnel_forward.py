@@ -112,8 +112,18 @@ async def _upload(
 async def _download(
     stream: TunnelStream, conn: h11.Connection, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
 ) -> None:
+    # The body parts one read brought (an engine's SSE chunks, each its own chunk of the chunked
+    # encoding) leave as one write, so one DATA frame, before the next read can wait: fewer frames
+    # under load, no delay when one chunk comes alone.
+    pending = bytearray()
     while True:
         event = conn.next_event()
+        if isinstance(event, h11.Data):
+            pending += event.data
+            continue
+        if pending:
+            await stream.write(bytes(pending))
+            pending.clear()
         if event is h11.NEED_DATA:
             conn.receive_data(await reader.read(READ_SIZE))
         elif isinstance(event, h11.InformationalResponse) and event.status_code == 101:
@@ -121,8 +131,6 @@ async def _download(
             return
         elif isinstance(event, h11.Response):
             await stream.send_head([(":status", str(event.status_code)), *_decoded(event.headers)])
-        elif isinstance(event, h11.Data):
-            await stream.write(bytes(event.data))
         elif isinstance(event, h11.EndOfMessage):
             await stream.end()
             return

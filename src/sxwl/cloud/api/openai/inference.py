@@ -353,31 +353,37 @@ def _relay(
 
 async def _paced(chunks: AsyncIterator[bytes], keepalive_s: float | None) -> AsyncIterator[bytes]:
     """``chunks`` with the between-bytes timeout; until the first, KEEPALIVE every ``keepalive_s``
-    (None: none), its wait counting toward FIRST_BYTE_S."""
+    (None: none), its wait counting toward FIRST_BYTE_S. After the first, each chunk is awaited
+    in place: a task per chunk cost more than the relay's own work at many streams."""
     it = aiter(chunks)
-    first = True
+    step = asyncio.ensure_future(anext(it))
     waited = 0.0
-    while True:
-        step = asyncio.ensure_future(anext(it))
+    try:
+        while True:
+            limit = keepalive_s if keepalive_s is not None else BETWEEN_BYTES_S
+            done, _ = await asyncio.wait({step}, timeout=limit)
+            if done:
+                break
+            if keepalive_s is None or waited >= FIRST_BYTE_S:
+                raise TimeoutError(f"nothing for {limit:.0f} s")
+            waited += limit
+            yield KEEPALIVE
         try:
-            while True:
-                keeping = first and keepalive_s is not None
-                limit = keepalive_s if keeping and keepalive_s is not None else BETWEEN_BYTES_S
-                done, _ = await asyncio.wait({step}, timeout=limit)
-                if done:
-                    break
-                if not keeping or waited >= FIRST_BYTE_S:
-                    raise TimeoutError(f"nothing for {limit:.0f} s")
-                waited += limit
-                yield KEEPALIVE
-            try:
-                chunk = step.result()
-            except StopAsyncIteration:
-                return
-        finally:
-            if not step.done():
-                step.cancel()
-        first = False
+            chunk = step.result()
+        except StopAsyncIteration:
+            return
+    finally:
+        if not step.done():
+            step.cancel()
+    yield chunk
+    while True:
+        try:
+            async with asyncio.timeout(BETWEEN_BYTES_S):
+                chunk = await anext(it)
+        except StopAsyncIteration:
+            return
+        except TimeoutError:
+            raise TimeoutError(f"nothing for {BETWEEN_BYTES_S:.0f} s") from None
         yield chunk
 
 
