@@ -253,6 +253,16 @@ def revoke_key(world: World) -> None:
     in_place(response, action, 403, zh("error.csrf"))
 
 
+def change_key_limits(world: World) -> None:
+    made = world.client.post("/api/v1/keys", headers=world.user, json={"name": "script"}).json()
+    browser = world.browser("dev@example.com")
+    action = f"/endpoints/keys/{made['id']}/limits"
+    in_place(post(browser, "/endpoints", action, rpm="-1", tpm="", monthly_cap=""), action, 422, "限额未保存")
+    after = world.client.get("/api/v1/keys", headers=world.user).json()
+    listed = after["data"] if isinstance(after, dict) else after
+    assert [k.get("rpm") for k in listed if k["id"] == made["id"]] == [None]  # nothing changed
+
+
 def create_dev_env(world: World) -> None:
     browser = world.browser("dev@example.com")
     response = post(browser, "/dev-envs", "/dev-envs", name="kept-name", gpus="-1")
@@ -303,6 +313,7 @@ CASES: dict[str, Callable[[World], None]] = {
     "/endpoints/{}/delete": delete_endpoint,
     "/endpoints/keys": create_key,
     "/endpoints/keys/{}/revoke": revoke_key,
+    "/endpoints/keys/{}/limits": change_key_limits,
     "/dev-envs": create_dev_env,
     "/dev-envs/{}/pause": dev_env_actions,
     "/dev-envs/{}/resume": dev_env_actions,

@@ -279,7 +279,9 @@ def test_the_supervisor_serves_the_engine_on_a_tcp_port_as_in_a_pod(tmp_path: Pa
     proc = subprocess.Popen([sys.executable, "-m", "sxwl.engine"], env=env, cwd=tmp_path)
     try:
         target = TcpTarget("127.0.0.1", port)
-        eventually(lambda: asyncio.run(engine_probe.serving(target)), timeout=60, what="the engine to serve")
+        eventually(
+            lambda: run_on_thread(engine_probe.serving(target)), timeout=60, what="the engine to serve"
+        )
         answer = httpx.post(
             f"http://127.0.0.1:{port}/v1/chat/completions",
             json={"model": "chat", "messages": [{"role": "user", "content": "hi"}]},
@@ -311,9 +313,9 @@ def test_a_socket_target_answers_only_when_its_server_runs_as_the_attempt_uid(tm
         finally:
             server.close()
 
-    assert asyncio.run(opened(os.geteuid())) == "opened"
+    assert run_on_thread(opened(os.geteuid())) == "opened"
     assert (
-        asyncio.run(opened(os.geteuid() + 1))
+        run_on_thread(opened(os.geteuid() + 1))
         == f"its socket is served by uid {os.geteuid()}, not the attempt's"
     )
 

@@ -165,6 +165,10 @@ class RealNodes:
             selector["kubernetes.io/hostname"] = node
         return {"nodeSelector": selector, "tolerations": [{**REAL_TAINT, "operator": "Equal"}]}
 
+    def has_image(self, ref: str) -> bool:
+        """Whether image `ref` is imported into the nodes (a base one, or made by image_with_files)."""
+        return ref in self._layouts
+
     def image_with_files(self, base: str, name: str, files: dict[str, Path]) -> str:
         """Image `name` = image `base` plus `files` ({path in the image: file or folder here}) as one
         layer, imported into every node; returns `name`."""

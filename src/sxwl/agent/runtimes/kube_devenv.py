@@ -29,7 +29,6 @@ from typing import Any
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from sxwl.agent import jupyter_identity
 from sxwl.agent.forward_targets import TcpTarget
 from sxwl.agent.runtimes import kube_inputs
 from sxwl.agent.runtimes.jupyter import SSH_USER, TOKEN_FILE, lab_flags, sshd_config
@@ -55,7 +54,8 @@ WORK_VOLUME = "sxwl-work"
 DEV_DIR = "/sxwl-dev"
 DEV_VOLUME = "sxwl-dev"
 IDENTITY = "sxwl_jupyter_identity"  # jupyter_identity.py as the pod imports it from DEV_DIR
-IDENTITY_SOURCE = Path(jupyter_identity.__file__).read_bytes()
+# Read as a file, not imported: it imports jupyter_server, which the agent's own image does not have.
+IDENTITY_SOURCE = (Path(__file__).resolve().parents[1] / "jupyter_identity.py").read_bytes()
 USER_ID = 1000  # the pod's user, named SSH_USER in the passwd it is given
 HOST_KEY = f"{WORK_DIR}/.sxwl-ssh/ssh_host_ed25519_key"  # kept in the workspace: the same after a resume
 PASSWD = (
