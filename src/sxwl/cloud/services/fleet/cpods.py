@@ -152,41 +152,18 @@ def runs(said: bool | None, runtime: str) -> bool:
     return said if said is not None else runtime == "local"
 
 
-def _changed(session: Session, cpod: CPod, was: bool, now: bool, kind: str, codes: tuple[str, str]) -> bool:
-    """``now``, with an event on the CPod when it differs from what it ``was``."""
-    if was != now:
-        add_event(session, cpod.id, kind, Reason.of(codes[0] if now else codes[1]))
-    return now
-
-
 def set_isolation(session: Session, cpod: CPod, report: IsolationReport) -> frozenset[str] | None:
     """Records how the CPod's agent runs jobs (isolated or not; fine-tunes, endpoint replicas and
     dev environments or not); returns whose jobs it may run (None: anyone's). The scheduler reads
     the columns every pass, so a change counts from the next one."""
-    cpod.takes_fine_tunes = _changed(
-        session,
-        cpod,
-        cpod.takes_fine_tunes,
-        runs(report.fine_tunes, cpod.runtime),
-        "fine-tunes",
-        ("cpod.fine_tunes", "cpod.no_fine_tunes"),
-    )
-    cpod.takes_endpoints = _changed(
-        session,
-        cpod,
-        cpod.takes_endpoints,
-        runs(report.endpoints, cpod.runtime),
-        "endpoints",
-        ("cpod.endpoints", "cpod.no_endpoints"),
-    )
-    cpod.takes_dev_envs = _changed(
-        session,
-        cpod,
-        cpod.takes_dev_envs,
-        runs(report.dev_envs, cpod.runtime),
-        "dev-envs",
-        ("cpod.dev_envs", "cpod.no_dev_envs"),
-    )
+    runtime = cpod.runtime
+    now = (runs(report.fine_tunes, runtime), runs(report.endpoints, runtime), runs(report.dev_envs, runtime))
+    before = (cpod.takes_fine_tunes, cpod.takes_endpoints, cpod.takes_dev_envs)
+    for kind, was, takes in zip(("fine_tunes", "endpoints", "dev_envs"), before, now, strict=True):
+        if was != takes:  # event "fine-tunes" (…): cpod.fine_tunes or cpod.no_fine_tunes
+            code = f"cpod.{kind}" if takes else f"cpod.no_{kind}"
+            add_event(session, cpod.id, kind.replace("_", "-"), Reason.of(code))
+    cpod.takes_fine_tunes, cpod.takes_endpoints, cpod.takes_dev_envs = now
     trusted: list[str] = []
     if report.isolation == "none":
         for index, email in enumerate(report.trusted_accounts):
