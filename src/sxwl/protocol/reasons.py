@@ -182,6 +182,11 @@ ENGLISH: dict[str, str] = {
     "queue.no_gpus": "no online CPod has GPUs; the job needs {need}",
     "queue.never_fits": "no online CPod offers {need}",
     "queue.busy": "waiting for {need} to become free",
+    "queue.busy_held": "waiting for {what} held by other work to become free (the job needs {need})",
+    "held.gpus": "GPUs",
+    "held.cores": "CPU cores",
+    "held.memory": "memory",
+    "held.and": "{first} and {then}",
     "queue.no_dev_env": "the CPods that offer {need} run no dev environments (a Kubernetes CPod runs them "
     "once its agent has a dev environment image: the chart's devEnvs)",
     "queue.no_endpoint": "the CPods that offer {need} do not run inference engines (a Kubernetes CPod's "
@@ -208,6 +213,8 @@ ENGLISH: dict[str, str] = {
     "dev.paused_by": "paused by {who}",
     "dev.idle": "paused after {minutes} min without activity",
     "dev.stopped_by": "stopped by {who}",
+    "dev.moved": "moved from CPod {old}, which had no room for it, to CPod {new} with its saved workspace",
+    "job.unpinned": "CPod {cpod}, which it waited for, has no room: it goes to CPod {new}",
     "job.cancelled_by": "cancelled by {who}",
     "job.cancelled": "cancelled",
     "job.exited_while_serving": "it exited (status {status}), but a {kind} serves until it is stopped",

@@ -209,6 +209,13 @@ class Job(Base):
         Index("ix_jobs_state_priority", "state", "priority", "created_at"),
         Index("ix_jobs_owner_created", "owner_id", "created_at"),
         Index("ix_jobs_cpod_state", "cpod_id", "state"),
+        # A dev environment's jobs (migration 0022): read when one waits for its full CPod.
+        Index(
+            "ix_jobs_dev_env",
+            "dev_env_id",
+            sqlite_where=text("dev_env_id IS NOT NULL"),
+            postgresql_where=text("dev_env_id IS NOT NULL"),
+        ),
     )
 
     id: Mapped[str] = mapped_column(String(32), primary_key=True, default=new_id)

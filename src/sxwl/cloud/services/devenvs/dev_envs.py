@@ -5,7 +5,6 @@ is told there is none."""
 
 from __future__ import annotations
 
-import dataclasses
 import enum
 from dataclasses import dataclass
 
@@ -25,8 +24,6 @@ from sxwl.cloud.services.devenvs.dev_env_kind import DEV_ENV, jupyter_token
 from sxwl.cloud.services.finetune.fine_tunes import FILES_JOB
 from sxwl.cloud.services.jobs import jobs
 from sxwl.cloud.services.jobs.job_kinds import Workload
-from sxwl.cloud.services.scheduling.placement import Need
-from sxwl.cloud.services.scheduling.scheduler import input_sizes, room_now
 from sxwl.protocol.devenvs import (
     INPUTS_SEEN_AT,
     DevEnvIn,
@@ -219,8 +216,9 @@ def pause(session: Session, user: User, env_id: str, why: Reason) -> tuple[DevEn
 
 def resume(ctx: CloudContext, session: Session, user: User, env_id: str) -> tuple[DevEnv, Job]:
     """Runs it again on the CPod that keeps its workspace; where that CPod is gone (revoked or
-    offline), or has no room now while another has, anywhere else with the workspace its last
-    attempt saved to the artifact store."""
+    offline), anywhere else with the workspace its last attempt saved to the artifact store. While
+    its CPod has no room and another has, the scheduler moves it there the same way, if that copy is
+    the latest (services/devenvs/relocation.py)."""
     env, job = get_for(session, user, env_id)
     if env.state != DevEnvState.PAUSED or (job is not None and job.state not in TERMINAL_STATES):
         raise _is(env, job, "dev_env_not_paused")
@@ -231,34 +229,10 @@ def resume(ctx: CloudContext, session: Session, user: User, env_id: str) -> tupl
     if gone and env.saved is None:
         message = "the CPod that keeps its workspace is gone, and no saved copy of it is stored"
         raise AppError(409, message, code="dev_env_workspace_lost")
-    moved = not gone and _full_but_elsewhere(ctx, session, env)
-    restored = [env.saved] if (gone or moved) and env.saved is not None else []
-    job = _submit(ctx, session, user, env, cpod_id=None if gone or moved else env.cpod_id, restored=restored)
+    restored = [env.saved] if gone and env.saved is not None else []
+    job = _submit(ctx, session, user, env, cpod_id=None if gone else env.cpod_id, restored=restored)
     env.state, env.reason = DevEnvState.ACTIVE, None
     return env, job
-
-
-def _full_but_elsewhere(ctx: CloudContext, session: Session, env: DevEnv) -> bool:
-    """Whether a resume leaves the environment's CPod: it has no room now, another CPod has, and
-    what the environment's last job saved can be restored there (an older copy would lose what the
-    CPod keeps: its last workspace was over the size cap, say)."""
-    if env.saved is None or env.saved["object"]["job_id"] != env.job_id:
-        return False
-    need = Need(
-        env.gpu_product,
-        env.gpus,
-        1,
-        env.cpod_id,
-        image=bool(env.image),
-        inputs=input_sizes(env.inputs),
-        dev_env=True,
-        cpus=env.cpus,
-        memory_mib=env.memory_gib * 1024 if env.memory_gib else None,
-    )
-    if room_now(ctx, session, need, env.owner_id) is not None:
-        return False
-    elsewhere = dataclasses.replace(need, cpod_id=None, inputs=input_sizes([*env.inputs, env.saved]))
-    return room_now(ctx, session, elsewhere, env.owner_id) is not None
 
 
 @dataclass(frozen=True)

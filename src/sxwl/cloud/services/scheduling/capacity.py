@@ -1,5 +1,7 @@
 """Free GPUs per node of every online CPod: what the CPod last reported, minus the assignments it has
-not reported yet (invariant 3, docs/architecture.md), kept in memory between scheduling passes.
+not reported yet (invariant 3, docs/architecture.md), kept in memory between scheduling passes; and
+the cores and memory its live attempts asked for, which the CPod does not report as used, so every
+live attempt's are held, reported or not.
 
 Re-reading every CPod's node snapshot and every active job's placement made up most of a small
 pass, and even comparing every online CPod's version with the cache took 165 ms of a pass at 10,000
@@ -36,12 +38,15 @@ AttemptKey = tuple[str, int]  # (job id, attempt)
 
 @dataclass(frozen=True)
 class Hold:
-    """An active job attempt's GPUs on its CPod."""
+    """An active job attempt's GPUs on its CPod, and the cores and memory per node it asked for (0:
+    none asked; a job's default bounds are limits, not reservations: docs/architecture.md)."""
 
     cpod_id: str
     node_names: tuple[str, ...]
     gpus_per_node: int
     owner_id: str
+    cpus: int = 0
+    memory_mib: int = 0
 
     @property
     def gpus(self) -> int:
@@ -164,21 +169,33 @@ class CapacityCache:
         for chunk in _chunks(sorted({job_id for job_id, _ in new})):
             rows = connection.execute(
                 select(
-                    Job.id, Job.attempt, Job.cpod_id, Job.node_names, Job.gpus_per_node, Job.owner_id
+                    Job.id,
+                    Job.attempt,
+                    Job.cpod_id,
+                    Job.node_names,
+                    Job.gpus_per_node,
+                    Job.owner_id,
+                    Job.cpus,
+                    Job.memory_mib,
                 ).where(Job.id.in_(chunk))
             )
-            for job_id, attempt, cpod_id, node_names, gpus_per_node, owner_id in rows:
+            for job_id, attempt, cpod_id, node_names, gpus, owner_id, cpus, memory_mib in rows:
                 if (job_id, attempt) in new and cpod_id is not None:
-                    self.hold((job_id, attempt), Hold(cpod_id, tuple(node_names), gpus_per_node, owner_id))
+                    hold = Hold(cpod_id, tuple(node_names), gpus, owner_id, cpus or 0, memory_mib or 0)
+                    self.hold((job_id, attempt), hold)
 
     def _compute(self, cpod_id: str) -> CPodCapacity:
         snapshot = self._snapshots[cpod_id]
         unreported: dict[str, int] = defaultdict(int)
+        cores: dict[str, int] = defaultdict(int)
+        memory: dict[str, int] = defaultdict(int)
         for job_id, attempt in self._by_cpod.get(cpod_id, ()):
-            if attempt_key(job_id, attempt) not in snapshot.reported:
-                hold = self._holds[(job_id, attempt)]
-                for name in hold.node_names:
-                    unreported[name] += hold.gpus_per_node
+            hold = self._holds[(job_id, attempt)]
+            reported = attempt_key(job_id, attempt) in snapshot.reported
+            for name in hold.node_names:
+                unreported[name] += 0 if reported else hold.gpus_per_node
+                cores[name] += hold.cpus
+                memory[name] += hold.memory_mib
         entry = CPodCapacity(
             cpod_id,
             runtime=snapshot.runtime,
@@ -201,6 +218,8 @@ class CapacityCache:
                     node.get("status") == "ready",
                     cpu_cores=int(node.get("cpu_cores", 0)),
                     memory_mib=int(node.get("memory_mib", 0)),
+                    cores_held=cores[node["name"]],
+                    memory_held_mib=memory[node["name"]],
                 )
             )
         return entry

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import heapq
 from bisect import bisect_left, insort
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from itertools import islice
 
@@ -25,6 +25,10 @@ class NodeCapacity:
     # What the node reports having: a job that asks for more cores or memory per node never fits it.
     cpu_cores: int = 0
     memory_mib: int = 0
+    # What the live attempts placed on it asked for (the agent reports no cores or memory in use):
+    # a job fits only in what is left.
+    cores_held: int = 0
+    memory_held_mib: int = 0
 
 
 @dataclass
@@ -107,15 +111,26 @@ Entry = tuple[int, str, str]
 
 
 def _fits(node: NodeCapacity, need: Need, free: bool) -> bool:
-    if not node.ready:
+    """Whether ``node`` has room for ``need`` now (``free``) or would have once nothing else ran."""
+    if not node.ready or not _cores_fit(node, need, free) or not _memory_fits(node, need, free):
         return False
-    if (need.cpus and node.cpu_cores < need.cpus) or (need.memory_mib and node.memory_mib < need.memory_mib):
-        return False
+    return _gpus_fit(node, need, free)
+
+
+def _gpus_fit(node: NodeCapacity, need: Need, free: bool) -> bool:
     if need.gpus_per_node == 0:
         return True
     if need.gpu_product is not None and node.product != need.gpu_product:
         return False
     return (node.free if free else node.allocatable) >= need.gpus_per_node
+
+
+def _cores_fit(node: NodeCapacity, need: Need, free: bool) -> bool:
+    return not need.cpus or node.cpu_cores - (node.cores_held if free else 0) >= need.cpus
+
+
+def _memory_fits(node: NodeCapacity, need: Need, free: bool) -> bool:
+    return not need.memory_mib or node.memory_mib - (node.memory_held_mib if free else 0) >= need.memory_mib
 
 
 class Pool:
@@ -188,13 +203,13 @@ class Pool:
             if refused:
                 entries = (entry for entry in entries if entry[1] not in refused)
             if need.cpus or need.memory_mib:  # the index orders by free GPUs only
-                entries = (entry for entry in entries if self._big_enough(entry, need))
+                entries = (entry for entry in entries if self._room_left(entry, need))
         return _best(entries, need)
 
-    def _big_enough(self, entry: Entry, need: Need) -> bool:
-        """Whether the node of an index entry has the cores and memory ``need`` asks for."""
+    def _room_left(self, entry: Entry, need: Need) -> bool:
+        """Whether the node of an index entry has the cores and memory ``need`` asks for left."""
         node = next(n for n in self.cpods[entry[1]].nodes if n.name == entry[2])
-        return _fits(node, need, free=False)
+        return _fits(node, need, free=True)
 
     def product_of(self, placement: Placement) -> str | None:
         """The GPU product of a placement's nodes (one product per placement: nodes fit by it)."""
@@ -244,13 +259,16 @@ class Pool:
             return iter(())
         return tails[0] if len(tails) == 1 else heapq.merge(*tails)
 
-    def take(self, placement: Placement, gpus_per_node: int) -> None:
+    def take(self, placement: Placement, gpus_per_node: int, cpus: int | None = None, memory_mib: int | None = None) -> None:
+        """Takes what a placed job asked for off its nodes, for the rest of the pass."""
         cpod = self.cpods[placement.cpod_id]
         self.touched.add(cpod.id)
         for node in cpod.nodes:
             if node.name in placement.node_names:
                 self._drop(node, cpod.id)
                 node.free -= gpus_per_node
+                node.cores_held += cpus or 0
+                node.memory_held_mib += memory_mib or 0
                 insort(self._index[node.product], (node.free, cpod.id, node.name))
 
 
@@ -300,7 +318,7 @@ def why_not(need: Need, cpods: Iterable[CPodCapacity], pinned_online: bool | Non
     big_enough = [c for c in pool if sum(1 for n in c.nodes if _fits(n, need, free=False)) >= need.nodes]
     refusals = {c.refuses(need) for c in big_enough}
     if None in refusals:
-        return Reason.of("queue.busy", need=need.describe())
+        return _busy(need, [c for c in big_enough if c.refuses(need) is None])
     if "image" in refusals:
         return Reason.of("queue.image", need=need.describe())
     if "fine-tune" in refusals:
@@ -311,3 +329,28 @@ def why_not(need: Need, cpods: Iterable[CPodCapacity], pinned_online: bool | Non
     if "endpoint" in refusals:
         return Reason.of("queue.no_endpoint", need=need.describe())
     return Reason.of("queue.restricted", need=need.describe())
+
+
+# The parts of a need that other work can hold, each with its check of one node.
+_PARTS = (("held.gpus", _gpus_fit), ("held.cores", _cores_fit), ("held.memory", _memory_fits))
+
+
+def _busy(need: Need, takers: list[CPodCapacity]) -> Reason:
+    """Why a job waits that CPods could take once their nodes were empty: for a job that asked for
+    cores or memory, which of them (and of its GPUs) other work holds now."""
+    if not (need.cpus or need.memory_mib):
+        return Reason.of("queue.busy", need=need.describe())
+    asked = [(code, fits) for code, fits in _PARTS if code != "held.gpus" or need.gpus_per_node]
+
+    def left(cpod: CPodCapacity, fits: Callable[[NodeCapacity, Need, bool], bool]) -> int:
+        return sum(1 for n in cpod.nodes if _fits(n, need, free=False) and fits(n, need, True))
+
+    held = [code for code, fits in asked if all(left(c, fits) < need.nodes for c in takers)]
+    if not held:  # each part is left somewhere, but not together: name every part some node lacks
+        held = [code for code, fits in asked if any(left(c, fits) < len(c.nodes) for c in takers)]
+    if held in ([], ["held.gpus"]):  # a GPU job held back by GPUs (or by a price: see the scheduler)
+        return Reason.of("queue.busy", need=need.describe())
+    what = Reason.of(held[0])
+    for code in held[1:]:
+        what = Reason.of("held.and", first=what, then=Reason.of(code))
+    return Reason.of("queue.busy_held", what=what, need=need.describe())

@@ -1,5 +1,6 @@
 """One scheduling pass: order the queue (priority, fair share, FIFO), place what fits, assign each
-job with one conditional update (invariant 3, docs/architecture.md), and say why the rest waits."""
+job with one conditional update (invariant 3, docs/architecture.md), move a dev environment that waits
+for a full CPod to one with room where it may (moves.py), and say why the rest waits."""
 
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ from sxwl.cloud.db.types import utcnow
 from sxwl.cloud.kit.notify import on_commit
 from sxwl.cloud.services.money import ledger
 from sxwl.cloud.services.money.prices import FREE, PriceBook, Rate, cpu_units, price_book
+from sxwl.cloud.services.scheduling import moves
 from sxwl.cloud.services.scheduling.capacity import CapacityCache, Hold
 from sxwl.cloud.services.scheduling.placement import Need, Placement, Pool, never_fits, why_not
 from sxwl.protocol.money import yuan_text
@@ -138,6 +140,7 @@ class _Writes:
     reasons: list[tuple[str, str]]  # (job id, reason as stored)
     # The price each placement is made at (fixed on its attempt: invariant 9, docs/architecture.md).
     priced: dict[str, tuple[PriceResource, str | None, Rate]]
+    moved: dict[str, moves.Move] = dataclasses.field(default_factory=dict)  # by job id
 
 
 def _pass(ctx: CloudContext, cache: CapacityCache) -> list[Assigned]:
@@ -165,7 +168,14 @@ def _pass(ctx: CloudContext, cache: CapacityCache) -> list[Assigned]:
     for job, placement in won:
         cache.hold(
             (job.id, job.attempt + 1),
-            Hold(placement.cpod_id, tuple(placement.node_names), job.gpus_per_node, job.owner_id),
+            Hold(
+                placement.cpod_id,
+                tuple(placement.node_names),
+                job.gpus_per_node,
+                job.owner_id,
+                job.cpus or 0,
+                job.memory_mib or 0,
+            ),
         )
     return [Assigned(job.id, placement.cpod_id, job.attempt + 1) for job, placement in won]
 
@@ -190,6 +200,7 @@ def _decide(
     # Capacity only shrinks during a pass: a need that did not fit once will not fit again.
     unplaceable: dict[Need, Reason] = {}
     never: dict[Need, Reason | None] = {}
+    leavers: dict[str, StoredInput] | None = None  # read when a pinned job first finds no room
     restricted = pool.restricted
     for job in fair_order(queued, usage):
         need = Need(
@@ -229,12 +240,17 @@ def _decide(
             _explain(writes, job, unpriced)
             continue
         placement = None if need in unplaceable else pool.place(need, priced_products)
+        if placement is None and pinned_online:  # its CPod has no room: may it go elsewhere?
+            if leavers is None:
+                leavers = moves.leaving(session, [j.id for j in queued if j.pinned_cpod_id])
+            if (carried := leavers.get(job.id)) is not None:
+                placement = _elsewhere(writes, pool, job, need, carried, priced_products)
         if placement is None:
             if need not in unplaceable:
                 unplaceable[need] = why_not(need, pool.cpods.values(), pinned_online)
             _explain(writes, job, unplaceable[need])
             continue
-        pool.take(placement, job.gpus_per_node)
+        pool.take(placement, job.gpus_per_node, job.cpus, job.memory_mib)
         usage[job.owner_id] = held + total
         writes.assigned.append((job, placement))
         product = pool.product_of(placement) if job.gpus_per_node else None
@@ -245,15 +261,22 @@ def _decide(
     return writes
 
 
-def room_now(ctx: CloudContext, session: Session, need: Need, owner_id: str) -> Placement | None:
-    """Where a job of ``need`` would be placed now, taking nothing: for a request that chooses
-    between waiting for one CPod and going to another (a dev environment's resume)."""
-    with ctx.capacity.lock:
-        pool = ctx.capacity.refresh(session)
-        if pool.restricted:
-            need = dataclasses.replace(need, owner_id=owner_id)
-        products = frozenset(price_book(session).gpu) if ctx.settings.billing_enabled else None
-        return pool.place(need, products)
+def _elsewhere(
+    writes: _Writes,
+    pool: Pool,
+    job: Queued,
+    need: Need,
+    carried: StoredInput,
+    products: frozenset[str] | None,
+) -> Placement | None:
+    """Where a job pinned to a CPod without room goes instead, taking ``carried`` along (noted as a
+    move in ``writes``), or None: it keeps waiting for its CPod."""
+    assert job.pinned_cpod_id is not None
+    inputs = [*job.inputs, carried]
+    placement = pool.place(dataclasses.replace(need, cpod_id=None, inputs=input_sizes(inputs)), products)
+    if placement is not None:
+        writes.moved[job.id] = moves.Move(job.id, job.attempt, job.pinned_cpod_id, placement.cpod_id, inputs)
+    return placement
 
 
 def input_sizes(inputs: list[StoredInput]) -> tuple[tuple[str, int], ...]:
@@ -340,6 +363,7 @@ def _write(session: Session, writes: _Writes) -> list[tuple[Queued, Placement]]:
     if not writes.assigned:
         return []
     now = utcnow()
+    moves.unpin(session, list(writes.moved.values()))
     result = session.execute(
         _ASSIGN,
         [
@@ -371,6 +395,7 @@ def _write(session: Session, writes: _Writes) -> list[tuple[Queued, Placement]]:
         session.execute(select(CPod.id, CPod.owner_id).where(CPod.id.in_({p.cpod_id for _, p in won}))).all()
     )
     session.execute(insert(JobAttempt), [_attempt_row(job, p, writes, providers, now) for job, p in won])
+    moves.record(session, [writes.moved[job.id] for job, _ in won if job.id in writes.moved], now)
     session.execute(
         insert(JobEvent),
         [
