@@ -108,9 +108,7 @@ def test_an_older_saved_copy_keeps_it_waiting_for_its_cpod(world: World, replica
     assert "moved" not in seen.events
 
 
-def test_a_pause_that_commits_first_wins_over_the_move(
-    world: World, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_a_pause_that_commits_first_wins_over_the_move(world: World, monkeypatch: pytest.MonkeyPatch) -> None:
     env_id, _ = ran_and_paused(world, "kept")
     waiting = world.resume(env_id)
     bring_up(world, ROOMY)

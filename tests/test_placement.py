@@ -228,3 +228,45 @@ def test_cores_and_memory_per_node_decide_where_a_need_fits_and_why_it_waits() -
     assert english(why_not(too_much, pool, None)) == (
         f"no online CPod offers 2 × {A100} with 4 CPU cores with 1024 GiB of memory"
     )
+
+
+def test_cores_and_memory_held_on_a_node_are_not_handed_out_again_and_the_reason_names_them() -> None:
+    def node(name: str, gpus_free: int, cores_held: int, memory_held_gib: int) -> NodeCapacity:
+        return NodeCapacity(
+            name,
+            A100,
+            8,
+            gpus_free,
+            cpu_cores=16,
+            memory_mib=64 * 1024,
+            cores_held=cores_held,
+            memory_held_mib=memory_held_gib * 1024,
+        )
+
+    pool = Pool([CPodCapacity("c1", [node("a", 8, 12, 0), node("b", 0, 0, 60)])])
+    need = Need(A100, 1, 1, cpus=8, memory_mib=8 * 1024)
+    # Node a has the GPUs but only 4 cores left, b the cores but no GPU and 4 GiB left: each part is
+    # free somewhere, none on one node; every part some node lacks is named.
+    assert pool.place(need) is None
+    assert english(why_not(need, pool.cpods.values(), None)) == (
+        f"waiting for GPUs and CPU cores and memory held by other work to become free (the job needs 1 × "
+        f"{A100} with 8 CPU cores with 8 GiB of memory)"
+    )
+    whole = Need(None, 0, 1, cpus=16)
+    assert pool.place(whole) == Placement("c1", ["b"])  # a has 4 cores left: only b has 16
+    pool.take(Placement("c1", ["b"]), 0, cpus=16)
+    assert pool.place(whole) is None
+    four = Need(None, 0, 1, cpus=4)
+    assert pool.place(four) == Placement("c1", ["a"])
+    pool.take(Placement("c1", ["a"]), 0, cpus=4)
+    assert pool.place(four) is None
+    assert english(why_not(four, pool.cpods.values(), None)) == (
+        "waiting for CPU cores held by other work to become free (the job needs a CPU-only node with 4 "
+        "CPU cores)"
+    )
+    assert pool.place(Need(None, 0, 1, cpus=17)) is None  # more than any node has: never
+    assert english(why_not(Need(None, 0, 1, cpus=17), pool.cpods.values(), None)) == (
+        "no online CPod offers a CPU-only node with 17 CPU cores"
+    )
+    # A job that asked for neither is held back by neither.
+    assert pool.place(Need(A100, 8, 1)) == Placement("c1", ["a"])

@@ -71,7 +71,9 @@ class World:
     def close(self) -> None:
         self.ctx.db.dispose()
 
-    def add_cpod(self, cpod_id: str, nodes: list[dict[str, Any]], status: CPodStatus = CPodStatus.ONLINE) -> None:
+    def add_cpod(
+        self, cpod_id: str, nodes: list[dict[str, Any]], status: CPodStatus = CPodStatus.ONLINE
+    ) -> None:
         with self.ctx.db.session() as session:
             session.execute(
                 insert(CPod).values(
@@ -150,7 +152,9 @@ class World:
         with self.ctx.db.session() as session:
             job = session.get(Job, job_id)
             assert job is not None
-            events = session.scalars(select(JobEvent.kind).where(JobEvent.job_id == job_id).order_by(JobEvent.id))
+            events = session.scalars(
+                select(JobEvent.kind).where(JobEvent.job_id == job_id).order_by(JobEvent.id)
+            )
             return JobSeen(
                 job.state,
                 job.attempt,

@@ -40,6 +40,7 @@ class DevEnvMover:
             .where(Job.dev_env_id.in_(saved), JobAttempt.started_at.is_not(None))
         )
         for env_id, at, job_id, attempt in started:
+            assert env_id is not None and at is not None  # as the query asked
             if env_id not in latest or (at, job_id, attempt) > latest[env_id]:
                 latest[env_id] = (at, job_id, attempt)
         leaving: dict[str, StoredInput] = {}

@@ -259,7 +259,9 @@ class Pool:
             return iter(())
         return tails[0] if len(tails) == 1 else heapq.merge(*tails)
 
-    def take(self, placement: Placement, gpus_per_node: int, cpus: int | None = None, memory_mib: int | None = None) -> None:
+    def take(
+        self, placement: Placement, gpus_per_node: int, cpus: int | None = None, memory_mib: int | None = None
+    ) -> None:
         """Takes what a placed job asked for off its nodes, for the rest of the pass."""
         cpod = self.cpods[placement.cpod_id]
         self.touched.add(cpod.id)
