@@ -56,9 +56,10 @@ def register(mover: Mover) -> None:
 
 
 def leaving(session: Session, job_ids: Sequence[str]) -> dict[str, StoredInput]:
+    """What every mover says of these pinned jobs (``Mover.leaving``)."""
     found: dict[str, StoredInput] = {}
-    for mover in _MOVERS:
-        found.update(mover.leaving(session, job_ids) if job_ids else {})
+    for mover in _MOVERS if job_ids else ():
+        found.update(mover.leaving(session, job_ids))
     return found
 
 

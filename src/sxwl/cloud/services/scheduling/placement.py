@@ -345,11 +345,13 @@ def _busy(need: Need, takers: list[CPodCapacity]) -> Reason:
     asked = [(code, fits) for code, fits in _PARTS if code != "held.gpus" or need.gpus_per_node]
 
     def left(cpod: CPodCapacity, fits: Callable[[NodeCapacity, Need, bool], bool]) -> int:
+        """How many of the CPod's nodes that could take the job have this part free now."""
         return sum(1 for n in cpod.nodes if _fits(n, need, free=False) and fits(n, need, True))
 
     held = [code for code, fits in asked if all(left(c, fits) < need.nodes for c in takers)]
     if not held:  # each part is left somewhere, but not together: name every part some node lacks
-        held = [code for code, fits in asked if any(left(c, fits) < len(c.nodes) for c in takers)]
+        could = {c.id: left(c, lambda *_: True) for c in takers}
+        held = [code for code, fits in asked if any(left(c, fits) < could[c.id] for c in takers)]
     if held in ([], ["held.gpus"]):  # a GPU job held back by GPUs (or by a price: see the scheduler)
         return Reason.of("queue.busy", need=need.describe())
     what = Reason.of(held[0])
