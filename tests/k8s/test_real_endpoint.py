@@ -252,7 +252,7 @@ def test_a_replica_s_load_on_a_real_node_shows_on_the_cloud_while_a_streamed_cal
     image = engine_image(real_nodes)
     serve = f"{real_nodes.host_address}:{free_port(real_nodes.host_address)}"
     flags = ("--engine-image", image, "--serve-inputs", serve)
-    cpod = RealCPod(k8s_cluster, real_nodes, tmp_path / "cpod", *flags)
+    cpod = RealCPod(k8s_cluster, real_nodes, tmp_path, *flags)
     try:
         settings = {
             "SXWL_DATABASE_URL": f"sqlite:///{cpod.root / 'sxwl.db'}",
