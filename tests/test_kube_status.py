@@ -12,6 +12,7 @@ from pathlib import Path
 
 from kubernetes_asyncio.client import (
     ApiClient,
+    Configuration,
     V1Container,
     V1ContainerState,
     V1ContainerStateRunning,
@@ -28,6 +29,8 @@ from kubernetes_asyncio.client import (
     V1PodStatus,
 )
 
+from sxwl.agent.client import CloudClient
+from sxwl.agent.jobsync import JobSync
 from sxwl.agent.runtimes.kube_objects import COMPLETION_INDEX, CONTAINER, KubeJob
 from sxwl.agent.runtimes.kube_status import began, never_started, outcome, start_problem
 from sxwl.agent.runtimes.kubernetes import KubernetesRuntime
@@ -35,7 +38,10 @@ from sxwl.agent.status_report import status
 from sxwl.cloud.web.i18n.reasons import reason_text
 from sxwl.protocol.models import Assignment, JobStatus
 from sxwl.protocol.reasons import Reason, english
+from tests.support.input_server import Served, servers
 from tests.support.threads import run_on_thread
+
+__all__ = ["servers"]  # the fixture
 
 T0 = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
 
@@ -304,3 +310,42 @@ def test_a_multi_node_attempt_runs_once_every_rank_s_main_container_has_started(
     assert began(2, [rank0, rank1]) and began(2, [rank1, rank0])
     # Rank 0 already ended (it ran) while rank 1 runs: every rank has started.
     assert began(2, [pod(0, 0, T0, deleted=False, reason="Completed"), rank1])
+
+
+def test_job_sync_reports_a_kubernetes_attempt_running_only_once_its_main_containers_started(
+    servers: tuple[Served, Served], tmp_path: Path
+) -> None:
+    """The real JobSync and KubernetesRuntime against a stand-in for the cloud's status route; the API
+    server is unreachable (each refresh fails and is retried), so what a refresh records on seeing
+    every rank's main container run is set by hand."""
+    cloud, _ = servers
+
+    async def main() -> list[str]:
+        configuration = Configuration()
+        configuration.host = "https://127.0.0.1:1"
+        async with ApiClient(configuration) as api:
+            client = CloudClient(cloud.url)
+            runtime = KubernetesRuntime(api, state_dir=tmp_path)
+            sync = JobSync(client, runtime, "sxcp_test-token")
+            a = Assignment(
+                job_id="j1",
+                attempt=1,
+                name="t",
+                owner_id="u",
+                command="x",
+                image="i:1",
+                gpus_per_node=0,
+                nodes=1,
+            )
+            job = runtime.start(a)
+            for _ in range(3):  # its pods scheduled, pulling: passes go by
+                await sync.supervise_once()
+            before = [report["state"] for report in cloud.reports]
+            job.main_started = True
+            await sync.supervise_once()
+            await sync.supervise_once()
+            await client.close()
+            return before
+
+    assert run_on_thread(main()) == []  # nothing billed while the image is pulled
+    assert [report["state"] for report in cloud.reports] == ["running"]
