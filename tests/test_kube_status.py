@@ -1,8 +1,9 @@
-"""How a Kubernetes attempt's pods read as its end: which rank a failed multi-node attempt blames (the
-one that failed on its own, not the ranks the Job controller stopped after it: their SIGTERM exit
-came later, and may be the lower rank), its reasons as codes in both languages, and whether the
-user's command never ran (a container that never started, a shell that could not find the command),
-which costs nothing."""
+"""How a Kubernetes attempt's pods read as its start and its end: it runs (and is billed) only once
+every rank's main container has started, not while a pod pulls its image or fetches its inputs;
+which rank a failed multi-node attempt blames (the one that failed on its own, not the ranks the Job
+controller stopped after it: their SIGTERM exit came later, and may be the lower rank), its reasons
+as codes in both languages, and whether the user's command never ran (a container that never
+started, a shell that could not find the command), which costs nothing."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from pathlib import Path
 
 from kubernetes_asyncio.client import (
     ApiClient,
+    Configuration,
     V1Container,
     V1ContainerState,
     V1ContainerStateRunning,
@@ -22,18 +24,24 @@ from kubernetes_asyncio.client import (
     V1JobStatus,
     V1ObjectMeta,
     V1Pod,
+    V1PodCondition,
     V1PodSpec,
     V1PodStatus,
 )
 
+from sxwl.agent.client import CloudClient
+from sxwl.agent.jobsync import JobSync
 from sxwl.agent.runtimes.kube_objects import COMPLETION_INDEX, CONTAINER, KubeJob
-from sxwl.agent.runtimes.kube_status import never_started, outcome, start_problem
+from sxwl.agent.runtimes.kube_status import began, never_started, outcome, start_problem
 from sxwl.agent.runtimes.kubernetes import KubernetesRuntime
 from sxwl.agent.status_report import status
 from sxwl.cloud.web.i18n.reasons import reason_text
 from sxwl.protocol.models import Assignment, JobStatus
 from sxwl.protocol.reasons import Reason, english
+from tests.support.input_server import Served, servers
 from tests.support.threads import run_on_thread
+
+__all__ = ["servers"]  # the fixture
 
 T0 = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
 
@@ -236,3 +244,108 @@ def test_an_attempt_stopped_before_its_job_was_made_never_ran(tmp_path: Path) ->
 
     job = run_on_thread(stopped())
     assert (job.outcome, job.never_ran) == ("cancelled", True)
+
+
+def _as_kubelet_writes(
+    index: int,
+    phase: str,
+    main: V1ContainerStatus,
+    *,
+    init: V1ContainerStatus | None = None,
+    uploader: V1ContainerStatus | None = None,
+) -> V1Pod:
+    """A pod of rank ``index`` as the kubelet reports it: scheduled, its containers' statuses."""
+    conditions = [V1PodCondition(type="PodScheduled", status="True")]
+    conditions.append(V1PodCondition(type="Initialized", status="False" if init is not None else "True"))
+    return V1Pod(
+        metadata=V1ObjectMeta(name=f"p{index}", annotations={COMPLETION_INDEX: str(index)}),
+        spec=V1PodSpec(containers=[V1Container(name=CONTAINER, command=["/bin/sh", "-c", "x"])]),
+        status=V1PodStatus(
+            phase=phase,
+            conditions=conditions,
+            container_statuses=[main, uploader or waiting("uploader", "ContainerCreating", None)],
+            init_container_statuses=[init] if init is not None else None,
+        ),
+    )
+
+
+def test_an_attempt_runs_once_its_main_container_has_started_not_while_its_pod_pulls_or_fetches() -> None:
+    # The image being pulled: Pending, the containers Waiting in ContainerCreating.
+    pulling = _as_kubelet_writes(0, "Pending", waiting(CONTAINER, "ContainerCreating", None))
+    # The inputs' init container fetching: the main container waits in PodInitializing.
+    fetching = _as_kubelet_writes(
+        0,
+        "Pending",
+        waiting(CONTAINER, "PodInitializing", None),
+        init=running("inputs"),
+        uploader=waiting("uploader", "PodInitializing", None),
+    )
+    for waits in (pulling, fetching):
+        assert not began(1, [waits]) and never_started([waits]) and start_problem([waits]) is None
+    # Running, with the startedAt the kubelet writes; the uploader may still be starting.
+    started = _as_kubelet_writes(0, "Running", running(CONTAINER))
+    assert began(1, [started]) and not never_started([started])
+    # Ended after running (a quick command): it ran. One the runtime could not start did not.
+    done = pod(0, 0, T0, deleted=False, reason="Completed", ran_s=1.0)
+    assert began(1, [done])
+    failed_start = pod(0, 128, T0, deleted=False, reason="StartError", ran_s=0.0)
+    assert not began(1, [failed_start])
+    # A pull that cannot succeed is not running either: it fails with its reason, never having run.
+    pull_failed = waiting(CONTAINER, "ImagePullBackOff", "back-off", image="x:1")
+    backoff = _as_kubelet_writes(0, "Pending", pull_failed)
+    assert not began(1, [backoff]) and never_started([backoff])
+    assert start_problem([backoff]) == Reason.of(
+        "kube.image_pull_said", image="x:1", why="ImagePullBackOff", detail="back-off"
+    )
+    assert not began(1, [])  # no pod yet
+
+
+def test_a_multi_node_attempt_runs_once_every_rank_s_main_container_has_started() -> None:
+    rank0 = _as_kubelet_writes(0, "Running", running(CONTAINER))
+    rank1_pulling = _as_kubelet_writes(1, "Pending", waiting(CONTAINER, "ContainerCreating", None))
+    assert not began(2, [rank0, rank1_pulling])
+    assert not began(2, [rank0])  # rank 1's pod not made yet
+    assert not never_started([rank0, rank1_pulling])  # rank 0's command did run
+    rank1 = _as_kubelet_writes(1, "Running", running(CONTAINER))
+    assert began(2, [rank0, rank1]) and began(2, [rank1, rank0])
+    # Rank 0 already ended (it ran) while rank 1 runs: every rank has started.
+    assert began(2, [pod(0, 0, T0, deleted=False, reason="Completed"), rank1])
+
+
+def test_job_sync_reports_a_kubernetes_attempt_running_only_once_its_main_containers_started(
+    servers: tuple[Served, Served], tmp_path: Path
+) -> None:
+    """The real JobSync and KubernetesRuntime against a stand-in for the cloud's status route; the API
+    server is unreachable (each refresh fails and is retried), so what a refresh records on seeing
+    every rank's main container run is set by hand."""
+    cloud, _ = servers
+
+    async def main() -> list[str]:
+        configuration = Configuration()
+        configuration.host = "https://127.0.0.1:1"
+        async with ApiClient(configuration) as api:
+            client = CloudClient(cloud.url)
+            runtime = KubernetesRuntime(api, state_dir=tmp_path)
+            sync = JobSync(client, runtime, "sxcp_test-token")
+            a = Assignment(
+                job_id="j1",
+                attempt=1,
+                name="t",
+                owner_id="u",
+                command="x",
+                image="i:1",
+                gpus_per_node=0,
+                nodes=1,
+            )
+            job = runtime.start(a)
+            for _ in range(3):  # its pods scheduled, pulling: passes go by
+                await sync.supervise_once()
+            before = [report["state"] for report in cloud.reports]
+            job.main_started = True
+            await sync.supervise_once()
+            await sync.supervise_once()
+            await client.close()
+            return before
+
+    assert run_on_thread(main()) == []  # nothing billed while the image is pulled
+    assert [report["state"] for report in cloud.reports] == ["running"]

@@ -225,6 +225,7 @@ def test_single_node_job_succeeds_in_an_isolated_tenant_namespace(
 
         await finished(runtime, job)
         assert (job.outcome, job.exit_code, job.stop_reason) == ("succeeded", 0, None)
+        assert job.command_started  # its main container ran: JobSync reported it running
         assert runtime.used_gpu_count() == 0
         runtime.done(job)
         workdir = runtime.workdir(job.job_id, job.attempt)
@@ -395,7 +396,7 @@ def test_image_pull_error_fails_the_job_with_the_reason(
         job = await finished(runtime, runtime.start(a))
         assert job.outcome == "failed"
         assert str(said(job)).startswith("could not pull registry.example/train:1 (ImagePullBackOff)")
-        assert job.never_ran
+        assert job.never_ran and not job.command_started  # never reported running: never billed
         assert await cluster_jobs(api, job) == []
 
     in_cluster(k8s_cluster, body)

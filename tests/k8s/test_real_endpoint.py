@@ -7,19 +7,30 @@ asks its readiness as it does before reporting it running, and a chat completion
 connection the agent opens to that target is answered. The policy selects the replica's pod (and
 the tenant's own policy does not), admitting only the agent's pods to the engine's port; the test
 nodes' ``bridge`` network plugin does not enforce policies, so no packet drop is claimed here. A
-stop deletes the pod, the Job and the policy."""
+stop deletes the pod, the Job and the policy.
+
+Then through the whole system: a real cloud and ``sxwl-agent --runtime kubernetes --engine-image``
+(tests/support/real_cpod.py) deploy an endpoint of the tiny Llama; while a streamed chat completion
+is open through the tunnel the replica's load in the heartbeat (the streams the agent forwards to the
+pod's address: ``transformers serve`` has no metrics) is at least 1 on ``GET
+/api/v1/endpoints/{id}``, and 0 again once it ended; the replica was reported running (billing's
+start) only after its main container had started."""
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
 import json
+import os
 import tarfile
 import uuid
+from collections.abc import Callable
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import h11
+import httpx
 import pytest
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
@@ -30,20 +41,22 @@ from sxwl.agent.client import CloudClient
 from sxwl.agent.forward_targets import TcpTarget, open_target
 from sxwl.agent.inputs import InputCache
 from sxwl.agent.runtimes.kube_engine import LISTEN_PORT, EngineSettings, policy_name
-from sxwl.agent.runtimes.kube_objects import ENGINE
+from sxwl.agent.runtimes.kube_objects import CONTAINER, ENGINE
 from sxwl.agent.runtimes.kube_tenancy import NETWORK_POLICY
 from sxwl.agent.runtimes.kube_uploads import UploadConfig
 from sxwl.agent.runtimes.kubernetes import KubernetesRuntime
 from sxwl.protocol import Assignment
 from sxwl.protocol.endpoints import EngineSpec, engine_target
 from sxwl.protocol.finetune import JobInput
+from tests.support.agent import eventually
 from tests.support.k8s import K8sCluster, api_client
 from tests.support.k8s_engine import engine_image
 from tests.support.k8s_images import PYTHON_IMAGE
 from tests.support.k8s_node import RealNodes
 from tests.support.net import free_port
+from tests.support.real_cpod import RealCPod
 from tests.support.threads import run_on_thread
-from tests.support.tiny_finetune import build_model
+from tests.support.tiny_finetune import build_model, register_public_model
 from tests.test_kube_engine import matches
 
 pytestmark = pytest.mark.k8s
@@ -53,6 +66,7 @@ pytest.importorskip(
 
 TOKEN = "sxup_" + "e" * 43
 AGENT_LABELS = (("app.kubernetes.io/name", "sxwl-agent"),)
+MODEL = "tiny-llama"
 
 
 def _model_tar(tmp_path: Path) -> tuple[Path, str, int]:
@@ -213,3 +227,88 @@ def test_a_replica_on_a_real_node_serves_behind_its_policy_and_answers_through_t
     assert seen["outcome"] == "cancelled"
     assert seen["policy_after"] == 404
     assert seen["pods_after"] == []
+
+
+def _endpoint(cpod: RealCPod, endpoint_id: str) -> dict[str, Any]:
+    found: dict[str, Any] = httpx.get(f"{cpod.url}/api/v1/endpoints/{endpoint_id}", headers=cpod.user).json()
+    return found
+
+
+def _load_when(
+    cpod: RealCPod, endpoint_id: str, wanted: str, check: Callable[[dict[str, Any]], bool]
+) -> dict[str, Any]:
+    """The replica's load on the cloud's endpoint once the heartbeats brought one ``check`` takes."""
+
+    def reached() -> dict[str, Any] | None:
+        load: dict[str, Any] | None = _endpoint(cpod, endpoint_id)["replica_jobs"][0]["load"]
+        return load if load is not None and check(load) else None
+
+    return eventually(reached, timeout=60, what=f"a load {wanted}; agent:\n{cpod.agent_log[-3000:]}")
+
+
+def test_a_replica_s_load_on_a_real_node_shows_on_the_cloud_while_a_streamed_call_is_open(
+    k8s_cluster: K8sCluster, real_nodes: RealNodes, tmp_path: Path
+) -> None:
+    image = engine_image(real_nodes)
+    serve = f"{real_nodes.host_address}:{free_port(real_nodes.host_address)}"
+    flags = ("--engine-image", image, "--serve-inputs", serve)
+    cpod = RealCPod(k8s_cluster, real_nodes, tmp_path, *flags)
+    try:
+        settings = {
+            "SXWL_DATABASE_URL": f"sqlite:///{cpod.root / 'sxwl.db'}",
+            "SXWL_DATA_DIR": str(cpod.root / "cloud"),
+        }
+        model_dir = build_model(tmp_path / MODEL)
+        register_public_model(MODEL, model_dir, {**os.environ, **settings})
+        end_token = json.loads((model_dir / "config.json").read_text())["eos_token_id"]
+        body = {"name": "chat", "model": MODEL, "gpus": 0}
+        created = httpx.post(f"{cpod.url}/api/v1/endpoints", headers=cpod.user, json=body)
+        assert created.status_code == 201, created.text
+        endpoint_id: str = created.json()["id"]
+
+        def settled() -> dict[str, Any] | None:
+            found = _endpoint(cpod, endpoint_id)
+            return found if found["state"] in ("ready", "failed") else None
+
+        what = f"endpoint {endpoint_id} ready; agent:\n{cpod.agent_log[-3000:]}"
+        ready = eventually(settled, timeout=900, what=what)
+        (replica,) = ready["replica_jobs"]
+        assert ready["state"] == "ready", (replica, cpod.log(replica["job_id"])[-3000:])
+        # Billing starts at the replica's `running`: after its main container started, not at its pull.
+        job = cpod.job(replica["job_id"])
+        (pod,) = cpod.pods(replica["job_id"])
+        main = next(s for s in pod["status"]["containerStatuses"] if s["name"] == CONTAINER)
+        started = datetime.fromisoformat(main["state"]["running"]["startedAt"])
+        assert datetime.fromisoformat(job["started_at"]) >= started, (job, main)
+
+        idle = _load_when(cpod, endpoint_id, "from the agent", lambda load: load["source"] == "agent")
+        assert (idle["running"], idle["waiting"]) == (0, None)
+        # Its end token barred, the random model streams all its tokens, for seconds on a CPU: the test
+        # reads the first chunk and waits for the load while the stream is open.
+        question = {
+            "model": "chat",
+            "messages": [{"role": "user", "content": "hi"}],
+            "max_tokens": 200,
+            "logit_bias": {str(end_token): -100.0},
+            "stream": True,
+        }
+        url = f"{cpod.url}/v1/chat/completions"
+        with httpx.stream("POST", url, headers=cpod.user, json=question, timeout=120) as streamed:
+            assert streamed.status_code == 200, streamed.read()
+            lines = streamed.iter_lines()
+            assert next(line for line in lines if line.startswith("data:"))
+            busy = _load_when(cpod, endpoint_id, "of 1 or more", lambda load: load["running"] >= 1)
+            rest = [line for line in lines if line.startswith("data:")]
+        assert (busy["source"], busy["waiting"]) == ("agent", None)
+        # It streamed all its 200 tokens (none ended it early) and was counted while it did.
+        assert any('"completion_tokens":200' in line.replace(" ", "") for line in rest), rest[-3:]
+        done = _load_when(cpod, endpoint_id, "back to 0", lambda load: load["running"] == 0)
+        assert done["source"] == "agent"
+
+        deleted = httpx.delete(f"{cpod.url}/api/v1/endpoints/{endpoint_id}", headers=cpod.user)
+        assert deleted.status_code == 200, deleted.text
+        assert cpod.finished(replica["job_id"])["state"] == "cancelled"
+        cpod.nothing_left(replica["job_id"])
+    finally:
+        cpod.stop()
+        k8s_cluster.kubectl("delete", "namespace", cpod.tenant_ns, "--wait=false", check=False)

@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 from collections.abc import Iterator
+from datetime import datetime
 
 import httpx
 import pytest
@@ -161,6 +162,13 @@ def sxwl_jobs_show(cpod: RealCPod, job_id: str) -> str:
 def test_cancel_stops_the_script_with_sigterm_and_deletes_the_pods(cpod: RealCPod) -> None:
     job_id = cpod.tiny_lm(1_000_000)
     eventually(lambda: steps_of(cpod.log(job_id)), timeout=120, what="the first steps in the log")
+    # Billing starts at `running`, reported once the main container had started (docs/billing.md).
+    running = cpod.wait(job_id, lambda j: j["started_at"] is not None, 30, "to run")
+    (pod,) = cpod.pods(job_id)
+    main = next(s for s in pod["status"]["containerStatuses"] if s["name"] == CONTAINER)
+    assert datetime.fromisoformat(running["started_at"]) >= datetime.fromisoformat(
+        main["state"]["running"]["startedAt"]
+    ), (running, main)
     response = httpx.post(f"{cpod.url}/api/v1/jobs/{job_id}/cancel", headers=cpod.user)
     assert response.status_code in (200, 202), response.text
     job = cpod.finished(job_id)

@@ -318,6 +318,7 @@ class JobSync(Generic[J]):
                     job.outcome is None
                     and job.reported_state != "running"
                     and not job.fenced
+                    and job.command_started  # not while a pod pulls its image: billing starts here
                     # An endpoint's replica runs once its engine serves (docs/endpoints.md).
                     and (not job.serves_engine or await engine_probe.serving(self.runtime.engine_target(job)))
                     and await self._report(job, "running")

@@ -61,6 +61,13 @@ class AttemptRecord:
         """An endpoint replica's attempt: reported running only once its engine serves."""
         return self.engine_socket is not None
 
+    @property
+    def command_started(self) -> bool:
+        """Its command has started, so it may be reported ``running``, which billing starts from
+        (docs/billing.md). A local attempt's process is started by ``start``; a Kubernetes one's
+        only once its pods' main containers are (after the image pull and the inputs' fetch)."""
+        return True
+
     def grace(self, default: float) -> float:
         """Seconds between SIGTERM and SIGKILL for this attempt's stop."""
         return default if self.stop_grace_s is None else self.stop_grace_s

@@ -52,6 +52,7 @@ class KubeJob(AttemptRecord):
     secret_made: bool = False  # the upload token's Secret exists (or the pods need none)
     engine: bool = False  # an endpoint replica's (kube_engine.py)
     engine_host: str | None = None  # its pod's IP while its engine's container runs
+    main_started: bool = False  # every rank's main container has started (kube_status.began)
 
     @property
     def service(self) -> str:
@@ -60,6 +61,10 @@ class KubeJob(AttemptRecord):
     @property
     def serves_engine(self) -> bool:
         return self.engine
+
+    @property
+    def command_started(self) -> bool:
+        return self.main_started
 
 
 def dns_label(text: str, limit: int = 63) -> str:

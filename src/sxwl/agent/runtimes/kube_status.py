@@ -100,23 +100,31 @@ def _not_started(pod: Any, what: Any) -> Reason:
     return Reason.of("kube.not_started", why=what.reason)
 
 
+def main_started(pod: Any) -> bool:
+    """The pod's main container has started: it runs, or it ended after running. A pod pulling its
+    image or running its init containers (the inputs' fetch) is Pending with the main container
+    Waiting (ContainerCreating, PodInitializing); one the container runtime could not start ends
+    Terminated with a StartError: neither ran the command."""
+    status = _main(pod)
+    state = status.state if status is not None else None
+    if state is None:
+        return False
+    if state.running is not None:
+        return True
+    return state.terminated is not None and state.terminated.reason not in START_REASONS
+
+
+def began(nodes: int, pods: list[Any]) -> bool:
+    """Every rank's main container has started, so the attempt runs and is reported ``running``, which
+    billing starts from (docs/billing.md). All ranks, not the first: a multi-node job's ranks wait
+    for each other (torchrun's rendezvous), so nothing of its work runs while one is still pulling."""
+    return len({rank(pod) for pod in pods if main_started(pod)}) >= nodes
+
+
 def never_started(pods: list[Any]) -> bool:
     """No pod's main container ever ran: the user's command never did (docs/billing.md). False when
     no pod is seen: nothing says so."""
-    if not pods:
-        return False
-    for pod in pods:
-        status = _main(pod)
-        state = status.state if status is not None else None
-        if state is not None and state.running is not None:
-            return False
-        if (
-            state is not None
-            and state.terminated is not None
-            and state.terminated.reason not in START_REASONS
-        ):
-            return False
-    return True
+    return bool(pods) and not any(main_started(pod) for pod in pods)
 
 
 def _elapsed_s(ended: Any) -> float:
@@ -200,3 +208,17 @@ def outcome(job: KubeJob, item: Any, pods: list[Any]) -> Seen | None:
     if problem is not None:
         reason = Reason.of("agent.and", first=reason, then=problem)
     return Seen("failed", code, reason, never_ran)
+
+
+def unschedulable(pods: list[Any], since: dict[str, float], now: float, limit_s: float) -> Reason | None:
+    """The scheduler's words once a pod has been unschedulable for more than ``limit_s``. ``since``
+    holds when each pod (by uid) was first seen so, and forgets those scheduled since."""
+    for pod in pods:
+        scheduled = next((c for c in (pod.status.conditions or []) if c.type == "PodScheduled"), None)
+        uid = pod.metadata.uid
+        if scheduled is not None and scheduled.status == "False" and scheduled.reason == "Unschedulable":
+            if now - since.setdefault(uid, now) > limit_s:
+                return Reason.of("kube.unschedulable", seconds=f"{limit_s:g}", detail=scheduled.message or "")
+        else:
+            since.pop(uid, None)
+    return None

@@ -5,9 +5,11 @@ kube_logs.py.
 - Names, labels and annotations carry the job id and attempt: the Job's name is a function of them,
   so an attempt is created at most once (a second create is answered 409 and adopted), and a
   restarted agent rebuilds its state from the cluster.
-- Status from Job and Pod conditions (kube_status.py); image-pull errors, containers that cannot
-  start and pods unschedulable past a timeout end the attempt as failed with the reason; stop and
-  cancel delete the Job with foreground propagation.
+- Status from Job and Pod conditions (kube_status.py); an attempt is reported running once every
+  rank's ``main`` container has started (not while a pod pulls its image or fetches its inputs:
+  billing starts there); image-pull errors, containers that cannot start and pods unschedulable past
+  a timeout end the attempt as failed with the reason; stop and cancel delete the Job with foreground
+  propagation.
 - Artifacts leave each pod through its own ``uploader`` container (kube_uploads.py), with a token of
   the attempt's in a Secret the Job owns; the agent never reads pod files (``outputs`` is None),
   and an attempt ends only once its pods (uploaders included) have finished. A fine-tune's pod
@@ -53,7 +55,16 @@ from sxwl.agent.runtimes.kube_objects import (
     record_from,
     short,
 )
-from sxwl.agent.runtimes.kube_status import Seen, exit_code, never_started, outcome, settled, start_problem
+from sxwl.agent.runtimes.kube_status import (
+    Seen,
+    began,
+    exit_code,
+    never_started,
+    outcome,
+    settled,
+    start_problem,
+    unschedulable,
+)
 from sxwl.agent.runtimes.kube_tenancy import Tenancy
 from sxwl.agent.runtimes.kube_uploads import UploadConfig, secret_manifest
 from sxwl.agent.status_report import Refusal
@@ -267,6 +278,9 @@ class KubernetesRuntime(AttemptDirs[KubeJob]):
                     await self._make_secret(job, k8s_jobs[job.key])
                 if job.engine and self.engines.observe(job, mine):
                     self.save(job)
+                if not job.main_started and began(job.nodes, mine):
+                    job.main_started = True  # JobSync reports it running now (command_started)
+                    self.save(job)
                 polled = [p for p in mine if not self.followers.owns(p)]
                 if await collect_logs(self.core, job, polled, self.log_path(job)):
                     self.save(job)
@@ -428,20 +442,7 @@ class KubernetesRuntime(AttemptDirs[KubeJob]):
                 self._ended_since.pop(job.key, None)
                 self._seen[job.key] = seen
             return
-        problem = start_problem(pods)
+        unplaced, limit_s = self._unschedulable_since, self.unschedulable_timeout_s
+        problem = start_problem(pods) or unschedulable(pods, unplaced, time.monotonic(), limit_s)
         if problem is not None:
             await self._stop_now(job, problem, never_ran=never_started(pods))
-            return
-        now = time.monotonic()
-        for pod in pods:
-            scheduled = next((c for c in (pod.status.conditions or []) if c.type == "PodScheduled"), None)
-            uid = pod.metadata.uid
-            if scheduled is not None and scheduled.status == "False" and scheduled.reason == "Unschedulable":
-                since = self._unschedulable_since.setdefault(uid, now)
-                if now - since > self.unschedulable_timeout_s:
-                    limit = f"{self.unschedulable_timeout_s:g}"
-                    said = Reason.of("kube.unschedulable", seconds=limit, detail=scheduled.message or "")
-                    await self._stop_now(job, said, never_ran=never_started(pods))
-                    return
-            else:
-                self._unschedulable_since.pop(uid, None)
