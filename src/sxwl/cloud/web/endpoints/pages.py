@@ -153,6 +153,7 @@ def playground(request: Request, principal: JobsViewer, endpoint_id: str) -> Res
         request,
         "endpoint_playground.html",
         principal,
+        path="/endpoints",  # the nav marks 推理服务 on its endpoints' pages too
         endpoint_name=view.endpoint.name,
         state=view.state.value,
     )
@@ -184,12 +185,12 @@ async def deploy(request: Request, principal: JobsViewer) -> Response:
 async def delete(request: Request, principal: JobsViewer, endpoint_id: str) -> Response:
     raw = await request.form()
     if not csrf_ok(request, str(raw.get("csrf_token", ""))):
-        return _page(request, principal, {}, {"form": translate(language(request), "error.csrf")}, 403)
+        return _page(request, principal, {}, {"list": translate(language(request), "error.csrf")}, 403)
     try:
         with ctx_of(request).db.session() as session:
             endpoints.delete(session, session.merge(principal.user), endpoint_id)
-    except AppError as exc:  # another user's, or none: said on the page
-        return _page(request, principal, {}, {"form": exc.message}, exc.status)
+    except AppError as exc:  # another user's, or none: said over the list, not on the deploy form
+        return _page(request, principal, {}, {"list": exc.message}, exc.status)
     return redirect("/endpoints")
 
 
@@ -234,7 +235,8 @@ async def change_key(request: Request, principal: JobsViewer, key_id: str) -> Re
         return _page(request, principal, {}, {"key": translate(lang, "error.csrf")}, 403)
     limits = _limits(lang, {k: str(raw.get(k, "")).strip() for k in LIMIT_FIELDS})
     if not isinstance(limits, KeyLimits):
-        why = "; ".join(f"{field[4:]}: {message}" for field, message in limits.items())
+        named = [(translate(lang, f"endpoints.{field}"), message) for field, message in limits.items()]
+        why = "; ".join(f"{label}: {message}" for label, message in named)
         return _page(request, principal, {}, {"key": translate(lang, "endpoints.key_refused", why=why)}, 422)
     changes = {field: getattr(limits, field) for field in LIMIT_FIELDS}
     try:
