@@ -25,6 +25,8 @@ def test_a_model_is_deployed_from_the_console_and_deleted(client: TestClient) ->
     form = {"csrf_token": token, "model": MODEL, "name": "chat", "gpus": "0", "replicas": "1"}
     forged = browser.post("/endpoints/deploy", data=form | {"csrf_token": "forged"}, follow_redirects=False)
     assert forged.status_code == 403
+    # Said in place: the form's refusal in the deploy card, under the list it would have joined.
+    assert forged.text.index('id="deploy-card"') < forged.text.index('id="form-error"')
     bad = browser.post("/endpoints/deploy", data=form | {"replicas": "99"}, follow_redirects=False)
     assert bad.status_code == 422 and 'id="e-replicas"' in bad.text
     unknown = browser.post("/endpoints/deploy", data=form | {"model": "nope"}, follow_redirects=False)
@@ -43,7 +45,13 @@ def test_a_model_is_deployed_from_the_console_and_deleted(client: TestClient) ->
         f"/endpoints/{endpoint_id.group(1)}/delete", data={"csrf_token": token}, follow_redirects=False
     )
     assert gone.status_code == 303
-    assert 'id="endpoints-empty"' in browser.get("/endpoints").text
+    empty = browser.get("/endpoints").text
+    assert 'id="endpoints-empty"' in empty and 'href="#deploy-card"' in empty  # the next step, as a button
+    # Deleting one that is not there is refused over the list, not on the deploy form.
+    again = browser.post("/endpoints/ep-00000000/delete", data={"csrf_token": token}, follow_redirects=False)
+    assert again.status_code == 404
+    assert again.text.index('id="list-error"') < again.text.index('id="deploy-card"')
+    assert 'id="form-error"' not in again.text
 
 
 def test_an_inference_key_is_shown_once_and_revoked_from_the_console(client: TestClient) -> None:
@@ -82,27 +90,31 @@ def test_a_key_s_limits_are_set_and_changed_from_the_console_and_bad_ones_named(
     }
     refused = browser.post("/endpoints/keys", data=form)
     assert refused.status_code == 422 and 'id="f-key_monthly_cap"' in refused.text
-    assert 'aria-invalid="true"' in refused.text and 'value="60"' in refused.text  # kept as typed
+    assert 'aria-invalid="true" aria-describedby="e-key_monthly_cap"' in refused.text  # said under its field
+    assert 'id="e-key_monthly_cap"' in refused.text and 'value="60"' in refused.text  # kept as typed
     assert "data-key=" not in refused.text  # nothing created
     made = browser.post("/endpoints/keys", data=form | {"key_monthly_cap": "12.5"})
     assert made.status_code == 200 and 'id="new-key"' in made.text
     row = re.search(r'<tr data-key="(key-[0-9a-f]+)">(.*?)</tr>', made.text, re.S)
-    assert row and 'name="rpm" inputmode="decimal" size="6" value="60"' in row.group(2)
+    assert row and 'name="rpm" type="text" inputmode="decimal" value="60"' in row.group(2)
+    assert "60 次请求/分钟" in row.group(2) and "token 数不限" in row.group(2)  # read without the form
     assert 'value="12.5"' in row.group(2) and "¥0.00" in row.group(2)
     key_id = row.group(1)
     url = f"/endpoints/keys/{key_id}/limits"
     bad = browser.post(url, data={"csrf_token": token, "rpm": "0", "tpm": "100", "monthly_cap": ""})
     assert bad.status_code == 422 and "rpm" in bad.text
     kept = re.search(rf'<tr data-key="{key_id}">(.*?)</tr>', browser.get("/endpoints").text, re.S)
-    assert kept and 'name="rpm" inputmode="decimal" size="6" value="60"' in kept.group(1)  # unchanged
+    assert kept and 'name="rpm" type="text" inputmode="decimal" value="60"' in kept.group(1)  # unchanged
     changed = browser.post(
         url, data={"csrf_token": token, "rpm": "", "tpm": "5000", "monthly_cap": "3"}, follow_redirects=False
     )
     assert changed.status_code == 303
     browser.cookies.set("sxwl_lang", "en")
     row = re.search(rf'<tr data-key="{key_id}">(.*?)</tr>', browser.get("/endpoints").text, re.S)
-    assert row and 'name="tpm" inputmode="decimal" size="6" value="5000"' in row.group(1)
-    assert 'name="rpm" inputmode="decimal" size="6" value=""' in row.group(1) and 'value="3"' in row.group(1)
+    assert row and 'name="tpm" type="text" inputmode="decimal" value="5000"' in row.group(1)
+    assert 'name="rpm" type="text" inputmode="decimal" value=""' in row.group(1)
+    assert 'value="3"' in row.group(1)
+    assert "any requests/min" in row.group(1) and "¥3 a month" in row.group(1)
     assert "Tokens/min" in row.group(1) and "Spent this month" in browser.get("/endpoints").text
 
 

@@ -69,7 +69,7 @@ def _rows(request: Request, principal: Principal) -> list[dict[str, Any]]:
                     "running_min": int((now - job.started_at).total_seconds() // 60)
                     if running and job and job.started_at
                     else None,
-                    "cost": money_text(cost.cost) if cost else "0",
+                    "cost": money_text(cost.cost if cost else 0),
                     "idle_timeout_min": env.idle_timeout_min,
                     "reason": reason_text(lang, reason) if reason else "",
                     "url": base_url(env.id),
@@ -151,7 +151,7 @@ async def _act(request: Request, principal: Principal, env_id: str, action: str)
     ctx, lang = ctx_of(request), language(request)
     raw = await request.form()
     if not csrf_ok(request, str(raw.get("csrf_token", ""))):
-        return _page(request, principal, None, {"form": translate(lang, "error.csrf")}, 403)
+        return _page(request, principal, None, {"list": translate(lang, "error.csrf")}, 403)
     try:
         with ctx.db.session() as session:
             user = session.merge(principal.user)
@@ -161,8 +161,8 @@ async def _act(request: Request, principal: Principal, env_id: str, action: str)
                 dev_envs.resume(ctx, session, user, env_id)
             else:
                 dev_envs.stop(session, user, env_id)
-    except AppError as exc:
-        return _page(request, principal, None, {"form": exc.message}, exc.status)
+    except AppError as exc:  # said over the list the row is in, not on the create form
+        return _page(request, principal, None, {"list": exc.message}, exc.status)
     return redirect(f"{PAGE}?notice=dev_{'stopped' if action == 'stop' else action + 'd'}")
 
 

@@ -23,12 +23,36 @@ from sxwl.cloud.services.fleet.engine_loads import SeenLoad
 from sxwl.cloud.web.i18n import translate
 from sxwl.cloud.web.i18n.reasons import reason_text
 from sxwl.cloud.web.kit import JobsViewer, ctx_of, error_page, field_errors, language, redirect, render
-from sxwl.protocol.endpoints import EndpointRequest, KeyLimits
+from sxwl.protocol.endpoints import MAX_REPLICAS, EndpointRequest, KeyLimits
+from sxwl.protocol.jobs import MAX_GPUS_PER_NODE
 from sxwl.protocol.money import money_text, yuan
 
 router = APIRouter(include_in_schema=False)
 FORM_FIELDS = ("name", "model", "gpus", "gpu_product", "replicas")
 LIMIT_FIELDS = ("rpm", "tpm", "monthly_cap")
+# What each field takes, said under it when a value is refused: pydantic's own words are English
+# and name its pattern or bound, not what the user should type.
+TAKES = {
+    "name": ("endpoints.field.name_hint", 0),
+    "gpus": ("endpoints.field.gpus_range", MAX_GPUS_PER_NODE),
+    "replicas": ("endpoints.field.replicas_range", MAX_REPLICAS),
+    "key_rpm": ("endpoints.key_rpm_hint", 0),
+    "key_tpm": ("endpoints.key_tpm_hint", 0),
+    "key_monthly_cap": ("endpoints.key_monthly_cap_hint", 0),
+}
+
+
+def _said(lang: str, errors: dict[str, str]) -> dict[str, str]:
+    """Each refused field's message in the page's language, with what it takes (a missing value
+    keeps the kit's "required")."""
+    required = translate(lang, "error.required")
+    said = {}
+    for field, message in errors.items():
+        if field in TAKES and message != required:
+            key, most = TAKES[field]
+            message = translate(lang, "endpoints.invalid", takes=translate(lang, key, max=most))
+        said[field] = message
+    return said
 
 
 @dataclass(frozen=True)
@@ -153,6 +177,7 @@ def playground(request: Request, principal: JobsViewer, endpoint_id: str) -> Res
         request,
         "endpoint_playground.html",
         principal,
+        path="/endpoints",  # the nav marks 推理服务 on its endpoints' pages too
         endpoint_name=view.endpoint.name,
         state=view.state.value,
     )
@@ -169,7 +194,7 @@ async def deploy(request: Request, principal: JobsViewer) -> Response:
     try:
         body = EndpointRequest.model_validate(values, strict=False)
     except ValidationError as exc:
-        return _page(request, principal, form, field_errors(lang, exc), 422)
+        return _page(request, principal, form, _said(lang, field_errors(lang, exc)), 422)
     try:
         with ctx.db.session() as session:
             endpoints.create(ctx, session, owner=session.merge(principal.user), request=body)
@@ -184,12 +209,12 @@ async def deploy(request: Request, principal: JobsViewer) -> Response:
 async def delete(request: Request, principal: JobsViewer, endpoint_id: str) -> Response:
     raw = await request.form()
     if not csrf_ok(request, str(raw.get("csrf_token", ""))):
-        return _page(request, principal, {}, {"form": translate(language(request), "error.csrf")}, 403)
+        return _page(request, principal, {}, {"list": translate(language(request), "error.csrf")}, 403)
     try:
         with ctx_of(request).db.session() as session:
             endpoints.delete(session, session.merge(principal.user), endpoint_id)
-    except AppError as exc:  # another user's, or none: said on the page
-        return _page(request, principal, {}, {"form": exc.message}, exc.status)
+    except AppError as exc:  # another user's, or none: said over the list, not on the deploy form
+        return _page(request, principal, {}, {"list": exc.message}, exc.status)
     return redirect("/endpoints")
 
 
@@ -199,7 +224,7 @@ def _limits(lang: str, raw: dict[str, str]) -> KeyLimits | dict[str, str]:
     try:
         return KeyLimits.model_validate(values, strict=False)
     except ValidationError as exc:
-        return {f"key_{field}": message for field, message in field_errors(lang, exc).items()}
+        return _said(lang, {f"key_{field}": message for field, message in field_errors(lang, exc).items()})
 
 
 @router.post("/endpoints/keys")
@@ -234,7 +259,8 @@ async def change_key(request: Request, principal: JobsViewer, key_id: str) -> Re
         return _page(request, principal, {}, {"key": translate(lang, "error.csrf")}, 403)
     limits = _limits(lang, {k: str(raw.get(k, "")).strip() for k in LIMIT_FIELDS})
     if not isinstance(limits, KeyLimits):
-        why = "; ".join(f"{field[4:]}: {message}" for field, message in limits.items())
+        named = [(translate(lang, f"endpoints.{field}"), message) for field, message in limits.items()]
+        why = "; ".join(f"{label}: {message}" for label, message in named)
         return _page(request, principal, {}, {"key": translate(lang, "endpoints.key_refused", why=why)}, 422)
     changes = {field: getattr(limits, field) for field in LIMIT_FIELDS}
     try:

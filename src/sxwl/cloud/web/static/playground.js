@@ -18,6 +18,13 @@
     return item;
   }
 
+  // Enter sends, as in every chat; Shift+Enter (or Enter while an input method composes) is a newline.
+  input.addEventListener("keydown", function (event) {
+    if (event.key !== "Enter" || event.shiftKey || event.isComposing) return;
+    event.preventDefault();
+    if (!send.disabled) form.requestSubmit();
+  });
+
   form.addEventListener("submit", function (event) {
     event.preventDefault();
     var text = input.value.trim();
