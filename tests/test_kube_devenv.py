@@ -211,7 +211,7 @@ def test_jupyterlab_runs_under_the_program_that_restores_and_saves_the_workspace
     main = _main(job)
     command = main["command"]
     keeper = command.index(f"{DEV_DIR}/{KEEPER}")  # under the wrapper, JupyterLab's argv after it
-    assert command[keeper - 1] == "python3" and command[keeper + 1 : keeper + 4] == [
+    assert command[keeper - 2 : keeper] == ["python3", "-I"] and command[keeper + 1 : keeper + 4] == [
         "python3",
         "-m",
         "jupyterlab",

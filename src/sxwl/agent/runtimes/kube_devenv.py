@@ -153,7 +153,7 @@ def lab_assignment(assignment: Assignment, settings: DevEnvSettings) -> Assignme
     assert assignment.jupyter is not None
     listen = ["--ServerApp.ip=0.0.0.0", f"--ServerApp.port={JUPYTER_PORT}", "--ServerApp.port_retries=0"]
     lab = ["python3", *lab_flags(listen, assignment.jupyter.base_url, WORK_DIR, IDENTITY)]
-    argv = ["python3", f"{DEV_DIR}/{KEEPER}", *lab]
+    argv = ["python3", "-I", f"{DEV_DIR}/{KEEPER}", *lab]  # -I: the user's own site files never run in it
     return assignment.model_copy(update={"command": argv, "image": assignment.image or settings.image})
 
 
