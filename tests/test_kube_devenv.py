@@ -9,8 +9,11 @@ from __future__ import annotations
 
 import base64
 import json
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
+
+from kubernetes_asyncio.client import ApiClient
 
 from sxwl.agent.forward_targets import TcpTarget
 from sxwl.agent.runtimes import kube_inputs
@@ -34,10 +37,12 @@ from sxwl.agent.runtimes.kube_inputs import start_refusal
 from sxwl.agent.runtimes.kube_manifests import job_manifest
 from sxwl.agent.runtimes.kube_objects import CONTAINER, DEV_ENV, KubeJob, record_from
 from sxwl.agent.runtimes.kube_uploads import UploadConfig
+from sxwl.agent.runtimes.kubernetes import KubernetesRuntime
 from sxwl.protocol import Assignment
 from sxwl.protocol.devenvs import WORKSPACE_INPUT, DevEnvSpec
 from sxwl.protocol.finetune import JobInput
 from sxwl.protocol.reasons import english
+from tests.support.threads import run_on_thread
 
 TOKEN = "j" * 40
 SETTINGS = DevEnvSettings(
@@ -239,7 +244,16 @@ def test_a_resume_elsewhere_restores_the_saved_workspace_from_its_input() -> Non
     assert json.loads(fetched)[0]["name"] == WORKSPACE_INPUT  # unpacked there, its members checked
 
 
-def test_a_dev_environments_stop_keeps_the_grace_to_save_its_workspace() -> None:
+def test_a_dev_environments_stop_keeps_the_grace_to_save_its_workspace(tmp_path: Path) -> None:
+    async def started() -> tuple[float, float]:
+        async with ApiClient() as api:  # never called: start() only records the attempt
+            runtime = KubernetesRuntime(
+                api, stop_grace_s=3, state_dir=tmp_path, uploads=UPLOADS, dev_envs=SETTINGS
+            )
+            plain = assignment(job_id="j2", jupyter=None, inputs=[], image="me/job:1")
+            return runtime.start(assignment()).grace(3), runtime.start(plain).grace(3)
+
+    assert run_on_thread(started()) == (SETTINGS.save_grace_s, 3)
     job = record()
     job.min_grace_s = SETTINGS.save_grace_s
     assert job.grace(10) == SETTINGS.save_grace_s
