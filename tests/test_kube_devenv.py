@@ -38,6 +38,7 @@ from sxwl.agent.runtimes.kube_manifests import job_manifest
 from sxwl.agent.runtimes.kube_objects import CONTAINER, DEV_ENV, KubeJob, record_from
 from sxwl.agent.runtimes.kube_uploads import UploadConfig
 from sxwl.agent.runtimes.kubernetes import KubernetesRuntime
+from sxwl.cloud.services.scheduling.placement import CPodCapacity, Need
 from sxwl.protocol import Assignment
 from sxwl.protocol.devenvs import WORKSPACE_INPUT, DevEnvSpec
 from sxwl.protocol.finetune import JobInput
@@ -282,3 +283,13 @@ def test_a_dev_environments_stop_keeps_the_grace_to_save_its_workspace(tmp_path:
         spec=SimpleNamespace(template=template, completions=1, active_deadline_seconds=None),
     )
     assert record_from(item).grace(10) == SETTINGS.save_grace_s
+
+
+def test_a_cpod_without_a_trainer_image_takes_environments_with_inputs_but_no_fine_tunes() -> None:
+    """A Kubernetes CPod with a dev environment image fetches an environment's models, files and
+    saved workspace itself (its pods' ``inputs`` container), trainer image or not."""
+    cpod = CPodCapacity(id="c1", takes_dev_envs=True, takes_fine_tunes=False)
+    restored = (("cd" * 32, 10240),)
+    assert cpod.refuses(Need(None, 0, 1, inputs=restored, dev_env=True)) is None
+    assert cpod.refuses(Need(None, 0, 1, inputs=restored)) == "fine-tune"
+    assert cpod.refuses(Need(None, 0, 1, trainer=True, dev_env=True)) == "fine-tune"
