@@ -263,57 +263,66 @@ def test_ssh_and_a_resume_on_another_cpod_with_the_saved_workspace(
     world: World, k8s_cluster: K8sCluster, tmp_path: Path
 ) -> None:
     """Last in this module: it revokes the module's CPod and runs the rest on a second one."""
-    url, cpod = world.cpod.url, world.cpod
-    ssh = Ssh(world, tmp_path)
-    created = httpx.post(f"{url}/api/v1/dev-envs", headers=world.user, json={"name": "moving", "gpus": 0})
-    assert created.status_code == 201, created.text
-    env_id: str = created.json()["id"]
-    eventually(
-        lambda: world.env(env_id)["status"] == "running",
-        timeout=180,
-        what=f"the environment to run; agent:\n{cpod.agent_log[-3000:]}",
-    )
-    host = ssh.configure(env_id)
-
-    def ssh_answers() -> subprocess.CompletedProcess[str] | None:
-        said = ssh.run("ssh", host, "mkdir -p notes && echo written over ssh > notes/ssh.txt && pwd && id -u")
-        return said if said.returncode == 0 else None
-
-    said = eventually(ssh_answers, timeout=120, what="sshd in the environment's pod, through the tunnel")
-    assert said.stdout.split() == ["/sxwl/work", "1000"]  # the pod's user, at home in the workspace
-    (tmp_path / "up.txt").write_text("copied by scp\n")
-    copied = ssh.run("scp", str(tmp_path / "up.txt"), f"{host}:notes/up.txt")
-    assert copied.returncode == 0, copied.stderr
-
-    # Paused: saved to the artifact store. Then its CPod is revoked and its claim gone with it.
-    paused_job = world.env(env_id)["job_id"]
-    assert httpx.post(f"{url}/api/v1/dev-envs/{env_id}/pause", headers=world.user).status_code == 200
-    eventually(lambda: world.env(env_id)["saved_workspace_bytes"], timeout=120, what="the workspace saved")
-    files = _tar_files(world.artifact(paused_job, "workspace.tar"))
-    assert files["notes/ssh.txt"] == b"written over ssh\n" and files["notes/up.txt"] == b"copied by scp\n"
-    assert any(name.startswith(".sxwl-ssh/") for name in files)  # its host key goes along
-    first_cpod = world.env(env_id)["cpod_id"]
-    assert cpod.agent is not None
-    cpod.agent.stop()
-    revoked = httpx.delete(f"{url}/api/v1/cpods/{first_cpod}", headers=cpod.provider)
-    assert revoked.status_code in (200, 204), revoked.text
+    url, cpod, storage_class = world.cpod.url, world.cpod, world.storage_class
     namespace = f"sxwl-tenant-{world.user_id}"
-    k8s_cluster.kubectl("delete", "pvc", claim_name(env_id), "-n", namespace, "--wait=true", timeout=120)
-    volume = persistent_volume(k8s_cluster, tmp_path, f"{world.storage_class}-b", world.storage_class)
-
-    # A second provider's agent on the same cluster: another CPod, with a new, empty claim.
-    provider = {"email": f"provider-b-{uuid.uuid4().hex[:6]}@example.com", "password": PASSWORD}
-    httpx.post(f"{url}/api/v1/auth/register", json={**provider, "role": "provider"}).raise_for_status()
-    token = httpx.post(f"{url}/api/v1/auth/login", json=provider).json()["access_token"]
-    headers = {"Authorization": f"Bearer {token}"}
-    key = httpx.get(f"{url}/api/v1/me/access-key", headers=headers).json()["access_key"]
     agent_ns = f"sxwl-agent-{uuid.uuid4().hex[:6]}"
-    k8s_cluster.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": agent_ns}})
-    flags = list(cpod.agent_flags)
-    flags[flags.index("--namespace") + 1] = agent_ns
-    flags[flags.index("--name") + 1] = f"real-b-{uuid.uuid4().hex[:4]}"
-    cpod.agent = AgentProcess(url, cpod.root / "agent-b", key, *flags)  # the module's teardown stops it
+    env_id = ""
+    persistent_volume(k8s_cluster, tmp_path, f"{storage_class}-a", storage_class)  # the first claim's
     try:
+        ssh = Ssh(world, tmp_path)
+        created = httpx.post(f"{url}/api/v1/dev-envs", headers=world.user, json={"name": "moving", "gpus": 0})
+        assert created.status_code == 201, created.text
+        env_id = created.json()["id"]
+        eventually(
+            lambda: world.env(env_id)["status"] == "running",
+            timeout=180,
+            what=f"the environment to run; agent:\n{cpod.agent_log[-3000:]}",
+        )
+        host = ssh.configure(env_id)
+
+        def ssh_answers() -> subprocess.CompletedProcess[str] | None:
+            said = ssh.run("ssh", host, "pwd && id -u")
+            return said if said.returncode == 0 else None
+
+        said = eventually(ssh_answers, timeout=120, what="sshd in the environment's pod, through the tunnel")
+        assert said.stdout.split() == ["/sxwl/work", "1000"]  # the pod's user, at home in the workspace
+        wrote = ssh.run("ssh", host, "mkdir notes && echo written over ssh > notes/ssh.txt")
+        assert wrote.returncode == 0, wrote.stderr
+        (tmp_path / "up.txt").write_text("copied by scp\n")
+        copied = ssh.run("scp", str(tmp_path / "up.txt"), f"{host}:notes/up.txt")
+        assert copied.returncode == 0, copied.stderr
+
+        # Paused: saved to the artifact store. Then its CPod is revoked and its claim gone with it.
+        paused_job = world.env(env_id)["job_id"]
+        assert httpx.post(f"{url}/api/v1/dev-envs/{env_id}/pause", headers=world.user).status_code == 200
+        eventually(
+            lambda: _job_state(world, paused_job) in ("succeeded", "failed", "cancelled"),
+            timeout=120,
+            what=f"the paused attempt to end; agent:\n{cpod.agent_log[-3000:]}",
+        )
+        eventually(lambda: world.env(env_id)["saved_workspace_bytes"], timeout=60, what="the workspace saved")
+        files = _tar_files(world.artifact(paused_job, "workspace.tar"))
+        assert files["notes/ssh.txt"] == b"written over ssh\n" and files["notes/up.txt"] == b"copied by scp\n"
+        assert ".sxwl-ssh/ssh_host_ed25519_key" in files  # its host key goes along
+        first_cpod = world.env(env_id)["cpod_id"]
+        assert cpod.agent is not None
+        cpod.agent.stop()
+        revoked = httpx.delete(f"{url}/api/v1/cpods/{first_cpod}", headers=cpod.provider)
+        assert revoked.status_code in (200, 204), revoked.text
+        k8s_cluster.kubectl("delete", "pvc", claim_name(env_id), "-n", namespace, "--wait=true", timeout=120)
+        volume = persistent_volume(k8s_cluster, tmp_path, f"{storage_class}-b", storage_class)
+
+        # A second provider's agent on the same cluster: another CPod, with a new, empty claim.
+        provider = {"email": f"provider-b-{uuid.uuid4().hex[:6]}@example.com", "password": PASSWORD}
+        httpx.post(f"{url}/api/v1/auth/register", json={**provider, "role": "provider"}).raise_for_status()
+        token = httpx.post(f"{url}/api/v1/auth/login", json=provider).json()["access_token"]
+        key = httpx.get(f"{url}/api/v1/me/access-key", headers={"Authorization": f"Bearer {token}"}).json()
+        k8s_cluster.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": agent_ns}})
+        flags = list(cpod.agent_flags)
+        flags[flags.index("--namespace") + 1] = agent_ns
+        flags[flags.index("--name") + 1] = f"real-b-{uuid.uuid4().hex[:4]}"
+        # The module's teardown stops it.
+        cpod.agent = AgentProcess(url, cpod.root / "agent-b", key["access_key"], *flags)
         resumed = httpx.post(f"{url}/api/v1/dev-envs/{env_id}/resume", headers=world.user)
         assert resumed.status_code == 200, resumed.text
         eventually(
@@ -323,7 +332,7 @@ def test_ssh_and_a_resume_on_another_cpod_with_the_saved_workspace(
         )
         assert world.env(env_id)["cpod_id"] != first_cpod
         assert world.kubectl_json("pvc", claim_name(env_id))["spec"]["volumeName"] == volume.name
-        # The same files, and the same host key (known_hosts holds the first one's: a new key is refused).
+        # The same files, and the same host key (known_hosts holds the first one's: another is refused).
         back = eventually(ssh_answers, timeout=120, what="sshd on the second CPod")
         assert back.stdout.split() == ["/sxwl/work", "1000"]
         both = ssh.run("ssh", host, "cat notes/ssh.txt notes/up.txt")
@@ -340,5 +349,13 @@ def test_ssh_and_a_resume_on_another_cpod_with_the_saved_workspace(
             what="the environment's pod to be gone",
         )
     finally:
-        k8s_cluster.kubectl("delete", "pvc", claim_name(env_id), "-n", namespace, check=False)
+        if env_id:
+            k8s_cluster.kubectl("delete", "pvc", claim_name(env_id), "-n", namespace, check=False)
         k8s_cluster.kubectl("delete", "namespace", agent_ns, "--wait=false", check=False)
+        for suffix in ("-a", "-b"):
+            k8s_cluster.kubectl("delete", "pv", f"{storage_class}{suffix}", "--wait=false", check=False)
+
+
+def _job_state(world: World, job_id: str) -> str:
+    job = httpx.get(f"{world.cpod.url}/api/v1/jobs/{job_id}", headers=world.user).json()
+    return str(job["state"])
