@@ -18,7 +18,17 @@ from pathlib import Path
 import pytest
 
 from sxwl.agent import pod_workspace
-from sxwl.agent.pod_workspace import PARTIAL, STAGING, Session, Stopped, restore, save
+from sxwl.agent.pod_workspace import (
+    KEPT,
+    PARTIAL,
+    RESTORED,
+    STAGING,
+    UNFINISHED,
+    Session,
+    Stopped,
+    restore,
+    save,
+)
 from sxwl.agent.runtimes import jupyter
 from sxwl.agent.runtimes.kube_wrapper import wrapped
 from sxwl.protocol.devenvs import WORKSPACE_ARTIFACT
@@ -102,15 +112,16 @@ def test_a_new_claim_gets_the_saved_workspace_and_one_in_use_keeps_its_own(tmp_p
     work = tmp_path / "work"
     (work / "inputs").mkdir(parents=True)  # the inputs' mount point, and a file system's own dir
     (work / "lost+found").mkdir()
-    assert restore(work, saved, Session())
+    assert restore(work, saved, Session()) == RESTORED
     assert (work / "notes" / "keep.txt").read_text() == "from the other CPod\n"
     assert (work / "notes" / "keep.txt").stat().st_mode & 0o777 == 0o600  # the user's to change
     assert (work / "notes").stat().st_mode & 0o777 == 0o700
     assert not (work / STAGING).exists() and not (work / PARTIAL).exists()
     # The same claim again (a resume on the same CPod): its files are the user's, left as they are.
     (work / "notes" / "keep.txt").write_text("changed since\n")
-    assert not restore(work, saved, Session())
+    assert restore(work, saved, Session()) == KEPT
     assert (work / "notes" / "keep.txt").read_text() == "changed since\n"
+    assert restore(tmp_path / "work", None, Session()) == KEPT
 
 
 def test_a_restore_cut_short_is_redone_and_one_left_whole_is_finished(tmp_path: Path) -> None:
@@ -122,13 +133,16 @@ def test_a_restore_cut_short_is_redone_and_one_left_whole_is_finished(tmp_path: 
     with pytest.raises(Stopped):
         restore(work, saved, stopped)
     assert (work / PARTIAL).is_dir() and pod_workspace.user_entries(work) == []
-    assert restore(work, saved, Session())
+    # Started again without the copy (a resume on the same CPod): marked, so never saved.
+    assert restore(work, None, Session()) == UNFINISHED and (work / PARTIAL).is_dir()
+    assert restore(work, saved, Session()) == RESTORED  # with it: made again
     assert (work / "notes" / "keep.txt").read_text() == "from the other CPod\n"
+    assert not (work / PARTIAL).exists()
     # Killed between the copy's rename and its moves: the next start moves the rest.
     other = tmp_path / "other"
     (other / STAGING / "later").mkdir(parents=True)
     (other / "early.txt").write_text("moved before the kill\n")
-    assert restore(other, None, Session())
+    assert restore(other, None, Session()) == RESTORED
     assert sorted(os.listdir(other)) == ["early.txt", "later"]
 
 
@@ -172,3 +186,12 @@ def test_sigterm_ends_the_command_and_the_workspace_is_saved_before_the_exit_sta
         names["seen.txt"] == b"from the other CPod\n" and names["notes/keep.txt"] == b"from the other CPod\n"
     )
     assert "inputs" not in names
+
+
+def test_a_claim_whose_restore_did_not_finish_is_not_saved(tmp_path: Path) -> None:
+    (tmp_path / "work" / PARTIAL / "notes").mkdir(parents=True)
+    process = _run(tmp_path, "/bin/sh", "-c", "exit 0")
+    _, err = process.communicate(timeout=60)
+    assert process.returncode == 0 and b"did not finish" in err, err
+    assert (tmp_path / "shared" / "exit-code").read_text() == "0\n"
+    assert not (tmp_path / "shared" / "output" / WORKSPACE_ARTIFACT).exists()

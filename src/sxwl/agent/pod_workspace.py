@@ -10,13 +10,15 @@ container to send to the artifact store with the attempt's other outputs.
   and the claim holds nothing of the user's (a new claim: a resume on another CPod), the tree is
   copied in, again only its directories and regular files, through no link. The copy goes to a
   staging directory of the claim, renamed when complete, whose entries are then moved into place:
-  a pod killed half-way leaves a claim that the next start still takes as new, or a complete copy
-  whose moves it finishes. A claim with the user's files (a resume on the same CPod) is left as it is.
+  a pod killed half-way leaves a complete copy, whose moves the next start finishes, or a half one,
+  which the next start makes again if it is given the saved copy, and otherwise keeps as the mark
+  of a claim that must not be saved (``restore``). A claim with the user's files (a resume on the
+  same CPod) is left as it is.
 - **Save**, once the command has ended (SIGTERM from a pause or a stop, passed on to it, or its
   own exit): the workspace without what each attempt is given afresh (``GIVEN``), directories and
   regular files only, as a tar written beside the output and renamed into it when whole, so the
   uploader never sends half of one. Nothing is saved over SXWL_WORKSPACE_MAX_BYTES (the largest
-  artifact the cloud takes), nor when a restore did not finish (that would replace the good copy
+  artifact the cloud takes), nor when a restore did not finish (that would replace the whole copy
   with part of it): the workspace then stays on this CPod's claim only, and a line says why.
 
 It runs on the environment's image, which may be any with a ``python3`` and JupyterLab, so it is the
@@ -43,6 +45,7 @@ LOST_FOUND = "lost+found"  # a file system's own, on a block volume: root's, not
 STAGING = ".sxwl-restore"  # a complete copy, whose entries are still to move into place
 PARTIAL = ".sxwl-restore.partial"  # a copy being made: thrown away when found
 NOT_WORK = (*GIVEN, LOST_FOUND, STAGING, PARTIAL)
+RESTORED, KEPT, UNFINISHED = "restored", "kept", "unfinished"  # what ``restore`` found and did
 CHUNK = 1024 * 1024
 KEPT = "; kept on this CPod only"
 
@@ -74,21 +77,28 @@ def user_entries(work: Path) -> list[str]:
     return sorted(name for name in os.listdir(work) if name not in NOT_WORK)
 
 
-def restore(work: Path, saved: Path | None, session: Session) -> bool:
-    """Puts the saved tree into a new claim; True when there was one to put. A copy left complete by
-    a pod killed during its moves is finished first; one left half-made is thrown away."""
+def restore(work: Path, saved: Path | None, session: Session) -> str:
+    """Puts the saved tree into a new claim: ``RESTORED``, or ``KEPT`` (nothing to restore, or a
+    claim with the user's files), or ``UNFINISHED``. A copy left complete by a pod killed during its
+    moves is finished first. One left half-made is made again when this attempt has the saved copy
+    and the claim nothing else; otherwise (a resume on the same CPod, which is given no copy) the
+    half-copy stays as the mark of a claim that is not the user's whole workspace: ``UNFINISHED``,
+    never saved over the whole one in the store."""
     if (work / STAGING).is_dir():
         _move_into_place(work)
-        return True
+        return RESTORED
+    given = saved is not None and saved.is_dir()
+    if (work / PARTIAL).exists() and (not given or user_entries(work)):
+        return UNFINISHED
     _remove(work / PARTIAL)
-    if saved is None or not saved.is_dir() or user_entries(work):
-        return False
+    if saved is None or not given or user_entries(work):
+        return KEPT
     partial = work / PARTIAL
     partial.mkdir(mode=0o700)
     _copy_tree(saved, partial, session)
     partial.rename(work / STAGING)
     _move_into_place(work)
-    return True
+    return RESTORED
 
 
 def _copy_tree(source: Path, target: Path, session: Session) -> None:
@@ -226,11 +236,14 @@ def main(argv: list[str]) -> int:
     for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(signum, session.handle)
     try:
-        if restore(work, saved, session):
-            print("workspace restored from the copy another CPod saved", file=sys.stderr)
+        state = restore(work, saved, session)
     except Stopped:
         print("stopped during the restore: the workspace is not saved", file=sys.stderr)
         return 143
+    if state == RESTORED:
+        print("workspace restored from the copy another CPod saved", file=sys.stderr)
+    elif state == UNFINISHED:
+        print(f"an earlier restore of this workspace did not finish ({PARTIAL}): not saved", file=sys.stderr)
     code = 143
     if not session.stopping:
         session.child = subprocess.Popen(argv)
@@ -239,7 +252,8 @@ def main(argv: list[str]) -> int:
         code = session.child.wait()
         code = 128 - code if code < 0 else code
     try:
-        print(save(work, output, shared, limit), file=sys.stderr)
+        if state != UNFINISHED:
+            print(save(work, output, shared, limit), file=sys.stderr)
     except OSError as exc:
         print(f"workspace not saved: {exc}", file=sys.stderr)
     return code
