@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from sxwl.agent import pod_workspace
+from sxwl.agent import pod_fetcher, pod_workspace
 from sxwl.agent.pod_workspace import (
     KEPT,
     PARTIAL,
@@ -195,3 +195,20 @@ def test_a_claim_whose_restore_did_not_finish_is_not_saved(tmp_path: Path) -> No
     assert process.returncode == 0 and b"did not finish" in err, err
     assert (tmp_path / "shared" / "exit-code").read_text() == "0\n"
     assert not (tmp_path / "shared" / "output" / WORKSPACE_ARTIFACT).exists()
+
+
+def test_what_one_pod_saves_the_fetcher_unpacks_and_another_pod_restores(tmp_path: Path) -> None:
+    """The tar as the uploader sends it, unpacked by the ``inputs`` init container's own code
+    (its members checked), copied into a new claim: the same files."""
+    work, output = _claim(tmp_path / "first"), tmp_path / "output"
+    output.mkdir()
+    assert save(work, output, tmp_path, limit=None).startswith("workspace saved")
+    inputs = tmp_path / "inputs"
+    inputs.mkdir()
+    pod_fetcher.unpack(output / WORKSPACE_ARTIFACT, inputs / "workspace")
+    pod_fetcher.read_only(inputs / "workspace")
+    new = tmp_path / "second" / "work"
+    (new / "inputs").mkdir(parents=True)
+    assert restore(new, inputs / "workspace", Session()) == RESTORED
+    assert pod_workspace.user_entries(new) == ["notes", "top.py"]
+    assert (new / "notes" / "keep.txt").read_text() == "kept\n" and not (new / "notes" / "link").exists()
