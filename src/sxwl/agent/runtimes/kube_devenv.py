@@ -81,7 +81,7 @@ class DevEnvSettings:
     NetworkPolicy finds the agent's pod; ``save_grace_s``, the least time between a pod's SIGTERM
     and SIGKILL, for JupyterLab to end and the workspace to be tarred and uploaded (a workspace
     of the cloud's default artifact cap, 1 GiB, takes well under a minute on a local disk and a
-    fast link: five leaves room for slower ones)."""
+    fast link: five minutes leave room for slower ones)."""
 
     image: str
     agent_namespace: str
