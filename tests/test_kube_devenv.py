@@ -1,15 +1,19 @@
 """A dev environment's objects on the kubernetes runtime (kube_devenv.py): its Job runs JupyterLab
 on the workspace claim with its token from the Secret (never on a command line), the inputs where
-the local runtime puts them, as the pod's own user; the claim is owned by nothing (it outlives the
-Job); the policy admits only the agent's pods; the tunnel reaches only a running attempt's pod;
+the local runtime puts them, as the pod's own user, under the program that restores and saves the
+workspace (pod_workspace.py), with the grace to save it; the claim is owned by nothing (it outlives
+the Job); the policy admits only the agent's pods; the tunnel reaches only a running attempt's pod;
 and a runtime without a dev environment image refuses one."""
 
 from __future__ import annotations
 
 import base64
 import json
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
+
+from kubernetes_asyncio.client import ApiClient
 
 from sxwl.agent.forward_targets import TcpTarget
 from sxwl.agent.runtimes import kube_inputs
@@ -17,6 +21,8 @@ from sxwl.agent.runtimes.kube_devenv import (
     DEV_DIR,
     IDENTITY,
     JUPYTER_PORT,
+    KEEPER,
+    KEEPER_SOURCE,
     SSH_PORT,
     DevEnvSettings,
     addresses,
@@ -29,12 +35,15 @@ from sxwl.agent.runtimes.kube_devenv import (
 )
 from sxwl.agent.runtimes.kube_inputs import start_refusal
 from sxwl.agent.runtimes.kube_manifests import job_manifest
-from sxwl.agent.runtimes.kube_objects import CONTAINER, DEV_ENV, KubeJob
+from sxwl.agent.runtimes.kube_objects import CONTAINER, DEV_ENV, KubeJob, record_from
 from sxwl.agent.runtimes.kube_uploads import UploadConfig
+from sxwl.agent.runtimes.kubernetes import KubernetesRuntime
+from sxwl.cloud.services.scheduling.placement import CPodCapacity, Need
 from sxwl.protocol import Assignment
-from sxwl.protocol.devenvs import DevEnvSpec
+from sxwl.protocol.devenvs import WORKSPACE_INPUT, DevEnvSpec
 from sxwl.protocol.finetune import JobInput
 from sxwl.protocol.reasons import english
+from tests.support.threads import run_on_thread
 
 TOKEN = "j" * 40
 SETTINGS = DevEnvSettings(
@@ -91,7 +100,7 @@ def manifest(given: Assignment) -> dict[str, Any]:
         pod_annotations={},
         uploads=UPLOADS,
     )
-    return dress(made, record(), given.jupyter)
+    return dress(made, record(), given, SETTINGS)
 
 
 def test_the_pod_runs_jupyterlab_on_the_claim_with_its_token_from_the_secret() -> None:
@@ -194,3 +203,93 @@ def test_a_runtime_without_a_dev_environment_image_refuses_one() -> None:
     plain = assignment(jupyter=None, inputs=[])
     refused = start_refusal(plain, fine_tunes=False, dev_envs=True, endpoints=True)
     assert refused is not None and refused.code == "kube.no_image"
+
+
+def _main(job: dict[str, Any]) -> dict[str, Any]:
+    found: dict[str, Any] = next(
+        c for c in job["spec"]["template"]["spec"]["containers"] if c["name"] == CONTAINER
+    )
+    return found
+
+
+def test_jupyterlab_runs_under_the_program_that_restores_and_saves_the_workspace() -> None:
+    job = manifest(assignment(artifact_max_bytes=1 << 30))
+    main = _main(job)
+    command = main["command"]
+    keeper = command.index(f"{DEV_DIR}/{KEEPER}")  # under the wrapper, JupyterLab's argv after it
+    assert command[keeper - 2 : keeper] == ["python3", "-I"] and command[keeper + 1 : keeper + 4] == [
+        "python3",
+        "-m",
+        "jupyterlab",
+    ]
+    env = {e["name"]: e.get("value") for e in main["env"]}
+    assert env["SXWL_WORKSPACE"] == "/sxwl/work" and env["SXWL_WORKSPACE_MAX_BYTES"] == str(1 << 30)
+    assert env["SXWL_OUTPUT_DIR"] == "/sxwl/output"  # where the uploader takes workspace.tar from
+    assert "SXWL_WORKSPACE_SAVED" not in env  # nothing to restore: the claim is used as it is
+    assert "uploader" in [c["name"] for c in job["spec"]["template"]["spec"]["containers"]]
+    # The pod's grace leaves time to save the workspace, whatever the agent's --stop-grace.
+    assert job["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] == int(SETTINGS.save_grace_s)
+    spec = assignment().jupyter
+    assert spec is not None
+    secret = secret_manifest(record(), spec, "uid-1")
+    assert base64.b64decode(secret["data"][KEEPER]) == KEEPER_SOURCE
+
+
+def test_a_resume_elsewhere_restores_the_saved_workspace_from_its_input() -> None:
+    saved = JobInput(name=WORKSPACE_INPUT, sha256="cd" * 32, size=10240, archive=True)
+    job = manifest(assignment(inputs=[saved]))
+    env = {e["name"]: e.get("value") for e in _main(job)["env"]}
+    assert env["SXWL_WORKSPACE_SAVED"] == "/sxwl/work/inputs/workspace"
+    (fetcher,) = job["spec"]["template"]["spec"]["initContainers"]
+    fetched = {e["name"]: e.get("value") for e in fetcher["env"]}["SXWL_INPUTS"]
+    assert json.loads(fetched)[0]["name"] == WORKSPACE_INPUT  # unpacked there, its members checked
+
+
+def test_a_dev_environments_stop_keeps_the_grace_to_save_its_workspace(tmp_path: Path) -> None:
+    async def started() -> tuple[float, float]:
+        async with ApiClient() as api:  # never called: start() only records the attempt
+            runtime = KubernetesRuntime(
+                api, stop_grace_s=3, state_dir=tmp_path, uploads=UPLOADS, dev_envs=SETTINGS
+            )
+            plain = assignment(job_id="j2", jupyter=None, inputs=[], image="me/job:1")
+            return runtime.start(assignment()).grace(3), runtime.start(plain).grace(3)
+
+    assert run_on_thread(started()) == (SETTINGS.save_grace_s, 3)
+    job = record()
+    job.min_grace_s = SETTINGS.save_grace_s
+    assert job.grace(10) == SETTINGS.save_grace_s
+    job.stop_grace_s = 900  # the cloud may ask for more
+    assert job.grace(10) == 900
+    assert record().grace(10) == 10  # other attempts: the agent's --stop-grace
+    # A restarted agent takes it back from its Job's pod template.
+    made = manifest(assignment())
+    template = SimpleNamespace(
+        metadata=SimpleNamespace(labels=made["spec"]["template"]["metadata"]["labels"]),
+        spec=SimpleNamespace(
+            termination_grace_period_seconds=made["spec"]["template"]["spec"][
+                "terminationGracePeriodSeconds"
+            ],
+            containers=[SimpleNamespace(resources=None)],
+        ),
+    )
+    item = SimpleNamespace(
+        metadata=SimpleNamespace(
+            name="sxwl-j1-3",
+            namespace="sxwl-tenant-u1",
+            annotations={},
+            labels=made["metadata"]["labels"],
+            creation_timestamp=None,
+        ),
+        spec=SimpleNamespace(template=template, completions=1, active_deadline_seconds=None),
+    )
+    assert record_from(item).grace(10) == SETTINGS.save_grace_s
+
+
+def test_a_cpod_without_a_trainer_image_takes_environments_with_inputs_but_no_fine_tunes() -> None:
+    """A Kubernetes CPod with a dev environment image fetches an environment's models, files and
+    saved workspace itself (its pods' ``inputs`` container), trainer image or not."""
+    cpod = CPodCapacity(id="c1", takes_dev_envs=True, takes_fine_tunes=False)
+    restored = (("cd" * 32, 10240),)
+    assert cpod.refuses(Need(None, 0, 1, inputs=restored, dev_env=True)) is None
+    assert cpod.refuses(Need(None, 0, 1, inputs=restored)) == "fine-tune"
+    assert cpod.refuses(Need(None, 0, 1, trainer=True, dev_env=True)) == "fine-tune"

@@ -6,6 +6,12 @@ OpenSSH, its sshd) instead of the job's command, on the pod's own address.
   in the tenant's namespace, mounted at ``/sxwl/work``. Nothing owns it, so it outlives the Job:
   a pause deletes the Job (and its pod) and keeps the claim; a resume on the same CPod makes a new
   Job on the same claim; the cloud's ``forget_workspace`` for a stopped one deletes it (``sweep``).
+- **Saved and restored**: JupyterLab runs under ``pod_workspace.py`` (its file in the Secret), which
+  saves the workspace as the attempt's ``workspace.tar`` in the output dir once JupyterLab has
+  ended, for the pod's ``uploader`` to send with the upload token like any pod's artifact; the pod's
+  grace is at least ``save_grace_s`` for it. A resume on another CPod has the saved tar as its
+  ``workspace`` input, unpacked by the ``inputs`` init container and copied into the new claim by
+  the same program before JupyterLab starts.
 - **Models and files** come as a fine-tune's inputs do (kube_inputs.py): the ``inputs`` init
   container fetches them (from the agent's cache) and they are mounted read-only at
   ``/sxwl/work/inputs``.
@@ -29,6 +35,7 @@ from typing import Any
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
+from sxwl.agent import pod_workspace
 from sxwl.agent.forward_targets import TcpTarget
 from sxwl.agent.runtimes import kube_inputs
 from sxwl.agent.runtimes.jupyter import SSH_USER, TOKEN_FILE, lab_flags, sshd_config
@@ -44,7 +51,7 @@ from sxwl.agent.runtimes.kube_objects import (
     labels,
 )
 from sxwl.protocol import Assignment, attempt_key
-from sxwl.protocol.devenvs import INPUTS_SEEN_AT, DevEnvSpec, parse_target
+from sxwl.protocol.devenvs import INPUTS_SEEN_AT, WORKSPACE_INPUT, DevEnvSpec, parse_target
 
 JUPYTER_PORT = 8888
 SSH_PORT = 2222
@@ -56,6 +63,8 @@ DEV_VOLUME = "sxwl-dev"
 IDENTITY = "sxwl_jupyter_identity"  # jupyter_identity.py as the pod imports it from DEV_DIR
 # Read as a file, not imported: it imports jupyter_server, which the agent's own image does not have.
 IDENTITY_SOURCE = (Path(__file__).resolve().parents[1] / "jupyter_identity.py").read_bytes()
+KEEPER = "pod_workspace.py"  # what runs JupyterLab, restores and saves the workspace, from DEV_DIR
+KEEPER_SOURCE = Path(pod_workspace.__file__).read_bytes()
 USER_ID = 1000  # the pod's user, named SSH_USER in the passwd it is given
 HOST_KEY = f"{WORK_DIR}/.sxwl-ssh/ssh_host_ed25519_key"  # kept in the workspace: the same after a resume
 PASSWD = (
@@ -69,13 +78,17 @@ PASSWD = (
 class DevEnvSettings:
     """The agent's flags for dev environments: the image with JupyterLab (an environment may name
     its own), the workspace's storage class (None: the cluster's default) and size, and how the
-    NetworkPolicy finds the agent's pod."""
+    NetworkPolicy finds the agent's pod; ``save_grace_s``, the least time between a pod's SIGTERM
+    and SIGKILL, for JupyterLab to end and the workspace to be tarred and uploaded (a workspace
+    of the cloud's default artifact cap, 1 GiB, takes well under a minute on a local disk and a
+    fast link: five minutes leave room for slower ones)."""
 
     image: str
     agent_namespace: str
     agent_labels: Mapping[str, str]
     storage_class: str | None = None
     size: str = "20Gi"
+    save_grace_s: float = 300.0
 
 
 def claim_name(workspace: str) -> str:
@@ -124,6 +137,7 @@ def secret_manifest(job: KubeJob, spec: DevEnvSpec, owner_uid: str) -> dict[str,
         "sshd_config": sshd_config(HOST_KEY, f"{DEV_DIR}/authorized_keys").encode(),
         "passwd": PASSWD.encode(),
         f"{IDENTITY}.py": IDENTITY_SOURCE,
+        KEEPER: KEEPER_SOURCE,
     }
     owner = {"apiVersion": "batch/v1", "kind": "Job", "name": job.k8s_name, "uid": owner_uid}
     return {
@@ -134,21 +148,29 @@ def secret_manifest(job: KubeJob, spec: DevEnvSpec, owner_uid: str) -> dict[str,
 
 
 def lab_assignment(assignment: Assignment, settings: DevEnvSettings) -> Assignment:
-    """The assignment as the Job's manifest is made from it: JupyterLab as its command, on the
-    environment's image or the agent's."""
+    """The assignment as the Job's manifest is made from it: JupyterLab as its command, under the
+    program that restores and saves the workspace, on the environment's image or the agent's."""
     assert assignment.jupyter is not None
     listen = ["--ServerApp.ip=0.0.0.0", f"--ServerApp.port={JUPYTER_PORT}", "--ServerApp.port_retries=0"]
-    argv = ["python3", *lab_flags(listen, assignment.jupyter.base_url, WORK_DIR, IDENTITY)]
+    lab = ["python3", *lab_flags(listen, assignment.jupyter.base_url, WORK_DIR, IDENTITY)]
+    argv = ["python3", "-I", f"{DEV_DIR}/{KEEPER}", *lab]  # -I: the user's own site files never run in it
     return assignment.model_copy(update={"command": argv, "image": assignment.image or settings.image})
 
 
-def dress(manifest: dict[str, Any], job: KubeJob, spec: DevEnvSpec) -> dict[str, Any]:
+def dress(
+    manifest: dict[str, Any], job: KubeJob, assignment: Assignment, settings: DevEnvSettings
+) -> dict[str, Any]:
     """The Job of an environment's attempt, from the one kube_manifests.py made of ``lab_assignment``:
-    the workspace, the Secret, the inputs where the local runtime puts them, the pod's own user."""
+    the workspace, the Secret, the inputs where the local runtime puts them, the pod's own user, the
+    saved workspace to restore (a ``workspace`` input) and the grace to save it."""
+    spec = assignment.jupyter
+    assert spec is not None
     template = manifest["spec"]["template"]
     template["metadata"]["labels"][DEV_ENV] = spec.workspace
     pod = template["spec"]
     pod["securityContext"] |= {"runAsUser": USER_ID, "runAsGroup": USER_ID, "fsGroup": USER_ID}
+    grace = max(pod["terminationGracePeriodSeconds"], int(settings.save_grace_s))
+    pod["terminationGracePeriodSeconds"] = grace
     pod["volumes"] += [
         {"name": WORK_VOLUME, "persistentVolumeClaim": {"claimName": claim_name(spec.workspace)}},
         {"name": DEV_VOLUME, "secret": {"secretName": secret_name(job), "defaultMode": 0o440}},
@@ -164,18 +186,21 @@ def dress(manifest: dict[str, Any], job: KubeJob, spec: DevEnvSpec) -> dict[str,
         {"name": DEV_VOLUME, "mountPath": DEV_DIR, "readOnly": True},
         {"name": DEV_VOLUME, "mountPath": "/etc/passwd", "subPath": "passwd", "readOnly": True},
     ]
-    main["env"] += [
-        {"name": name, "value": value}
-        for name, value in {
-            "JUPYTER_TOKEN_FILE": f"{DEV_DIR}/{TOKEN_FILE}",
-            "PYTHONPATH": DEV_DIR,
-            "HOME": WORK_DIR,
-            "SHELL": "/bin/sh",
-            "SXWL_DEV_SSH_CONFIG": f"{DEV_DIR}/sshd_config",
-            "SXWL_DEV_SSH_SOCKET": f"tcp:{SSH_PORT}",
-            "SXWL_DEV_SSH_HOST_KEY": HOST_KEY,
-        }.items()
-    ]
+    env = {
+        "JUPYTER_TOKEN_FILE": f"{DEV_DIR}/{TOKEN_FILE}",
+        "PYTHONPATH": DEV_DIR,
+        "HOME": WORK_DIR,
+        "SHELL": "/bin/sh",
+        "SXWL_DEV_SSH_CONFIG": f"{DEV_DIR}/sshd_config",
+        "SXWL_DEV_SSH_SOCKET": f"tcp:{SSH_PORT}",
+        "SXWL_DEV_SSH_HOST_KEY": HOST_KEY,
+        "SXWL_WORKSPACE": WORK_DIR,
+    }
+    if any(item.name == WORKSPACE_INPUT for item in assignment.inputs):
+        env["SXWL_WORKSPACE_SAVED"] = f"{INPUTS_SEEN_AT}/{WORKSPACE_INPUT}"
+    if assignment.artifact_max_bytes is not None:
+        env["SXWL_WORKSPACE_MAX_BYTES"] = str(assignment.artifact_max_bytes)
+    main["env"] += [{"name": name, "value": value} for name, value in env.items()]
     main["workingDir"] = WORK_DIR
     main["ports"] = [
         {"name": "jupyter", "containerPort": JUPYTER_PORT},

@@ -53,10 +53,15 @@ class KubeJob(AttemptRecord):
     engine: bool = False  # an endpoint replica's (kube_engine.py)
     engine_host: str | None = None  # its pod's IP while its engine's container runs
     main_started: bool = False  # every rank's main container has started (kube_status.began)
+    # The least grace of its stop: a dev environment's, for its workspace to be saved (kube_devenv.py).
+    min_grace_s: float = 0.0
 
     @property
     def service(self) -> str:
         return self.k8s_name
+
+    def grace(self, default: float) -> float:
+        return max(super().grace(default), self.min_grace_s)
 
     @property
     def serves_engine(self) -> bool:
@@ -101,9 +106,17 @@ def record_from(item: Any) -> KubeJob:
         gpus_per_node=int(limits.get(GPU, 0)),
         max_runtime_s=spec.active_deadline_seconds,
         engine=ENGINE in (spec.template.metadata.labels or {}),
+        min_grace_s=_saving_grace(spec.template),
         started_at=meta.creation_timestamp.timestamp() if meta.creation_timestamp else time.time(),
         created=True,
     )
+
+
+def _saving_grace(template: Any) -> float:
+    """A dev environment's pod was given the grace to save its workspace: its stop keeps it."""
+    if DEV_ENV not in (template.metadata.labels or {}):
+        return 0.0
+    return float(template.spec.termination_grace_period_seconds or 0)
 
 
 async def list_attempts(batch: Any, core: Any, prefix: str) -> tuple[dict[str, Any], dict[str, list[Any]]]:

@@ -216,6 +216,7 @@ class KubernetesRuntime(AttemptDirs[KubeJob]):
             started_at=time.time(),
             spec=assignment.model_dump(mode="json"),
             engine=assignment.engine is not None,
+            min_grace_s=self.dev.settings.save_grace_s if self.dev and assignment.jupyter else 0.0,
         )
         self.jobs[key] = job
         self.save(job)
@@ -356,8 +357,8 @@ class KubernetesRuntime(AttemptDirs[KubeJob]):
                 trainer_image=self.trainer_image,
                 engine_image=self.engines.settings.image if self.engines.settings else None,
             )
-            if assignment.jupyter is not None:
-                manifest = dress(manifest, job, assignment.jupyter)
+            if assignment.jupyter is not None and self.dev is not None:
+                manifest = dress(manifest, job, assignment, self.dev.settings)
             create = self.batch.create_namespaced_job
             created = await create_ignoring_conflict(create, job.namespace, manifest)
         except ApiException as exc:

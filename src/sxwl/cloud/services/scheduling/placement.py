@@ -83,8 +83,10 @@ class Need:
 
     @property
     def fine_tune(self) -> bool:
-        """Whether only a CPod that takes fine-tunes can run it: it fetches inputs or runs the trainer."""
-        return self.trainer or bool(self.inputs)
+        """Whether only a CPod that takes fine-tunes can run it: it runs the trainer, or fetches
+        inputs for none of the kinds whose CPods fetch their own (a dev environment's models, files
+        and saved workspace; a replica's model: docs/agent.md)."""
+        return self.trainer or (bool(self.inputs) and not (self.dev_env or self.engine))
 
     def describe(self) -> Reason:
         if not self.gpus_per_node:
