@@ -34,8 +34,8 @@ WORKSPACE_TAR = WORKSPACE_ARTIFACT  # an output of each attempt: the cloud keeps
 GIVEN = ("inputs", RUN_DIR)  # what each attempt is given afresh: not the user's work
 MODULE = ("-m", "jupyterlab")
 # JupyterLab's start as ``-m jupyterlab`` runs it, less two things it does at every start that a
-# dev environment never uses, which cost about two thirds of its CPU time there (4.4–5.3 s of CPU
-# before, 1.3–1.5 s after; docs/dev-envs.md, "Measured"):
+# dev environment never uses; with UNUSED_EXTENSIONS and the read-only extension manager, its start
+# went from 4.4–5.3 s of CPU to 1.3–1.5 s (docs/dev-envs.md, "Measured"):
 # - jsonschema's optional IRI format check: rfc3987_syntax builds an Earley parser as it is
 #   imported (about 2.7 s of CPU), which jupyter_events' import of jsonschema does. Only Jupyter's
 #   own event schemas are checked with jsonschema's formats there, and none has an IRI; the user's
