@@ -4,6 +4,10 @@
   over the kernel's WebSocket through the cloud and the tunnel), after one environment was created
   and stopped first so that the CPod's disk cache holds JupyterLab (a warm CPod);
 - **resume → usable**: from `POST …/resume` of the paused environment to the same first execution;
+- **where that time goes**, for both: the job's events (placed by the scheduler, started by the
+  agent, reported running), JupyterLab's own log (its first line, once its Python has imported
+  enough to log; its socket serving), the cloud's proxy first answering, the kernel made, the
+  execution;
 - **SSH throughput**: `scp` of ``--scp-mib`` MiB into the workspace through `sxwl dev ssh-proxy`
   (the cloud, the tunnel, the agent) against `scp` to the same sshd directly (a ProxyCommand that
   connects to the environment's ssh.sock on the CPod), alternated ``--rounds`` times.
@@ -17,7 +21,9 @@ Run: ``.venv/bin/python bench/dev_envs.py``.
 from __future__ import annotations
 
 import argparse
+import datetime
 import os
+import re
 import socket
 import statistics
 import subprocess
@@ -25,6 +31,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -34,7 +41,6 @@ sys.path.insert(0, str(ROOT / "src"))
 import httpx  # noqa: E402
 import pytest  # noqa: E402
 from bench.common import Processes, append_results, interrupt_on_sigterm, machine_line, utc_now  # noqa: E402
-from tests.support.agent import eventually  # noqa: E402
 from tests.support.browser import PASSWORD  # noqa: E402
 from tests.test_dev_envs import PRODUCT, World, console, kernel_says  # noqa: E402
 
@@ -60,23 +66,78 @@ def relay(path: str) -> None:
         os.write(1, data)
 
 
-def usable(world: World, env_id: str, started: float) -> float:
-    """Seconds from ``started`` until a new kernel of the environment executes `1+1`."""
+# What a start's timeline names, in the order it happens, each in seconds from the user's request.
+STEPS = {
+    "assigned": "placed by the scheduler",
+    "starting": "started in its sandbox by the agent",
+    "lab_log": "JupyterLab's first log line",
+    "lab_serving": "JupyterLab serving on its socket",
+    "running": "reported running",
+    "proxied": "answering through the cloud",
+    "kernel": "kernel started",
+    "executed": "first execution",
+}
+# JupyterLab's log lines start with their local time: "[I 2026-12-07 00:23:49.005 ServerApp] ...".
+LAB_LINE = re.compile(r"^\[\w (\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{3}) \w+\] (.*)$", re.MULTILINE)
+POLL_S = 0.1  # the bench's own polling: often enough to see each step, rarely enough to cost little
+
+
+def until(check: Callable[[], bool], timeout: float, what: str) -> None:
+    """Polls ``check`` every POLL_S until it holds; fails naming ``what`` after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(POLL_S)
+
+
+def usable(world: World, env_id: str, started: float) -> dict[str, float]:
+    """The timeline (STEPS) of the environment's start, ``started`` being the wall-clock time of
+    the user's request, until a new kernel of the environment executes `1+1`."""
     browser = console(world.url, "dev@example.com")
     base = f"/dev/{env_id}"
+    job: dict[str, str] = {}
 
     def lab_up() -> bool:
         env = httpx.get(f"{world.url}/api/v1/dev-envs/{env_id}", headers=world.user).json()
         assert env["status"] in ("queued", "starting", "running"), env
+        job["id"] = env["job_id"]
         return env["status"] == "running" and browser.get(f"{base}/api/status").status_code == 200
 
-    eventually(lab_up, timeout=120, what="JupyterLab")
+    until(lab_up, timeout=120, what="JupyterLab")
+    seen = {"proxied": time.time() - started}
     browser.get(f"{base}/lab")  # JupyterLab's _xsrf cookie, as a browser gets it
     xsrf = {"X-XSRFToken": browser.cookies.get("_xsrf") or ""}
     kernel = browser.post(f"{base}/api/kernels", json={"name": "python3"}, headers=xsrf)
     assert kernel.status_code == 201, kernel.text
+    seen["kernel"] = time.time() - started
     assert kernel_says(world.url, browser, env_id, kernel.json()["id"], "1+1") == "2"
-    return time.perf_counter() - started
+    seen["executed"] = time.time() - started
+    events = httpx.get(f"{world.url}/api/v1/jobs/{job['id']}/events", headers=world.user).json()
+    for event in events:
+        if event["kind"] in STEPS:
+            seen[event["kind"]] = datetime.datetime.fromisoformat(event["at"]).timestamp() - started
+    log = httpx.get(f"{world.url}/api/v1/jobs/{job['id']}/logs", headers=world.user).text
+    lines = [
+        (datetime.datetime.fromisoformat(at).timestamp() - started, text)
+        for at, text in LAB_LINE.findall(log)
+    ]
+    if lines and 0 <= lines[0][0] <= seen["executed"]:  # the sandbox's local time is the bench's
+        seen["lab_log"] = lines[0][0]
+        serving = [at for at, text in lines if "is running at" in text]
+        if serving:
+            seen["lab_serving"] = serving[0]
+    return seen
+
+
+def timeline(seen: dict[str, float]) -> str:
+    """The steps in the order they happened, each with the time it took after the one before."""
+    steps = sorted((at, step) for step, at in seen.items())
+    parts, before = [], 0.0
+    for at, step in steps:
+        parts.append(f"{STEPS[step]} {at:.1f} s (+{at - before:.1f})")
+        before = at
+    return "; ".join(parts)
 
 
 def status_is(world: World, env_id: str, status: str) -> bool:
@@ -84,8 +145,8 @@ def status_is(world: World, env_id: str, status: str) -> bool:
     return got == status
 
 
-def create(world: World, name: str) -> tuple[str, float]:
-    started = time.perf_counter()
+def create(world: World, name: str) -> tuple[str, dict[str, float]]:
+    started = time.time()
     body = {"name": name, "gpus": 1, "gpu_product": PRODUCT}
     made = httpx.post(f"{world.url}/api/v1/dev-envs", headers=world.user, json=body)
     assert made.status_code == 201, made.text
@@ -108,6 +169,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--scp-mib", type=int, default=100)
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--no-append", action="store_true", help="print the results only")
     parser.add_argument("--relay", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.relay:
@@ -136,15 +198,16 @@ def run(root: Path, args: argparse.Namespace, processes: Processes) -> None:
     add = [*cli, "ssh-keys", "add", f"{key}.pub"]
     subprocess.run(add, env=cli_env, check=True, capture_output=True)
 
-    warm_id, cold = create(world, "warm-up")  # not counted: fills the disk cache
+    warm_id, cold_steps = create(world, "warm-up")  # not counted: fills the disk cache
     httpx.delete(f"{world.url}/api/v1/dev-envs/{warm_id}", headers=world.user).raise_for_status()
-    eventually(lambda: status_is(world, warm_id, "stopped"), timeout=60, what="the warm-up stopped")
-    env_id, created = create(world, "bench")
+    until(lambda: status_is(world, warm_id, "stopped"), timeout=60, what="the warm-up stopped")
+    env_id, created_steps = create(world, "bench")
     httpx.post(f"{world.url}/api/v1/dev-envs/{env_id}/pause", headers=world.user).raise_for_status()
-    eventually(lambda: status_is(world, env_id, "paused"), timeout=60, what="the environment paused")
-    started = time.perf_counter()
+    until(lambda: status_is(world, env_id, "paused"), timeout=60, what="the environment paused")
+    started = time.time()
     httpx.post(f"{world.url}/api/v1/dev-envs/{env_id}/resume", headers=world.user).raise_for_status()
-    resumed = usable(world, env_id, started)
+    resumed_steps = usable(world, env_id, started)
+    cold, created, resumed = (steps["executed"] for steps in (cold_steps, created_steps, resumed_steps))
 
     source = root / "big.bin"
     with source.open("wb") as out:
@@ -180,13 +243,16 @@ def run(root: Path, args: argparse.Namespace, processes: Processes) -> None:
         f"{verdict(created, TARGETS['create'])}); the cold first create, before it: {cold:.1f} s",
         f"- resume → first kernel execution: **{resumed:.1f} s** (target < {TARGETS['resume']:.0f} s, "
         f"{verdict(resumed, TARGETS['resume'])})",
+        f"- where the create's time went: {timeline(created_steps)}",
+        f"- where the resume's time went: {timeline(resumed_steps)}",
         f"- `scp` of {args.scp_mib} MiB into the workspace, median of {args.rounds}: through the tunnel "
         f"{mib_s['tunnel']:.1f} MiB/s ({times['tunnel']} s), directly "
         f"to the same sshd {mib_s['direct']:.1f} MiB/s ({times['direct']} s); "
         f"ratio **{ratio:.2f}** (target ≥ {TARGETS['ssh']:.2f}, {ssh_met})",
     ]
     print("\n".join(lines))
-    append_results("\n".join(lines) + "\n")
+    if not args.no_append:
+        append_results("\n".join(lines) + "\n")
 
 
 if __name__ == "__main__":

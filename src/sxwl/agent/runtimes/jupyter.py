@@ -32,6 +32,28 @@ SSHD = "/usr/sbin/sshd"
 SHELL = "/bin/bash" if Path("/bin/bash").exists() else "/bin/sh"
 WORKSPACE_TAR = WORKSPACE_ARTIFACT  # an output of each attempt: the cloud keeps it for a resume elsewhere
 GIVEN = ("inputs", RUN_DIR)  # what each attempt is given afresh: not the user's work
+MODULE = ("-m", "jupyterlab")
+# JupyterLab's start as ``-m jupyterlab`` runs it, less two things it does at every start that a
+# dev environment never uses; with UNUSED_EXTENSIONS and the read-only extension manager, its start
+# went from 4.4–5.3 s of CPU to 1.3–1.5 s (docs/dev-envs.md, "Measured"):
+# - jsonschema's optional IRI format check: rfc3987_syntax builds an Earley parser as it is
+#   imported (about 2.7 s of CPU), which jupyter_events' import of jsonschema does. Only Jupyter's
+#   own event schemas are checked with jsonschema's formats there, and none has an IRI; the user's
+#   code runs in its kernels, other processes;
+# - asking yarn, a Node.js process, for its npm registry (about 0.7 s of CPU, where Node.js is
+#   installed): the registry is only for building extensions, which the read-only extension manager
+#   (``lab_flags``) never does.
+LAB_START = """
+import sys
+sys.modules["rfc3987_syntax"] = None
+import jupyterlab.commands
+jupyterlab.commands._yarn_config = lambda logger: {"yarn config": {}, "npm config": {}}
+from jupyterlab.labapp import main
+sys.exit(main())
+"""
+# jupyter_lsp looks for language servers at every start: the agent's Python has none, and the
+# sandbox cannot install one there (it is read-only).
+UNUSED_EXTENSIONS = ("jupyter_lsp",)
 
 
 def jupyter_command(
@@ -52,7 +74,8 @@ def jupyter_command(
         for path in (run, token):
             os.chown(path, uid, uid)
     listen = [f"--ServerApp.sock={seen(run / SOCKET)}", "--ServerApp.sock_mode=0600"]
-    argv = [sys.executable, *lab_flags(listen, spec.base_url, seen(paths.work), PROXIED)]
+    flags = lab_flags(listen, spec.base_url, seen(paths.work), PROXIED, ("-c", LAB_START), UNUSED_EXTENSIONS)
+    argv = [sys.executable, *flags]
     env = {
         "JUPYTER_TOKEN_FILE": seen(token),
         "PYTHONPATH": str(CODE_ROOT),  # the agent's own sxwl, for the identity provider
@@ -67,12 +90,20 @@ def jupyter_command(
     return argv, env, paths
 
 
-def lab_flags(listen: list[str], base_url: str, root_dir: str, identity: str) -> list[str]:
-    """``-m jupyterlab`` and its flags, after the interpreter: where it listens (``listen``), its
-    ``base_url`` and root, and ``identity``, the module of jupyter_identity.py as it is imported there."""
+def lab_flags(
+    listen: list[str],
+    base_url: str,
+    root_dir: str,
+    identity: str,
+    start: tuple[str, ...] = MODULE,
+    unused: tuple[str, ...] = (),
+) -> list[str]:
+    """JupyterLab's start (``start``: ``-m jupyterlab``) and its flags, after the interpreter: where
+    it listens (``listen``), its ``base_url`` and root, ``identity``, the module of
+    jupyter_identity.py as it is imported there, and the server extensions left out (``unused``)."""
+    extensions = {identity: True} | dict.fromkeys(unused, False)
     return [
-        "-m",
-        "jupyterlab",
+        *start,
         "--no-browser",
         *listen,
         f"--ServerApp.base_url={base_url}",
@@ -80,9 +111,13 @@ def lab_flags(listen: list[str], base_url: str, root_dir: str, identity: str) ->
         # Reached only through the agent, with the Host of the cloud the browser talks to.
         "--ServerApp.allow_remote_access=True",
         f"--ServerApp.identity_provider_class={identity}.ProxiedIdentityProvider",
-        f"--ServerApp.jpserver_extensions={{'{identity}': True}}",  # the token out of the page
+        f"--ServerApp.jpserver_extensions={extensions!r}",  # ``identity``: the token out of the page
         "--LabApp.news_url=",  # no calls out from a CPod that may have no network
         "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
+        # Nor to PyPI: an extension installed from JupyterLab's page would go into the interpreter
+        # that runs it, which a dev environment cannot keep (the agent's is read-only, an image's
+        # goes with its pod).
+        "--LabApp.extension_manager=readonly",
     ]
 
 

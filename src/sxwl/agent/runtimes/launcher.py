@@ -25,8 +25,6 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from sxwl.agent import not_found
-
 EXIT_FILE = "exit_status"
 REASON_FILE = "exit_reason"  # why the command could not run at all (``command not found: …``)
 REASON_FD = 3  # where the exec shim (sandbox.EXEC_SHIM) finds the write end of the reason pipe
@@ -139,6 +137,10 @@ def _outbound(
 def _shell_not_found(workdir: Path, status: int, elapsed: float, path: str | None) -> str:
     """The coded reason when the job's shell could not find its command and nothing else ran
     (agent/not_found.py), naming what is on the job's PATH instead; else ""."""
+    # Imported only once the job ended: it brings the wire models (pydantic), whose import was
+    # about 0.35 s of CPU on the way to every attempt's start.
+    from sxwl.agent import not_found
+
     log = workdir / "output.log"
     if status != not_found.EXIT_STATUS or log.stat().st_size > not_found.OUTPUT_MAX:
         return ""
