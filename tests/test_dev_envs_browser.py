@@ -140,17 +140,19 @@ def test_jupyterlab_opens_from_the_console_runs_a_notebook_and_a_terminal_and_su
 
         # The agent killed with the notebook's kernel open; JupyterLab and its kernel outlive it (an
         # agent leaves its jobs running), a new agent on the same state dir takes the environment
-        # back and dials again, and the page, reloaded, reaches the same kernel: what a cell set
-        # before the kill is still there.
+        # back and dials again. The page is not reloaded: while the agent was away the cloud said
+        # 503, on which JupyterLab keeps asking after its kernel, and it reconnects on its own to
+        # the same kernel: what a cell set before the kill is still there.
         world.agent.signal(signal.SIGKILL)
         world.agent.wait()  # gone: what answers next came through the new agent's tunnel
+        while_away = lab.request.get(f"/dev/{env_id}/api/status")
+        assert while_away.status == 503 and while_away.headers["retry-after"] == "5"
         world.agent = world.start_agent("agent", "dev")
         eventually(
             lambda: lab.request.get(f"/dev/{env_id}/api/status").status == 200,
             timeout=90,
             what="the tunnel dialled again",
         )
-        lab.reload()
         lab.locator(".lm-TabBar-tab", has_text="Untitled").first.click(timeout=LAB_TIMEOUT_MS)
         _run_cell(lab, "print('after the re-dial', m)", "after the re-dial hello")
     finally:

@@ -37,6 +37,7 @@ from sxwl.tunnel.headers import Headers
 router = APIRouter(include_in_schema=False)
 METHODS = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
 HEAD_TIMEOUT_S = 60.0
+RETRY_AFTER_S = 5  # while the CPod's agent re-dials or takes the environment back
 # The cloud's cookies are its own: never sent to an environment, never set by one.
 OWN_COOKIES = "sxwl_"
 # Request headers the cloud sets itself on the way to JupyterLab.
@@ -129,6 +130,9 @@ async def proxy_http(env_id: str, rest: str, request: Request) -> Response:
         body() if has_body else None,
     )
     reply = await _open(ctx, up, call, request.headers.get("host"))
+    if reply.from_agent:  # the agent's own refusal: it does not hold the environment's JupyterLab yet
+        reply.close()
+        raise _unavailable("the environment's CPod cannot reach its JupyterLab right now")
 
     async def answer() -> AsyncIterator[bytes]:
         try:
@@ -154,11 +158,18 @@ async def _open(
             ctx.tunnels, up.cpod_id, up.target, call, head_timeout_s=HEAD_TIMEOUT_S, authority=host
         )
     except NoTunnel:
-        raise AppError(503, "the environment's CPod is not connected to the cloud right now") from None
+        raise _unavailable("the environment's CPod is not connected to the cloud right now") from None
     except service.TunnelError:
-        raise AppError(502, "the environment's CPod closed the connection") from None
+        raise _unavailable("the environment's CPod closed the connection") from None
     except TimeoutError:
         raise AppError(504, "the environment's JupyterLab did not answer in time") from None
+
+
+def _unavailable(why: str) -> AppError:
+    """A 503 with Retry-After for what passes (the agent re-dialling, or taking the environment back
+    after a restart): JupyterLab's page keeps asking after a kernel on a 503, and takes any other
+    error for a dead kernel, so an agent's restart would otherwise kill the page's kernels."""
+    return AppError(503, f"{why}; try again in a few seconds", headers={"Retry-After": str(RETRY_AFTER_S)})
 
 
 @router.websocket("/dev/{env_id}/{rest:path}")
