@@ -4,7 +4,11 @@ agent, the socket), in one run.
 
 - **added time to first token**: ``--ttft-requests`` streamed chat calls, one at a time; p50 and
   p99 of the first content chunk's arrival, direct and through, and the difference;
-- **chunks/s** at 1, 16, 64 and 256 concurrent streams of ``--tokens`` one-token chunks each.
+- **chunks/s** at 1, 16, 64 and 256 concurrent streams of ``--tokens`` one-token chunks each;
+- **CPU per chunk** of each process in those runs (from /proc: the client, which is this script,
+  the cloud, the agent, the engine), so the path's own cost is seen apart from the machine's load:
+  the ratio of the direct run's CPU per chunk to the path's is the chunk rate's ratio on idle cores
+  when both are bound by CPU.
 
 Two engines, each run by a real agent (simulated GPUs) as an endpoint's replica in its sandbox:
 
@@ -45,6 +49,7 @@ from tests.test_jobs_process import PRODUCT  # noqa: E402
 from sxwl.engine.sockets import reachable  # noqa: E402
 
 CONCURRENCY = (1, 16, 64, 256)
+HEARTBEAT_S = 10
 LLAMA_CONCURRENCY = (1, 4)
 BODY: dict[str, Any] = {"model": "fast", "messages": [{"role": "user", "content": "hi"}], "stream": True}
 
@@ -81,6 +86,53 @@ async def chunk_rate(
     done = await asyncio.gather(*(stream_once(client, url, tokens, model) for _ in range(streams)))
     assert all(chunks == tokens for _, chunks in done) or model != "fast"
     return sum(chunks for _, chunks in done) / (time.perf_counter() - started)
+
+
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_s(pid: int) -> float:
+    """User and system CPU seconds of one process (0 once it is gone)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+
+
+def descendants(pid: int) -> list[int]:
+    parents: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                parents[int(entry.name)] = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+    found, frontier = [], [pid]
+    while frontier:
+        children = [child for child, parent in parents.items() if parent in frontier]
+        found += children
+        frontier = children
+    return found
+
+
+class CpuMeter:
+    """CPU seconds of the client (this process), the cloud, the agent and the engine (the agent's
+    descendants: its sandbox and the engine's supervisor with it) over one run."""
+
+    def __init__(self, cloud: int, agent: int) -> None:
+        self.cloud, self.agent = cloud, agent
+
+    def now(self) -> dict[str, float]:
+        return {
+            "client": time.process_time(),
+            "cloud": cpu_s(self.cloud),
+            "agent": cpu_s(self.agent),
+            "engine": sum(cpu_s(pid) for pid in descendants(self.agent)),
+        }
+
+    def since(self, before: dict[str, float]) -> dict[str, float]:
+        return {name: spent - before[name] for name, spent in self.now().items()}
 
 
 def client_for(
@@ -136,7 +188,13 @@ def deploy(world: FineTuneWorld, processes: Processes, name: str, gpus: int) -> 
 
 
 def measure(
-    world: FineTuneWorld, socket: Path, model: str, requests: int, tokens: int, concurrency: tuple[int, ...]
+    world: FineTuneWorld,
+    socket: Path,
+    model: str,
+    requests: int,
+    tokens: int,
+    concurrency: tuple[int, ...],
+    meter: CpuMeter,
 ) -> list[str]:
     limits = httpx.Limits(max_connections=300, max_keepalive_connections=300)
     lines: list[str] = []
@@ -162,34 +220,59 @@ def measure(
         )
         for streams in concurrency:
             rate = functools.partial(chunk_rate, streams=streams, tokens=tokens, model=model)
+            before = meter.now()
             d = direct(functools.partial(rate, url=direct_url))
+            direct_cpu = meter.since(before)
+            before = meter.now()
             t = through(functools.partial(rate, url=through_url))
+            through_cpu = meter.since(before)
             target = " (target 0.90)" if streams == 64 else ""
+            chunks = streams * tokens
+            each = {k: v / chunks * 1e6 for k, v in through_cpu.items()}
+            direct_each = (direct_cpu["client"] + direct_cpu["engine"]) / chunks * 1e6
             lines.append(
                 f"- {streams} concurrent streams of {tokens} chunks: direct {d:,.0f} chunks/s, "
-                f"through {t:,.0f} chunks/s, ratio {t / d:.2f}{target}"
+                f"through {t:,.0f} chunks/s, ratio {t / d:.2f}{target}; CPU µs per chunk: direct "
+                f"{direct_each:.0f} (client + engine), through {sum(each.values()):.0f} (client "
+                f"{each['client']:.0f}, cloud {each['cloud']:.0f}, agent {each['agent']:.0f}, engine "
+                f"{each['engine']:.0f}), ratio {direct_each / sum(each.values()):.2f}"
             )
     return lines
 
 
 def run(root: Path, args: argparse.Namespace, processes: Processes) -> None:
     load_before = os.getloadavg()[0]
-    world = FineTuneWorld(root, f"sqlite:///{root / 'sxwl.db'}")
+    # A CPod is offline after 60 s without a heartbeat, not the tests' 0.5 s: on a loaded machine
+    # a late beat would otherwise requeue the replica mid-measurement.
+    world = FineTuneWorld(root, f"sqlite:///{root / 'sxwl.db'}", SXWL_OFFLINE_GRACE_S="60")
     processes.add(world.close)
     fakebin = root / "fakebin"
     fakebin.mkdir()
     (fakebin / "vllm").write_text(f"#!{sys.executable}\n" + FAKE.read_text())
     (fakebin / "vllm").chmod(0o755)
-    world.agent("bench", 1, "--share-dir", str(fakebin), env={"PATH": f"{fakebin}:{os.environ['PATH']}"})
+    # Heartbeats at the agent's default pace, not the tests' 0.3 s: the processes' CPU per chunk
+    # below then counts the path, not a heartbeat's bookkeeping three times a second.
+    world.agent(
+        "bench",
+        1,
+        "--share-dir",
+        str(fakebin),
+        "--heartbeat-interval",
+        str(HEARTBEAT_S),
+        env={"PATH": f"{fakebin}:{os.environ['PATH']}"},
+    )
     world.online()
     fast = deploy(world, processes, "fast", 1)
+    meter = CpuMeter(world.cloud.proc.pid, world.agents[0].proc.pid)
     lines = [f"## Serving: {utc_now()}", "", machine_line(), ""]
     lines += ["Against the stand-in that streams as fast as it can:", ""]
-    lines += measure(world, fast, "fast", args.ttft_requests, args.tokens, CONCURRENCY)
+    lines += measure(world, fast, "fast", args.ttft_requests, args.tokens, CONCURRENCY, meter)
     if not args.no_llama:
         tiny = deploy(world, processes, "tiny", 0)
         lines += ["", "Against the tiny Llama (`transformers serve`, CPU):", ""]
-        lines += measure(world, tiny, "tiny", args.llama_requests, args.llama_tokens, LLAMA_CONCURRENCY)
+        lines += measure(
+            world, tiny, "tiny", args.llama_requests, args.llama_tokens, LLAMA_CONCURRENCY, meter
+        )
     lines.insert(
         3,
         f"- 1-minute load average: {load_before:.2f} before, {os.getloadavg()[0]:.2f} after (the "

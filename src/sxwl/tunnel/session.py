@@ -80,7 +80,11 @@ class TunnelStream:
                 raise self.reset_reason
             self._changed.clear()
             await self._changed.wait()
-        data, flow = self._chunks.popleft()
+        if len(self._chunks) == 1:
+            data, flow = self._chunks.popleft()
+        else:  # what came while the reader was busy, in one piece: one step of its loop, not one each
+            data, flow = b"".join(c for c, _ in self._chunks), sum(f for _, f in self._chunks)
+            self._chunks.clear()
         self.session.consumed(self.id, flow)
         return data
 
@@ -195,7 +199,8 @@ class Session:
         self.ping_s, self.ping_timeout_s = ping_s, ping_timeout_s
         self.closed = asyncio.Event()
         self.going_away = False  # a GOAWAY came, or this end is closing: no new streams
-        self._dirty = asyncio.Event()  # frames queued in h2 for the writer
+        self._dirty = asyncio.Event()  # frames queued for the writer
+        self._outbox = bytearray()  # frames taken from h2 early, sent before what h2 still holds
         self._idle = asyncio.Event()  # the writer has sent everything queued
         self._pings: dict[bytes, asyncio.Future[None]] = {}
         self._ping_ids = itertools.count(1)
@@ -232,7 +237,14 @@ class Session:
         if flow and not self.closed.is_set():
             with contextlib.suppress(h2.exceptions.H2Error):
                 self.conn.acknowledge_received_data(flow, stream_id)
-                self._queued()
+                self._queued_if_any()
+
+    def _queued_if_any(self) -> None:
+        """Wakes the writer only where h2 made frames: h2 gives windows back in large steps, so most
+        reads (and most received messages) make none, and a wake-up each would cost a task switch."""
+        if frames := self.conn.data_to_send():
+            self._outbox += frames
+            self._queued()
 
     def forget(self, stream_id: int) -> None:
         stream = self.streams.get(stream_id)
@@ -263,7 +275,7 @@ class Session:
         if not self.closed.is_set():
             with contextlib.suppress(h2.exceptions.H2Error):
                 self.conn.close_connection(error_code=code)
-                data = self.conn.data_to_send()
+                data = bytes(self._outbox) + self.conn.data_to_send()
         self._finish()
         with contextlib.suppress(Exception):
             if data:
@@ -316,7 +328,8 @@ class Session:
         while True:
             await self._dirty.wait()
             self._dirty.clear()
-            data = self.conn.data_to_send()
+            data = bytes(self._outbox) + self.conn.data_to_send()
+            self._outbox.clear()
             for start in range(0, len(data), MESSAGE_MAX):
                 await self.transport.send(data[start : start + MESSAGE_MAX])
             if not self._dirty.is_set():
@@ -341,7 +354,7 @@ class Session:
                 return
             for event in events:
                 self._handle(event)
-            self._queued()
+            self._queued_if_any()  # h2's own answers (SETTINGS and PING acknowledgements)
 
     def _handle(self, event: h2.events.Event) -> None:
         if isinstance(event, h2.events.RequestReceived):

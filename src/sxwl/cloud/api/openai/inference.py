@@ -38,6 +38,8 @@ ERRORS = WITH_BODY | errors(404, 429, 502, 503, 504)
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 KEEPALIVE = b": waiting for the first token\n\n"
 DONE = b"data: [DONE]\n\n"
+DONE_LINE = DONE.strip()
+MAX_LINE = 1024 * 1024  # longer unfinished lines are not kept: no usage chunk is that long
 
 
 def _checked(raw: bytes, prompt_field: str) -> dict[str, Any]:
@@ -80,7 +82,9 @@ def _usage_of(answer: dict[str, Any]) -> tuple[int, int] | None:
 
 class _UsageScanner:
     """Reads the SSE lines going by for the chunk that carries ``usage`` (the last, from either
-    engine), without holding more than one unfinished line."""
+    engine), without holding more than one unfinished line. Lines are split only where a chunk's
+    complete lines mention ``usage`` or ``[DONE]``: a stream's other chunks cost two byte searches,
+    not a loop over their lines."""
 
     def __init__(self) -> None:
         self.pending = b""
@@ -90,12 +94,15 @@ class _UsageScanner:
 
     def feed(self, chunk: bytes) -> None:
         self.seen = True
-        self.pending += chunk
-        *lines, self.pending = self.pending.split(b"\n")
-        if len(self.pending) > 1024 * 1024:
+        data = self.pending + chunk if self.pending else chunk
+        end = data.rfind(b"\n") + 1
+        complete, self.pending = data[:end], data[end:]
+        if len(self.pending) > MAX_LINE:
             self.pending = b""  # a line this long is no usage chunk
-        for line in lines:
-            if line.strip() == DONE.strip():
+        if b"[DONE]" not in complete and b'"usage"' not in complete:
+            return
+        for line in complete.split(b"\n"):
+            if line.strip() == DONE_LINE:
                 self.done = True
             elif line.startswith(b"data:") and b'"usage"' in line:
                 try:
@@ -351,16 +358,19 @@ def _relay(
     return relay()
 
 
-async def _paced(chunks: AsyncIterator[bytes], keepalive_s: float | None) -> AsyncIterator[bytes]:
-    """``chunks`` with the between-bytes timeout; until the first, KEEPALIVE every ``keepalive_s``
-    (None: none), its wait counting toward FIRST_BYTE_S. After the first, each chunk is awaited
-    in place: a task per chunk cost more than the relay's own work at many streams."""
+async def _paced(
+    chunks: AsyncIterator[bytes], keepalive_s: float | None, between_s: float = BETWEEN_BYTES_S
+) -> AsyncIterator[bytes]:
+    """``chunks`` with the between-bytes timeout (``between_s``); until the first, KEEPALIVE every
+    ``keepalive_s`` (None: none), its wait counting toward FIRST_BYTE_S. After the first, each chunk
+    is awaited in place under one lazy watchdog (_Watchdog): a task or a timeout scope per chunk
+    cost more than the relay's own work at many streams."""
     it = aiter(chunks)
     step = asyncio.ensure_future(anext(it))
     waited = 0.0
     try:
         while True:
-            limit = keepalive_s if keepalive_s is not None else BETWEEN_BYTES_S
+            limit = keepalive_s if keepalive_s is not None else between_s
             done, _ = await asyncio.wait({step}, timeout=limit)
             if done:
                 break
@@ -376,15 +386,61 @@ async def _paced(chunks: AsyncIterator[bytes], keepalive_s: float | None) -> Asy
         if not step.done():
             step.cancel()
     yield chunk
-    while True:
-        try:
-            async with asyncio.timeout(BETWEEN_BYTES_S):
+    with _Watchdog(between_s) as watchdog:
+        while True:
+            watchdog.waiting()
+            try:
                 chunk = await anext(it)
-        except StopAsyncIteration:
+            except StopAsyncIteration:
+                return
+            except asyncio.CancelledError:
+                watchdog.raise_if_expired()
+                raise
+            watchdog.given()
+            yield chunk
+
+
+class _Watchdog:
+    """Cancels the task that waits (between ``waiting()`` and ``given()``) longer than ``limit_s``
+    for a chunk, as ``asyncio.timeout`` would, but with one timer per ``limit_s`` rather than one
+    per chunk: its timer, when it fires, looks at when the wait began and sets itself again. Time
+    spent outside a wait (the client taking a chunk) never counts."""
+
+    def __init__(self, limit_s: float) -> None:
+        self.limit_s = limit_s
+        self.loop = asyncio.get_running_loop()
+        self.task = asyncio.current_task()
+        self.since: float | None = None  # when the current wait began; None: not waiting
+        self.expired = False
+        self.timer: asyncio.TimerHandle | None = None
+
+    def __enter__(self) -> _Watchdog:
+        self.timer = self.loop.call_at(self.loop.time() + self.limit_s, self._check)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+
+    def waiting(self) -> None:
+        self.since = self.loop.time()
+
+    def given(self) -> None:
+        self.since = None
+
+    def raise_if_expired(self) -> None:
+        """Where the cancellation was the watchdog's own (and no one else's): a TimeoutError."""
+        if self.expired and self.task is not None and self.task.uncancel() == 0:
+            raise TimeoutError(f"nothing for {self.limit_s:.0f} s") from None
+
+    def _check(self) -> None:
+        now = self.loop.time()
+        if self.since is not None and now - self.since >= self.limit_s and self.task is not None:
+            self.expired = True
+            self.task.cancel()
             return
-        except TimeoutError:
-            raise TimeoutError(f"nothing for {BETWEEN_BYTES_S:.0f} s") from None
-        yield chunk
+        start = self.since if self.since is not None else now
+        self.timer = self.loop.call_at(start + self.limit_s, self._check)
 
 
 @router.post("/chat/completions", responses=ERRORS)
