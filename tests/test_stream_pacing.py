@@ -1,4 +1,4 @@
-"""The between-bytes timeout of a relayed stream (api/openai/inference.py, ``_paced``): a stalled
+"""The between-bytes timeout of a relayed stream (api/openai/pacing.py): a stalled
 engine ends the stream with a TimeoutError, a slow client does not, and a cancellation from
 elsewhere (the client gone) stays a cancellation."""
 
@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from sxwl.cloud.api.openai.inference import _paced
+from sxwl.cloud.api.openai.pacing import paced
 
 LIMIT_S = 0.3
 
@@ -36,7 +36,7 @@ def test_a_stalled_engine_times_out_after_its_chunks() -> None:
     async def main() -> list[bytes]:
         got: list[bytes] = []
         with pytest.raises(TimeoutError, match="nothing for"):
-            async for chunk in _paced(_engine(3, then_stall=True), None, between_s=LIMIT_S):
+            async for chunk in paced(_engine(3, then_stall=True), None, between_s=LIMIT_S):
                 got.append(chunk)
         return got
 
@@ -46,14 +46,14 @@ def test_a_stalled_engine_times_out_after_its_chunks() -> None:
 def test_a_slow_client_and_an_engine_under_the_limit_are_not_cut() -> None:
     # The client takes longer than the limit for each chunk, and the engine's gaps together pass it:
     # only one wait for a chunk that is longer than the limit counts.
-    stream = _paced(_engine(4, then_stall=False, gap_s=LIMIT_S / 2), None, between_s=LIMIT_S)
+    stream = paced(_engine(4, then_stall=False, gap_s=LIMIT_S / 2), None, between_s=LIMIT_S)
     got = asyncio.run(_take(stream, client_pause_s=LIMIT_S * 1.5))
     assert len(got) == 4
 
 
 def test_a_cancellation_from_elsewhere_stays_one() -> None:
     async def main() -> bool:
-        task = asyncio.create_task(_take(_paced(_engine(1, then_stall=True), None, between_s=60.0)))
+        task = asyncio.create_task(_take(paced(_engine(1, then_stall=True), None, between_s=60.0)))
         await asyncio.sleep(0.1)
         task.cancel()
         try:
@@ -70,6 +70,6 @@ def test_keepalives_until_the_first_chunk() -> None:
         await asyncio.sleep(LIMIT_S * 2.5)
         yield b"data: late\n\n"
 
-    got = asyncio.run(_take(_paced(late(), LIMIT_S, between_s=LIMIT_S)))
+    got = asyncio.run(_take(paced(late(), LIMIT_S, between_s=LIMIT_S)))
     assert got[-1] == b"data: late\n\n"
     assert got[:-1] and all(chunk.startswith(b":") for chunk in got[:-1])

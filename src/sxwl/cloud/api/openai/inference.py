@@ -20,6 +20,7 @@ from fastapi.responses import StreamingResponse
 
 from sxwl.cloud.api.deps import Ctx
 from sxwl.cloud.api.openai.callers import Caller, InferenceCaller
+from sxwl.cloud.api.openai.pacing import FIRST_BYTE_S, KEEPALIVE, paced
 from sxwl.cloud.api.responses import SIGNED_IN, WITH_BODY, errors
 from sxwl.cloud.context import CloudContext
 from sxwl.cloud.db.types import utcnow
@@ -30,13 +31,9 @@ from sxwl.cloud.tunnel import service
 from sxwl.cloud.tunnel.service import NoTunnel, TunnelError, TunnelRequest, TunnelResponse
 
 router = APIRouter(tags=["inference"], responses=SIGNED_IN)  # mounted at /v1
-# Seconds until the engine's answer starts (its head), and between two of its chunks after that.
-FIRST_BYTE_S = 120.0
-BETWEEN_BYTES_S = 120.0
 MAX_ANSWER_BYTES = 32 * 1024 * 1024  # a non-streamed answer the cloud reads whole
 ERRORS = WITH_BODY | errors(404, 429, 502, 503, 504)
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
-KEEPALIVE = b": waiting for the first token\n\n"
 DONE = b"data: [DONE]\n\n"
 DONE_LINE = DONE.strip()
 MAX_LINE = 1024 * 1024  # longer unfinished lines are not kept: no usage chunk is that long
@@ -238,7 +235,7 @@ async def _whole(route: routing.Route, reply: TunnelResponse) -> bytes:
         parts: list[bytes] = []
         size = 0
         try:
-            async for chunk in _paced(reply.chunks(), None):
+            async for chunk in paced(reply.chunks(), None):
                 parts.append(chunk)
                 size += len(chunk)
                 if size > MAX_ANSWER_BYTES:
@@ -328,7 +325,7 @@ def _relay(
         try:
             async with reply:
                 try:
-                    async for chunk in _paced(reply.chunks(), ctx.settings.stream_keepalive_s):
+                    async for chunk in paced(reply.chunks(), ctx.settings.stream_keepalive_s):
                         if chunk is not KEEPALIVE:
                             if not scanner.seen:
                                 metrics.ENDPOINT_FIRST_TOKEN.labels(route.endpoint_id).observe(
@@ -356,91 +353,6 @@ def _relay(
                 _later(_record(ctx, route, caller, None))
 
     return relay()
-
-
-async def _paced(
-    chunks: AsyncIterator[bytes], keepalive_s: float | None, between_s: float = BETWEEN_BYTES_S
-) -> AsyncIterator[bytes]:
-    """``chunks`` with the between-bytes timeout (``between_s``); until the first, KEEPALIVE every
-    ``keepalive_s`` (None: none), its wait counting toward FIRST_BYTE_S. After the first, each chunk
-    is awaited in place under one lazy watchdog (_Watchdog): a task or a timeout scope per chunk
-    cost more than the relay's own work at many streams."""
-    it = aiter(chunks)
-    step = asyncio.ensure_future(anext(it))
-    waited = 0.0
-    try:
-        while True:
-            limit = keepalive_s if keepalive_s is not None else between_s
-            done, _ = await asyncio.wait({step}, timeout=limit)
-            if done:
-                break
-            if keepalive_s is None or waited >= FIRST_BYTE_S:
-                raise TimeoutError(f"nothing for {limit:.0f} s")
-            waited += limit
-            yield KEEPALIVE
-        try:
-            chunk = step.result()
-        except StopAsyncIteration:
-            return
-    finally:
-        if not step.done():
-            step.cancel()
-    yield chunk
-    with _Watchdog(between_s) as watchdog:
-        while True:
-            watchdog.waiting()
-            try:
-                chunk = await anext(it)
-            except StopAsyncIteration:
-                return
-            except asyncio.CancelledError:
-                watchdog.raise_if_expired()
-                raise
-            watchdog.given()
-            yield chunk
-
-
-class _Watchdog:
-    """Cancels the task that waits (between ``waiting()`` and ``given()``) longer than ``limit_s``
-    for a chunk, as ``asyncio.timeout`` would, but with one timer per ``limit_s`` rather than one
-    per chunk: its timer, when it fires, looks at when the wait began and sets itself again. Time
-    spent outside a wait (the client taking a chunk) never counts."""
-
-    def __init__(self, limit_s: float) -> None:
-        self.limit_s = limit_s
-        self.loop = asyncio.get_running_loop()
-        self.task = asyncio.current_task()
-        self.since: float | None = None  # when the current wait began; None: not waiting
-        self.expired = False
-        self.timer: asyncio.TimerHandle | None = None
-
-    def __enter__(self) -> _Watchdog:
-        self.timer = self.loop.call_at(self.loop.time() + self.limit_s, self._check)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self.timer is not None:
-            self.timer.cancel()
-
-    def waiting(self) -> None:
-        self.since = self.loop.time()
-
-    def given(self) -> None:
-        self.since = None
-
-    def raise_if_expired(self) -> None:
-        """Where the cancellation was the watchdog's own (and no one else's): a TimeoutError."""
-        if self.expired and self.task is not None and self.task.uncancel() == 0:
-            raise TimeoutError(f"nothing for {self.limit_s:.0f} s") from None
-
-    def _check(self) -> None:
-        now = self.loop.time()
-        if self.since is not None and now - self.since >= self.limit_s and self.task is not None:
-            self.expired = True
-            self.task.cancel()
-            return
-        start = self.since if self.since is not None else now
-        self.timer = self.loop.call_at(start + self.limit_s, self._check)
 
 
 @router.post("/chat/completions", responses=ERRORS)
