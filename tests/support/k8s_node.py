@@ -186,14 +186,17 @@ class RealNodes:
     # -- lifecycle --
 
     def start(self, timeout: float = 180.0) -> RealNodes:
+        """``timeout``: for the processes to come up, counted apart from the images' import (a
+        restart imports every image the session built again, minutes on a loaded machine)."""
         try:
-            self._start(time.monotonic() + timeout)
+            self._start(timeout)
         except BaseException:
             self.stop()
             raise
         return self
 
-    def _start(self, deadline: float) -> None:
+    def _start(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
         self._take_lock()
         cleared = clear_leftovers([node.net for node in self._nodes])
         if cleared:
@@ -216,6 +219,7 @@ class RealNodes:
             self._start_containerd(node, deadline)
         for ref, layout in self._layouts.items():
             self._import(ref, layout)
+        deadline = max(deadline, time.monotonic() + timeout / 2)
         kubelets = [self._start_kubelet(node) for node in self._nodes]
         for node, kubelet in zip(self._nodes, kubelets, strict=True):
             # `kubectl wait` fails at once on a node that is not registered yet: poll for it first.
