@@ -211,8 +211,8 @@ FINE_TUNES = ["--runtime", "kubernetes", "--trainer-image", "t", "--uploader-ima
 @pytest.mark.parametrize(
     ("flags", "said"),
     [
-        (["--serve-inputs", "127.0.0.1:8471"], "needs --runtime kubernetes and --trainer-image"),
-        (FINE_TUNES[:2] + FINE_TUNES[4:] + ["--serve-inputs", "127.0.0.1:8471"], "and --trainer-image"),
+        (["--serve-inputs", "127.0.0.1:8471"], "needs --runtime kubernetes and one of --trainer-image"),
+        (FINE_TUNES[:2] + FINE_TUNES[4:] + ["--serve-inputs", "127.0.0.1:8471"], "one of --trainer-image"),
         ([*FINE_TUNES, "--serve-inputs", "8471"], "--serve-inputs 8471: expected HOST:PORT"),
         ([*FINE_TUNES, "--serve-inputs", "0.0.0.0:8471"], "give --inputs-url, the address pods reach"),
     ],

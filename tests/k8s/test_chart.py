@@ -202,7 +202,11 @@ def test_a_chart_with_a_trainer_image_serves_its_input_cache_to_its_pods(k8s_clu
     assert {"name": "input-cache", "persistentVolumeClaim": {"claimName": "cache"}} in pod["volumes"]
     assert pod["securityContext"]["fsGroup"] == 10001  # the claim's files are the agent's group's
     assert "--input-cache-gib=500" in pod["containers"][0]["args"]
-    # No trainer image (no fine-tunes) or the cache turned off: each pod fetches from the cloud.
+    # Endpoint replicas or dev environments without fine-tunes: their pods fetch inputs too.
+    for value in ("--set=jobs.engineImage=e", "--set=devEnvs.enabled=true"):
+        args = rendered(value)["Deployment"]["spec"]["template"]["spec"]["containers"][0]["args"]
+        assert [a for a in args if a.startswith("--serve-inputs=")], value
+    # No image for work with inputs, or the cache turned off: each pod fetches from the cloud.
     for values in ((), ("--set=jobs.trainerImage=t", "--set=inputCache.enabled=false")):
         plain = rendered(*values)
         assert "Service" not in plain

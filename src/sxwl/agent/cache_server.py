@@ -77,14 +77,17 @@ class CacheServer:
 
     @classmethod
     def from_flags(
-        cls, address: str, url: str | None, runtime: str, trainer_image: str | None
+        cls, address: str, url: str | None, runtime: str, fetching: bool
     ) -> tuple[CacheServer, str]:
         """The server of ``--serve-inputs`` and its URL for pods (``--inputs-url``, else the
-        address's); ValueError names the flag and the fix."""
-        if runtime != "kubernetes" or not trainer_image:
+        address's); ``fetching``: the CPod runs work whose pods fetch inputs (an image for
+        fine-tunes, endpoint replicas or dev environments is set). ValueError names the flag and
+        the fix."""
+        if runtime != "kubernetes" or not fetching:
             raise ValueError(
-                "--serve-inputs serves fine-tunes' inputs to a Kubernetes CPod's pods: it needs "
-                "--runtime kubernetes and --trainer-image (a local CPod's jobs read the cache directly)"
+                "--serve-inputs serves inputs to a Kubernetes CPod's pods: it needs --runtime "
+                "kubernetes and one of --trainer-image, --engine-image or --dev-env-image (a local "
+                "CPod's jobs read the cache directly)"
             )
         try:
             host, port = listen_address(address)

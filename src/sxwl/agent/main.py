@@ -117,7 +117,8 @@ def run(
             envvar="SXWL_SERVE_INPUTS",
             metavar="HOST:PORT",
             help="kubernetes runtime: fetch fine-tunes' inputs into the agent's cache once and serve them "
-            "to the CPod's pods on this address (the chart's Service points at it). Needs --trainer-image.",
+            "to the CPod's pods on this address (the chart's Service points at it). Needs --trainer-image, "
+            "--engine-image or --dev-env-image.",
         ),
     ] = None,
     inputs_url: Annotated[
@@ -293,7 +294,9 @@ def run(
         from sxwl.agent.cache_server import CacheServer
 
         try:
-            cache_server, url = CacheServer.from_flags(serve_inputs, inputs_url, runtime, trainer_image)
+            cache_server, url = CacheServer.from_flags(
+                serve_inputs, inputs_url, runtime, bool(trainer_image or engine_image or dev_env_image)
+            )
         except ValueError as exc:
             typer.echo(f"error: {exc}", err=True)
             raise typer.Exit(2) from None

@@ -28,9 +28,10 @@ app.kubernetes.io/name: {{ include "sxwl-agent.name" . }}
 app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end -}}
 
-{{/* Whether the agent serves the input cache: only a CPod that takes fine-tunes has inputs to serve. */}}
+{{/* Whether the agent serves the input cache: only a CPod that takes fine-tunes, endpoint replicas
+or dev environments has inputs to serve. */}}
 {{- define "sxwl-agent.servesInputs" -}}
-{{- if and .Values.inputCache.enabled .Values.jobs.trainerImage -}}true{{- end -}}
+{{- if and .Values.inputCache.enabled (or .Values.jobs.trainerImage .Values.jobs.engineImage .Values.devEnvs.enabled) -}}true{{- end -}}
 {{- end -}}
 
 {{/* The Secret that holds SXWL_ACCESS_KEY (and SXWL_API_URL when cloud.url is empty). */}}
