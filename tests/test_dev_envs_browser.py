@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from playwright.sync_api import Browser, Page, expect
+from playwright.sync_api import Browser, Locator, Page, expect
 
 from tests.support.agent import eventually
 from tests.support.browser import new_context, screenshot, sign_in
@@ -142,7 +142,16 @@ def test_jupyterlab_opens_from_the_console_runs_a_notebook_and_a_terminal_and_su
         # agent leaves its jobs running), a new agent on the same state dir takes the environment
         # back and dials again. The page is not reloaded: while the agent was away the cloud said
         # 503, on which JupyterLab keeps asking after its kernel, and it reconnects on its own to
-        # the same kernel: what a cell set before the kill is still there.
+        # the same kernel: what a cell set before the kill is still there. A poll that met the 503
+        # makes JupyterLab show its "Server Connection Error … will continue trying to reconnect"
+        # note; the user dismisses it, as the handler below does whenever it shows.
+        dismissed: list[str] = []
+
+        def dismiss(dialog: Locator) -> None:
+            dismissed.append(dialog.inner_text())
+            dialog.get_by_role("button", name="Dismiss").click()
+
+        lab.add_locator_handler(lab.locator(".jp-Dialog", has_text="Server Connection Error"), dismiss)
         world.agent.signal(signal.SIGKILL)
         world.agent.wait()  # gone: what answers next came through the new agent's tunnel
         while_away = lab.request.get(f"/dev/{env_id}/api/status")
@@ -155,5 +164,6 @@ def test_jupyterlab_opens_from_the_console_runs_a_notebook_and_a_terminal_and_su
         )
         lab.locator(".lm-TabBar-tab", has_text="Untitled").first.click(timeout=LAB_TIMEOUT_MS)
         _run_cell(lab, "print('after the re-dial', m)", "after the re-dial hello")
+        assert all("continue trying to reconnect" in text for text in dismissed)
     finally:
         context.close()

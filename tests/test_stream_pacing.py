@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator
 import pytest
 
 from sxwl.cloud.api.openai.pacing import paced
+from tests.support.threads import run_on_thread
 
 LIMIT_S = 0.3
 
@@ -40,14 +41,14 @@ def test_a_stalled_engine_times_out_after_its_chunks() -> None:
                 got.append(chunk)
         return got
 
-    assert asyncio.run(main()) == [b"data: 0\n\n", b"data: 1\n\n", b"data: 2\n\n"]
+    assert run_on_thread(main()) == [b"data: 0\n\n", b"data: 1\n\n", b"data: 2\n\n"]
 
 
 def test_a_slow_client_and_an_engine_under_the_limit_are_not_cut() -> None:
     # The client takes longer than the limit for each chunk, and the engine's gaps together pass it:
     # only one wait for a chunk that is longer than the limit counts.
     stream = paced(_engine(4, then_stall=False, gap_s=LIMIT_S / 2), None, between_s=LIMIT_S)
-    got = asyncio.run(_take(stream, client_pause_s=LIMIT_S * 1.5))
+    got = run_on_thread(_take(stream, client_pause_s=LIMIT_S * 1.5))
     assert len(got) == 4
 
 
@@ -62,7 +63,7 @@ def test_a_cancellation_from_elsewhere_stays_one() -> None:
             return True
         return False
 
-    assert asyncio.run(main())
+    assert run_on_thread(main())
 
 
 def test_keepalives_until_the_first_chunk() -> None:
@@ -70,6 +71,6 @@ def test_keepalives_until_the_first_chunk() -> None:
         await asyncio.sleep(LIMIT_S * 2.5)
         yield b"data: late\n\n"
 
-    got = asyncio.run(_take(paced(late(), LIMIT_S, between_s=LIMIT_S)))
+    got = run_on_thread(_take(paced(late(), LIMIT_S, between_s=LIMIT_S)))
     assert got[-1] == b"data: late\n\n"
     assert got[:-1] and all(chunk.startswith(b":") for chunk in got[:-1])
