@@ -32,6 +32,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -91,33 +92,45 @@ def until(check: Callable[[], bool], timeout: float, what: str) -> None:
         time.sleep(POLL_S)
 
 
-def usable(world: World, env_id: str, started: float) -> dict[str, float]:
+@dataclass(frozen=True)
+class Site:
+    """The cloud the bench measures through: its URL, the user's API headers, the owner's console
+    session (a browser's cookies, as tests/test_dev_envs.py's ``console`` makes them), and how long
+    a start may take there."""
+
+    url: str
+    user: dict[str, str]
+    console: Callable[[], httpx.Client]
+    start_timeout_s: float = 120
+
+
+def usable(site: Site, env_id: str, started: float) -> dict[str, float]:
     """The timeline (STEPS) of the environment's start, ``started`` being the wall-clock time of
     the user's request, until a new kernel of the environment executes `1+1`."""
-    browser = console(world.url, "dev@example.com")
+    url, user, browser = site.url, site.user, site.console()
     base = f"/dev/{env_id}"
     job: dict[str, str] = {}
 
     def lab_up() -> bool:
-        env = httpx.get(f"{world.url}/api/v1/dev-envs/{env_id}", headers=world.user).json()
+        env = httpx.get(f"{url}/api/v1/dev-envs/{env_id}", headers=user).json()
         assert env["status"] in ("queued", "starting", "running"), env
         job["id"] = env["job_id"]
         return env["status"] == "running" and browser.get(f"{base}/api/status").status_code == 200
 
-    until(lab_up, timeout=120, what="JupyterLab")
+    until(lab_up, timeout=site.start_timeout_s, what="JupyterLab")
     seen = {"proxied": time.time() - started}
     browser.get(f"{base}/lab")  # JupyterLab's _xsrf cookie, as a browser gets it
     xsrf = {"X-XSRFToken": browser.cookies.get("_xsrf") or ""}
     kernel = browser.post(f"{base}/api/kernels", json={"name": "python3"}, headers=xsrf)
     assert kernel.status_code == 201, kernel.text
     seen["kernel"] = time.time() - started
-    assert kernel_says(world.url, browser, env_id, kernel.json()["id"], "1+1") == "2"
+    assert kernel_says(url, browser, env_id, kernel.json()["id"], "1+1") == "2"
     seen["executed"] = time.time() - started
-    events = httpx.get(f"{world.url}/api/v1/jobs/{job['id']}/events", headers=world.user).json()
+    events = httpx.get(f"{url}/api/v1/jobs/{job['id']}/events", headers=user).json()
     for event in events:
         if event["kind"] in STEPS:
             seen[event["kind"]] = datetime.datetime.fromisoformat(event["at"]).timestamp() - started
-    log = httpx.get(f"{world.url}/api/v1/jobs/{job['id']}/logs", headers=world.user).text
+    log = httpx.get(f"{url}/api/v1/jobs/{job['id']}/logs", headers=user).text
     lines = [
         (datetime.datetime.fromisoformat(at).timestamp() - started, text)
         for at, text in LAB_LINE.findall(log)
@@ -140,18 +153,55 @@ def timeline(seen: dict[str, float]) -> str:
     return "; ".join(parts)
 
 
-def status_is(world: World, env_id: str, status: str) -> bool:
-    got: str = httpx.get(f"{world.url}/api/v1/dev-envs/{env_id}", headers=world.user).json()["status"]
+def status_is(site: Site, env_id: str, status: str) -> bool:
+    got: str = httpx.get(f"{site.url}/api/v1/dev-envs/{env_id}", headers=site.user).json()["status"]
     return got == status
 
 
-def create(world: World, name: str) -> tuple[str, dict[str, float]]:
+def create(site: Site, body: dict[str, object]) -> tuple[str, dict[str, float]]:
     started = time.time()
-    body = {"name": name, "gpus": 1, "gpu_product": PRODUCT}
-    made = httpx.post(f"{world.url}/api/v1/dev-envs", headers=world.user, json=body)
+    made = httpx.post(f"{site.url}/api/v1/dev-envs", headers=site.user, json=body)
     assert made.status_code == 201, made.text
     env_id: str = made.json()["id"]
-    return env_id, usable(world, env_id, started)
+    return env_id, usable(site, env_id, started)
+
+
+@dataclass(frozen=True)
+class Starts:
+    """The timelines of one run's starts: a cold first create, a create on the warm CPod, and the
+    resume of that environment after a pause; ``env_id``: that environment (running at the end)."""
+
+    cold: dict[str, float]
+    created: dict[str, float]
+    resumed: dict[str, float]
+    env_id: str
+
+
+def starts(site: Site, body: dict[str, object]) -> Starts:
+    """A first environment created and stopped (it fills the CPod's disk cache: not counted), then
+    one created, paused and resumed, each start timed to its first kernel execution."""
+    warm_id, cold = create(site, {**body, "name": "warm-up"})
+    httpx.delete(f"{site.url}/api/v1/dev-envs/{warm_id}", headers=site.user).raise_for_status()
+    until(lambda: status_is(site, warm_id, "stopped"), timeout=120, what="the warm-up stopped")
+    env_id, created = create(site, {**body, "name": "bench"})
+    httpx.post(f"{site.url}/api/v1/dev-envs/{env_id}/pause", headers=site.user).raise_for_status()
+    until(lambda: status_is(site, env_id, "paused"), timeout=120, what="the environment paused")
+    started = time.time()
+    httpx.post(f"{site.url}/api/v1/dev-envs/{env_id}/resume", headers=site.user).raise_for_status()
+    return Starts(cold, created, usable(site, env_id, started), env_id)
+
+
+def start_lines(found: Starts) -> list[str]:
+    """The report's lines of ``found``, with the targets."""
+    cold, created, resumed = (steps["executed"] for steps in (found.cold, found.created, found.resumed))
+    return [
+        f"- create → first kernel execution: **{created:.1f} s** (target < {TARGETS['create']:.0f} s, "
+        f"{verdict(created, TARGETS['create'])}); the cold first create, before it: {cold:.1f} s",
+        f"- resume → first kernel execution: **{resumed:.1f} s** (target < {TARGETS['resume']:.0f} s, "
+        f"{verdict(resumed, TARGETS['resume'])})",
+        f"- where the create's time went: {timeline(found.created)}",
+        f"- where the resume's time went: {timeline(found.resumed)}",
+    ]
 
 
 def scp_seconds(cli_env: dict[str, str], key: Path, proxy: str, source: Path, env_id: str) -> float:
@@ -198,16 +248,9 @@ def run(root: Path, args: argparse.Namespace, processes: Processes) -> None:
     add = [*cli, "ssh-keys", "add", f"{key}.pub"]
     subprocess.run(add, env=cli_env, check=True, capture_output=True)
 
-    warm_id, cold_steps = create(world, "warm-up")  # not counted: fills the disk cache
-    httpx.delete(f"{world.url}/api/v1/dev-envs/{warm_id}", headers=world.user).raise_for_status()
-    until(lambda: status_is(world, warm_id, "stopped"), timeout=60, what="the warm-up stopped")
-    env_id, created_steps = create(world, "bench")
-    httpx.post(f"{world.url}/api/v1/dev-envs/{env_id}/pause", headers=world.user).raise_for_status()
-    until(lambda: status_is(world, env_id, "paused"), timeout=60, what="the environment paused")
-    started = time.time()
-    httpx.post(f"{world.url}/api/v1/dev-envs/{env_id}/resume", headers=world.user).raise_for_status()
-    resumed_steps = usable(world, env_id, started)
-    cold, created, resumed = (steps["executed"] for steps in (cold_steps, created_steps, resumed_steps))
+    site = Site(world.url, world.user, lambda: console(world.url, "dev@example.com"))
+    found = starts(site, {"gpus": 1, "gpu_product": PRODUCT})
+    env_id = found.env_id
 
     source = root / "big.bin"
     with source.open("wb") as out:
@@ -239,12 +282,7 @@ def run(root: Path, args: argparse.Namespace, processes: Processes) -> None:
         f"- 1-minute load average: {load_before:.2f} before, {load_after:.2f} after (other work on "
         "the machine shares the 2 cores; anything above ~2 skews the figures)",
         "",
-        f"- create → first kernel execution: **{created:.1f} s** (target < {TARGETS['create']:.0f} s, "
-        f"{verdict(created, TARGETS['create'])}); the cold first create, before it: {cold:.1f} s",
-        f"- resume → first kernel execution: **{resumed:.1f} s** (target < {TARGETS['resume']:.0f} s, "
-        f"{verdict(resumed, TARGETS['resume'])})",
-        f"- where the create's time went: {timeline(created_steps)}",
-        f"- where the resume's time went: {timeline(resumed_steps)}",
+        *start_lines(found),
         f"- `scp` of {args.scp_mib} MiB into the workspace, median of {args.rounds}: through the tunnel "
         f"{mib_s['tunnel']:.1f} MiB/s ({times['tunnel']} s), directly "
         f"to the same sshd {mib_s['direct']:.1f} MiB/s ({times['direct']} s); "

@@ -12,6 +12,7 @@ from xdist.remote import Producer
 
 from sxwl.cloud.app import create_app
 from sxwl.cloud.config import Settings
+from tests.support import shared_tls
 from tests.support.browser import launch
 from tests.support.clock import TestClock
 from tests.support.cloud import test_settings
@@ -21,6 +22,8 @@ from tests.support.k8s_node import RealNodes
 from tests.support.postgres import TempPostgres
 from tests.support.seaweedfs import SeaweedFS
 from tests.support.worker_groups import KubernetesTogether, on_kubernetes
+
+shared_tls.install()
 
 
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Producer) -> KubernetesTogether:

@@ -1,8 +1,8 @@
-"""A resumed dev environment waiting for the CPod that keeps its workspace, while that CPod stays full,
-moves to another CPod once one has room, with the workspace its last run saved (docs/dev-envs.md,
-"Resumed elsewhere"; services/scheduling/moves.py, services/devenvs/relocation.py), on SQLite and
-PostgreSQL, with two replicas scheduling: moved once, its owner told why, and only when the saved
-copy is its latest; a pause that commits first wins over the move."""
+"""A resumed dev environment waiting for the CPod that keeps its workspace, while that CPod stays full
+or has gone offline, moves to another CPod once one has room, with the workspace its last run saved
+(docs/dev-envs.md, "Resumed elsewhere"; services/scheduling/moves.py, services/devenvs/relocation.py),
+on SQLite and PostgreSQL, with two replicas scheduling: moved once, its owner told why, and only when
+the saved copy is its latest; a pause that commits first wins over the move."""
 
 from __future__ import annotations
 
@@ -85,6 +85,24 @@ def test_a_waiting_environment_moves_once_another_cpod_has_room(world: World, re
     )
     world.report(resumed, JobState.RUNNING)
     assert world.env(env_id).cpod_id == ROOMY
+
+
+def test_a_waiting_environment_leaves_a_cpod_that_goes_offline(world: World, replica: World) -> None:
+    env_id, _ = ran_and_paused(world, "kept")
+    waiting = world.resume(env_id)
+    assert world.schedule() == []
+    world.set_cpod(FULL, status=CPodStatus.OFFLINE)  # its heartbeats stopped, past the grace
+    assert replica.schedule() == []  # no CPod has room yet: it waits, pinned
+    assert world.job(waiting).pinned_cpod_id == FULL
+
+    bring_up(world, ROOMY)
+    assert replica.schedule() == [waiting]
+    moved = world.job(waiting)
+    assert (moved.cpod_id, moved.pinned_cpod_id, moved.inputs) == (ROOMY, None, ["workspace"])
+    assert moved.events.count("moved") == 1
+    assert english(world.env(env_id).reason) == (
+        f"moved from CPod {FULL}, which went offline, to CPod {ROOMY} with its saved workspace"
+    )
 
 
 def test_an_older_saved_copy_keeps_it_waiting_for_its_cpod(world: World, replica: World) -> None:

@@ -17,6 +17,7 @@ from kubernetes_asyncio.client import ApiClient
 
 from sxwl.agent.forward_targets import TcpTarget
 from sxwl.agent.runtimes import kube_inputs
+from sxwl.agent.runtimes.jupyter import LAB_START
 from sxwl.agent.runtimes.kube_devenv import (
     DEV_DIR,
     IDENTITY,
@@ -111,7 +112,7 @@ def test_the_pod_runs_jupyterlab_on_the_claim_with_its_token_from_the_secret() -
     main = next(c for c in pod["containers"] if c["name"] == CONTAINER)
     assert main["image"] == SETTINGS.image
     command = " ".join(main["command"])
-    assert "-m jupyterlab" in command and f"--ServerApp.port={JUPYTER_PORT}" in command
+    assert "from jupyterlab.labapp import main" in command and f"--ServerApp.port={JUPYTER_PORT}" in command
     assert "--ServerApp.base_url=/dev/env1/" in command and f"{IDENTITY}.ProxiedIdentityProvider" in command
     assert TOKEN not in json.dumps(job)  # only in the Secret
     env = {e["name"]: e.get("value") for e in main["env"]}
@@ -219,8 +220,8 @@ def test_jupyterlab_runs_under_the_program_that_restores_and_saves_the_workspace
     keeper = command.index(f"{DEV_DIR}/{KEEPER}")  # under the wrapper, JupyterLab's argv after it
     assert command[keeper - 2 : keeper] == ["python3", "-I"] and command[keeper + 1 : keeper + 4] == [
         "python3",
-        "-m",
-        "jupyterlab",
+        "-c",
+        LAB_START,  # the local runtime's fast start
     ]
     env = {e["name"]: e.get("value") for e in main["env"]}
     assert env["SXWL_WORKSPACE"] == "/sxwl/work" and env["SXWL_WORKSPACE_MAX_BYTES"] == str(1 << 30)

@@ -94,12 +94,16 @@ def simulated_agent(
 
 
 def eventually(check: Callable[[], T | None], timeout: float = 20, what: str = "condition") -> T:
-    """Polls until ``check`` returns something truthy; fails with ``what`` after ``timeout``."""
+    """Polls until ``check`` returns something truthy; fails with ``what`` after ``timeout``. The
+    polls start 0.05 s apart and slow to 0.25 s: most checks ask a server, whose CPU a long wait
+    would otherwise spend on answering them."""
     deadline = time.monotonic() + timeout
+    pause = 0.05
     while True:
         result = check()
         if result:
             return result
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
+        time.sleep(pause)
+        pause = min(pause * 1.25, 0.25)

@@ -215,6 +215,8 @@ ENGLISH: dict[str, str] = {
     "dev.stopped_by": "stopped by {who}",
     "dev.moved": "moved from CPod {old}, which had no room for it, to CPod {new} with its saved workspace",
     "job.unpinned": "CPod {cpod}, which it waited for, has no room: it goes to CPod {new}",
+    "dev.moved_gone": "moved from CPod {old}, which went offline, to CPod {new} with its saved workspace",
+    "job.unpinned_gone": "CPod {cpod}, which it waited for, went offline: it goes to CPod {new}",
     "job.cancelled_by": "cancelled by {who}",
     "job.cancelled": "cancelled",
     "job.exited_while_serving": "it exited (status {status}), but a {kind} serves until it is stopped",

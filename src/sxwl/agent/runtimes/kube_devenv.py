@@ -38,7 +38,7 @@ from kubernetes_asyncio.client.exceptions import ApiException
 from sxwl.agent import pod_workspace
 from sxwl.agent.forward_targets import TcpTarget
 from sxwl.agent.runtimes import kube_inputs
-from sxwl.agent.runtimes.jupyter import SSH_USER, TOKEN_FILE, lab_flags, sshd_config
+from sxwl.agent.runtimes.jupyter import LAB_START, SSH_USER, TOKEN_FILE, lab_flags, sshd_config
 from sxwl.agent.runtimes.kube_objects import (
     CONTAINER,
     DEV_ENV,
@@ -152,7 +152,9 @@ def lab_assignment(assignment: Assignment, settings: DevEnvSettings) -> Assignme
     program that restores and saves the workspace, on the environment's image or the agent's."""
     assert assignment.jupyter is not None
     listen = ["--ServerApp.ip=0.0.0.0", f"--ServerApp.port={JUPYTER_PORT}", "--ServerApp.port_retries=0"]
-    lab = ["python3", *lab_flags(listen, assignment.jupyter.base_url, WORK_DIR, IDENTITY)]
+    # The local runtime's fast start (jupyter.py, LAB_START); jupyter_lsp stays: the image is the
+    # user's, and may hold language servers.
+    lab = ["python3", *lab_flags(listen, assignment.jupyter.base_url, WORK_DIR, IDENTITY, ("-c", LAB_START))]
     argv = ["python3", "-I", f"{DEV_DIR}/{KEEPER}", *lab]  # -I: the user's own site files never run in it
     return assignment.model_copy(update={"command": argv, "image": assignment.image or settings.image})
 

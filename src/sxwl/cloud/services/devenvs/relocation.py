@@ -1,7 +1,8 @@
 """A resumed dev environment that waits for the CPod keeping its workspace, while that CPod has no
-room and another has, goes to the other with the workspace its last run saved (docs/dev-envs.md,
-"Resumed elsewhere"). The scheduling pass decides where (services/scheduling/moves.py); this says
-which environments may go and keeps the move on the environment, where its owner sees it."""
+room (or has gone offline) and another has, goes to the other with the workspace its last run saved
+(docs/dev-envs.md, "Resumed elsewhere"). The scheduling pass decides where
+(services/scheduling/moves.py); this says which environments may go and keeps the move on the
+environment, where its owner sees it."""
 
 from __future__ import annotations
 
@@ -17,6 +18,8 @@ from sxwl.cloud.db.json_rows import StoredInput
 from sxwl.cloud.db.models import Job, JobAttempt
 from sxwl.cloud.services.scheduling.moves import Move
 from sxwl.protocol.reasons import Reason
+
+_MOVED = {False: "dev.moved", True: "dev.moved_gone"}  # by Move.gone
 
 
 class DevEnvMover:
@@ -55,7 +58,7 @@ class DevEnvMover:
         session.execute(
             _SAY_MOVED,
             [
-                {"b_job": m.job_id, "b_reason": Reason.of("dev.moved", old=m.old, new=m.new).stored}
+                {"b_job": m.job_id, "b_reason": Reason.of(_MOVED[m.gone], old=m.old, new=m.new).stored}
                 for m in moves
             ],
         )

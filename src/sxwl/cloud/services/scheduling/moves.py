@@ -1,8 +1,9 @@
 """Queued work that leaves the CPod it waits for: a dev environment resumed on the CPod that keeps its
-workspace, which has no room for it, goes to another CPod that has, with the workspace its last
-attempt saved (docs/dev-envs.md, "Resumed elsewhere"). A scheduling pass decides it, under the
-scheduler lock, and writes it as conditional updates in the pass's transaction, so replicas never
-move one job twice and a pause or cancel that commits first wins (invariant 1, docs/architecture.md).
+workspace, which has no room for it or has gone offline since, goes to another CPod that has room,
+with the workspace its last attempt saved (docs/dev-envs.md, "Resumed elsewhere"). A scheduling pass
+decides it, under the scheduler lock, and writes it as conditional updates in the pass's transaction,
+so replicas never move one job twice and a pause or cancel that commits first wins (invariant 1,
+docs/architecture.md).
 
 Which pinned jobs may leave, and what they take along, is their own domain's to say: the scheduling
 domain names no kind, so each domain that pins jobs registers a ``Mover`` (services/__init__.py
@@ -25,18 +26,20 @@ from sxwl.protocol.reasons import Reason
 
 @dataclass(frozen=True)
 class Move:
-    """A queued job unpinned from a CPod without room and assigned to another in the same pass."""
+    """A queued job unpinned from a CPod without room, or offline, and assigned to another in the same
+    pass."""
 
     job_id: str
     attempt: int  # the attempt it is queued after: the update's guard, as the assignment's
     old: str  # the CPod it was pinned to
     new: str  # the CPod it goes to
     inputs: list[StoredInput]  # its inputs with what it takes along
+    gone: bool  # ``old`` is offline (or revoked), rather than full
 
 
 class Mover(Protocol):
     def leaving(self, session: Session, job_ids: Sequence[str]) -> dict[str, StoredInput]:
-        """Of these queued jobs, each pinned to a CPod (which may have no room for it), those that
+        """Of these queued jobs, each pinned to a CPod (which may be full or offline), those that
         may go to another CPod, each with the input that carries its state there."""
         ...
 
@@ -98,7 +101,7 @@ def record(session: Session, moves: Sequence[Move], now: datetime) -> None:
                 "job_id": m.job_id,
                 "attempt": m.attempt + 1,
                 "kind": "moved",
-                "detail": Reason.of("job.unpinned", cpod=m.old, new=m.new),
+                "detail": Reason.of("job.unpinned_gone" if m.gone else "job.unpinned", cpod=m.old, new=m.new),
                 "at": now,
             }
             for m in moves

@@ -1,6 +1,6 @@
 """One scheduling pass: order the queue (priority, fair share, FIFO), place what fits, assign each
 job with one conditional update (invariant 3, docs/architecture.md), move a dev environment that waits
-for a full CPod to one with room where it may (moves.py), and say why the rest waits."""
+for a full or offline CPod to one with room where it may (moves.py), and say why the rest waits."""
 
 from __future__ import annotations
 
@@ -240,11 +240,11 @@ def _decide(
             _explain(writes, job, unpriced)
             continue
         placement = None if need in unplaceable else pool.place(need, priced_products)
-        if placement is None and pinned_online:  # its CPod has no room: may it go elsewhere?
+        if placement is None and job.pinned_cpod_id:  # its CPod is full or offline: may it go elsewhere?
             if leavers is None:
                 leavers = moves.leaving(session, [j.id for j in queued if j.pinned_cpod_id])
             if (carried := leavers.get(job.id)) is not None:
-                placement = _elsewhere(writes, pool, job, need, carried, priced_products)
+                placement = _elsewhere(writes, pool, job, need, carried, priced_products, not pinned_online)
         if placement is None:
             if need not in unplaceable:
                 unplaceable[need] = why_not(need, pool.cpods.values(), pinned_online)
@@ -268,14 +268,16 @@ def _elsewhere(
     need: Need,
     carried: StoredInput,
     products: frozenset[str] | None,
+    gone: bool,
 ) -> Placement | None:
-    """Where a job pinned to a CPod without room goes instead, taking ``carried`` along (noted as a
-    move in ``writes``), or None: it keeps waiting for its CPod."""
+    """Where a job pinned to a CPod without room (or offline: ``gone``) goes instead, taking
+    ``carried`` along (noted as a move in ``writes``), or None: it keeps waiting for its CPod."""
     assert job.pinned_cpod_id is not None
     inputs = [*job.inputs, carried]
     placement = pool.place(dataclasses.replace(need, cpod_id=None, inputs=input_sizes(inputs)), products)
     if placement is not None:
-        writes.moved[job.id] = moves.Move(job.id, job.attempt, job.pinned_cpod_id, placement.cpod_id, inputs)
+        move = moves.Move(job.id, job.attempt, job.pinned_cpod_id, placement.cpod_id, inputs, gone)
+        writes.moved[job.id] = move
     return placement
 
 

@@ -43,6 +43,8 @@ ZH: dict[str, str] = {
     "dev.stopped_by": "由 {who} 停止",
     "dev.moved": "CPod {old} 没有空位，已带着保存的工作区移到 CPod {new}",
     "job.unpinned": "等待的 CPod {cpod} 没有空位：改到 CPod {new} 运行",
+    "dev.moved_gone": "CPod {old} 已离线，已带着保存的工作区移到 CPod {new}",
+    "job.unpinned_gone": "等待的 CPod {cpod} 已离线：改到 CPod {new} 运行",
     "job.cancelled_by": "由 {who} 取消",
     "job.cancelled": "已取消",
     "job.exited_while_serving": "进程已退出（状态 {status}），但 {kind} 应一直运行到被停止",
