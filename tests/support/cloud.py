@@ -96,8 +96,9 @@ class CloudProcess:
     UP_READY_S = 180
 
     @staticmethod
-    def wait_for(url: str, proc: subprocess.Popen[Any], log_path: Path, timeout: float = 30) -> None:
-        """Waits until ``/healthz`` answers; fails with the process's log if it dies or never does."""
+    def wait_for(url: str, proc: subprocess.Popen[Any], log_path: Path, timeout: float = 90) -> None:
+        """Waits until ``/healthz`` answers; fails with the process's log if it dies or never does. A
+        cloud's start took 30 s on the 2-core machine while the real nodes imported an image."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if proc.poll() is not None:
