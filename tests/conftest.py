@@ -12,7 +12,7 @@ from xdist.remote import Producer
 
 from sxwl.cloud.app import create_app
 from sxwl.cloud.config import Settings
-from tests.support import shared_tls
+from tests.support import schema_templates, shared_tls
 from tests.support.browser import launch
 from tests.support.clock import TestClock
 from tests.support.cloud import test_settings
@@ -127,7 +127,9 @@ def make_client(make_settings: MakeSettings) -> Iterator[Callable[..., TestClien
     clients: list[TestClient] = []
 
     def make(**overrides: Any) -> TestClient:
-        client = TestClient(create_app(make_settings(**overrides)))
+        settings = make_settings(**overrides)
+        schema_templates.at_head(settings.resolved_database_url())
+        client = TestClient(create_app(settings))
         client.__enter__()
         clients.append(client)
         return client

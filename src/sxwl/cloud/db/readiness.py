@@ -8,7 +8,6 @@ import threading
 from dataclasses import dataclass, field
 
 from alembic.runtime.migration import MigrationContext
-from alembic.script import ScriptDirectory
 from sqlalchemy import Engine, text
 from sqlalchemy.exc import SQLAlchemyError
 
@@ -37,8 +36,7 @@ class Readiness:
     _checking: threading.Lock = field(default_factory=threading.Lock, init=False)
 
     def __post_init__(self) -> None:
-        script = ScriptDirectory.from_config(migrate.alembic_config(""))
-        self.heads = frozenset(script.get_heads())
+        self.heads = migrate.heads()
 
     def check(self) -> Verdict:
         if not self._checking.acquire(blocking=False):
