@@ -144,12 +144,12 @@ def test_jupyterlab_opens_from_the_console_runs_a_notebook_and_a_terminal_and_su
         # 503, on which JupyterLab keeps asking after its kernel, and it reconnects on its own to
         # the same kernel: what a cell set before the kill is still there. A poll that met the 503
         # makes JupyterLab show its "Server Connection Error … will continue trying to reconnect"
-        # note; the user dismisses it, as the handler below does whenever it shows.
+        # note; the user closes it, as the handler below does whenever it shows.
         dismissed: list[str] = []
 
         def dismiss(dialog: Locator) -> None:
             dismissed.append(dialog.inner_text())
-            dialog.get_by_role("button", name="Dismiss").click()
+            dialog.locator(".jp-Dialog-button", has_text="Close").click()  # its footer's only button
 
         lab.add_locator_handler(lab.locator(".jp-Dialog", has_text="Server Connection Error"), dismiss)
         world.agent.signal(signal.SIGKILL)
