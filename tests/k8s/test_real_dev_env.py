@@ -82,16 +82,7 @@ def world(
     k8s_cluster: K8sCluster, real_nodes: RealNodes, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[World]:
     root = tmp_path_factory.mktemp("real-dev-env")
-    storage_class = f"sxwl-test-ws-{uuid.uuid4().hex[:6]}"
-    k8s_cluster.apply(
-        {
-            "apiVersion": "storage.k8s.io/v1",
-            "kind": "StorageClass",
-            "metadata": {"name": storage_class},
-            "provisioner": "kubernetes.io/no-provisioner",
-            "volumeBindingMode": "Immediate",
-        }
-    )
+    storage_class = without_provisioner(k8s_cluster, f"sxwl-test-ws-{uuid.uuid4().hex[:6]}")
     volume = persistent_volume(k8s_cluster, root, storage_class, storage_class)
     cpod = None
     try:
@@ -112,6 +103,20 @@ def world(
             ("storageclass", storage_class),
         ):
             k8s_cluster.kubectl("delete", kind, name, "--wait=false", check=False)
+
+
+def without_provisioner(cluster: K8sCluster, name: str) -> str:
+    """A storage class ``name`` whose claims bind to volumes made by hand (persistent_volume)."""
+    cluster.apply(
+        {
+            "apiVersion": "storage.k8s.io/v1",
+            "kind": "StorageClass",
+            "metadata": {"name": name},
+            "provisioner": "kubernetes.io/no-provisioner",
+            "volumeBindingMode": "Immediate",
+        }
+    )
+    return name
 
 
 def persistent_volume(cluster: K8sCluster, root: Path, name: str, storage_class: str) -> Path:

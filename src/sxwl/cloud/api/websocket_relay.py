@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Coroutine
+from collections.abc import AsyncIterator, Callable, Coroutine
 
 from fastapi import WebSocket
 
@@ -29,10 +29,13 @@ class ClientBytes:
 
 
 async def pump_until_either_ends(
-    websocket: WebSocket, to_target: Coroutine[None, None, None], to_client: Coroutine[None, None, None]
+    websocket: WebSocket,
+    to_target: Coroutine[None, None, None],
+    to_client: Coroutine[None, None, None],
+    close_code: Callable[[], int] = lambda: 1000,
 ) -> None:
     """Runs both directions; the first to finish (a side closed, a stream reset) cancels the other,
-    and the client's WebSocket is closed, so neither end is left half open."""
+    and the client's WebSocket is closed with ``close_code()``, so neither end is left half open."""
     tasks = [asyncio.create_task(to_target), asyncio.create_task(to_client)]
     try:
         await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
@@ -41,4 +44,4 @@ async def pump_until_either_ends(
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         with contextlib.suppress(Exception):
-            await websocket.close()
+            await websocket.close(code=close_code())

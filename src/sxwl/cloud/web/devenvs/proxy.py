@@ -18,7 +18,8 @@ from fastapi import APIRouter, Request, WebSocket
 from fastapi.responses import RedirectResponse, Response, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 from starlette.websockets import WebSocketDisconnect
-from websockets.frames import Frame, Opcode
+from websockets.exceptions import ProtocolError
+from websockets.frames import Close, Frame, Opcode
 from websockets.protocol import Protocol, Side
 
 from sxwl.cloud.api.deps import SESSION_COOKIE
@@ -207,8 +208,24 @@ async def proxy_websocket(websocket: WebSocket, env_id: str, rest: str) -> None:
         await _splice(websocket, reply, outgoing)
 
 
+def _close_code(data: bytes) -> int:
+    """The code of a close frame's ``data``: 1000 where it gives none (1005 is never sent) or a bad one."""
+    try:
+        code = Close.parse(data).code
+    except (ProtocolError, ValueError):
+        return 1000
+    return 1000 if code in (1005, 1006) else code
+
+
+# The browser's WebSocket closed because the tunnel or the agent cut it, not because JupyterLab
+# closed its own: "try again later". JupyterLab's page takes 1000 and 1001 for a kernel closed on
+# purpose and never reconnects it; on any other code it reconnects to the same kernel.
+CUT = 1013
+
+
 async def _splice(websocket: WebSocket, reply: service.TunnelResponse, outgoing: ClientBytes) -> None:
     upstream = Protocol(Side.CLIENT, max_size=None)
+    closed_by_lab: list[int] = []  # JupyterLab's own close code, passed on to the browser
 
     def flush() -> None:
         for data in upstream.data_to_send():
@@ -245,6 +262,7 @@ async def _splice(websocket: WebSocket, reply: service.TunnelResponse, outgoing:
                 elif event.opcode == Opcode.CONT:
                     parts.append(event.data)
                 elif event.opcode == Opcode.CLOSE:
+                    closed_by_lab.append(_close_code(bytes(event.data)))
                     flush()
                     return
                 else:
@@ -257,4 +275,6 @@ async def _splice(websocket: WebSocket, reply: service.TunnelResponse, outgoing:
                         await websocket.send_bytes(data)
             flush()
 
-    await pump_until_either_ends(websocket, from_browser(), to_browser())
+    await pump_until_either_ends(
+        websocket, from_browser(), to_browser(), lambda: closed_by_lab[0] if closed_by_lab else CUT
+    )
