@@ -341,7 +341,8 @@ def test_idle_agent_without_a_tunnel_flag_dials_nothing(tmp_path: Path) -> None:
     try:
         time.sleep(1.0)
         assert rig.cloud.connections(rig.cpod) == 0
-        assert httpx.get(f"{rig.cloud.url}/healthz").status_code == 200
+        # A loaded 2-core machine kept the in-process cloud from answering within httpx's 5 s.
+        assert httpx.get(f"{rig.cloud.url}/healthz", timeout=60).status_code == 200
         assert "tunnel" not in rig.agent.log
     finally:
         rig.close()
