@@ -19,8 +19,6 @@ from sxwl.cloud.db.models import Job, JobAttempt
 from sxwl.cloud.services.scheduling.moves import Move
 from sxwl.protocol.reasons import Reason
 
-_MOVED = {False: "dev.moved", True: "dev.moved_gone"}  # by Move.gone
-
 
 class DevEnvMover:
     def leaving(self, session: Session, job_ids: Sequence[str]) -> dict[str, StoredInput]:
@@ -58,7 +56,12 @@ class DevEnvMover:
         session.execute(
             _SAY_MOVED,
             [
-                {"b_job": m.job_id, "b_reason": Reason.of(_MOVED[m.gone], old=m.old, new=m.new).stored}
+                {
+                    "b_job": m.job_id,
+                    "b_reason": Reason.of(
+                        "dev.moved_gone" if m.gone else "dev.moved", old=m.old, new=m.new
+                    ).stored,
+                }
                 for m in moves
             ],
         )
