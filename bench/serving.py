@@ -20,12 +20,18 @@ Two engines, each run by a real agent (simulated GPUs) as an endpoint's replica 
 
 The cloud is `sxwl serve` on SQLite. Appends a dated section to bench/RESULTS.md, with the load
 average (the machine is shared). Run: ``.venv/bin/python bench/serving.py``.
+
+All of it shares the machine's cores, so on a small machine the chunk rates compare CPU costs: the
+path's own CPU is taken from the engine and the client. ``--pin`` measures instead what a deployed
+path costs an engine, where the cloud runs on machines of its own and the agent on a GPU host's many
+cores: the client and the engine on CPU 0, the cloud and the agent on CPU 1, direct and through.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import functools
 import os
 import sys
@@ -135,6 +141,14 @@ class CpuMeter:
         return {name: spent - before[name] for name, spent in self.now().items()}
 
 
+def pin(pids: list[int], cpu: int) -> None:
+    """Every thread of ``pids`` onto ``cpu`` (threads made later inherit their maker's CPUs)."""
+    for pid in pids:
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            with contextlib.suppress(OSError):
+                os.sched_setaffinity(int(task.name), {cpu})
+
+
 def client_for(
     make: Callable[[], httpx.AsyncClient],
 ) -> Callable[[Callable[[httpx.AsyncClient], Coroutine[Any, Any, Any]]], Any]:
@@ -151,10 +165,21 @@ def client_for(
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--ttft-requests", type=int, default=100)
-    parser.add_argument("--tokens", type=int, default=200)
+    parser.add_argument("--tokens", type=int, default=2000)
     parser.add_argument("--llama-requests", type=int, default=20)
     parser.add_argument("--llama-tokens", type=int, default=32)
     parser.add_argument("--no-llama", action="store_true", help="the stand-in only")
+    parser.add_argument(
+        "--streams",
+        default=",".join(map(str, CONCURRENCY)),
+        help="the concurrent streams whose chunk rates are measured, comma-separated; '' for the "
+        "time to first token only",
+    )
+    parser.add_argument(
+        "--pin",
+        action="store_true",
+        help="client and engine on CPU 0, cloud and agent on CPU 1 (the stand-in only)",
+    )
     args = parser.parse_args()
     processes = Processes()
     with interrupt_on_sigterm(), tempfile.TemporaryDirectory() as tmp:
@@ -263,11 +288,19 @@ def run(root: Path, args: argparse.Namespace, processes: Processes) -> None:
     )
     world.online()
     fast = deploy(world, processes, "fast", 1)
-    meter = CpuMeter(world.cloud.proc.pid, world.agents[0].proc.pid)
+    cloud, agent = world.cloud.proc.pid, world.agents[0].proc.pid
+    meter = CpuMeter(cloud, agent)
     lines = [f"## Serving: {utc_now()}", "", machine_line(), ""]
+    if args.pin:
+        if len(os.sched_getaffinity(0)) < 2:
+            raise SystemExit("--pin needs two CPUs")
+        pin([os.getpid(), *descendants(agent)], 0)
+        pin([cloud, *descendants(cloud), agent], 1)
+        lines += ["- pinned: the client and the engine on CPU 0, the cloud and the agent on CPU 1", ""]
     lines += ["Against the stand-in that streams as fast as it can:", ""]
-    lines += measure(world, fast, "fast", args.ttft_requests, args.tokens, CONCURRENCY, meter)
-    if not args.no_llama:
+    streams = tuple(int(n) for n in args.streams.split(",") if n.strip())
+    lines += measure(world, fast, "fast", args.ttft_requests, args.tokens, streams, meter)
+    if not (args.no_llama or args.pin):
         tiny = deploy(world, processes, "tiny", 0)
         lines += ["", "Against the tiny Llama (`transformers serve`, CPU):", ""]
         lines += measure(

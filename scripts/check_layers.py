@@ -43,6 +43,7 @@ ALLOWED_UP: dict[tuple[str, str], str] = {
     ("sxwl.cloud.context", "sxwl.cloud.services.fleet.beat"): "the context owns the heartbeats' group commit",
     ("sxwl.cloud.context", "sxwl.cloud.services.fleet.engine_loads"): "the context keeps the engines' loads",
     ("sxwl.cloud.context", "sxwl.cloud.services.scheduling.capacity"): "the context owns the capacity cache",
+    ("sxwl.cloud.context", "sxwl.cloud.services.endpoints.call_cache"): "the context owns the /v1 call cache",
 }
 # Data tables that may be long: one entry per line reads better than a split table.
 LONG_TABLES: frozenset[str] = frozenset()

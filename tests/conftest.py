@@ -47,6 +47,19 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     items.sort(key=lambda item: not on_kubernetes(item.nodeid))  # stable: in collection order
 
 
+# How to stop what the Kubernetes tests started, the last started first: run as soon as the last of
+# them on this worker has ended, not at the session's end. Left running, the control plane and the
+# real nodes (containerd, kubelets, etcd, the API server) took CPU from every later test.
+_KUBERNETES_STOPS: list[Callable[[], None]] = []
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
+    if on_kubernetes(item.nodeid) and (nextitem is None or not on_kubernetes(nextitem.nodeid)):
+        while _KUBERNETES_STOPS:
+            _KUBERNETES_STOPS.pop()()
+
+
 @pytest.fixture(scope="session")
 def postgres() -> Iterator[TempPostgres]:
     cluster = TempPostgres().start()
@@ -67,10 +80,16 @@ def real_nodes(k8s_cluster: K8sCluster, tmp_path_factory: pytest.TempPathFactory
         failure = str(error)
     if nodes is None:
         pytest.fail(failure, pytrace=False)
+
+    def stop() -> None:
+        assert nodes is not None
+        nodes.stop()
+        # The nodes' image stores are ~17 GB a session; pytest keeps three sessions' temp dirs.
+        shutil.rmtree(nodes.root, ignore_errors=True)
+
+    _KUBERNETES_STOPS.append(stop)
     yield nodes
-    nodes.stop()
-    # The nodes' image stores are ~17 GB a session; pytest keeps three sessions' temp dirs.
-    shutil.rmtree(nodes.root, ignore_errors=True)
+    stop()  # nothing left to do if the last Kubernetes test did it
     if nodes.host_differences:
         pytest.fail(
             "the real nodes left the host changed:\n" + "\n".join(nodes.host_differences), pytrace=False
@@ -90,6 +109,7 @@ def k8s_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[K8sCluster
         failure = str(error)  # failed outside the except block: no chained traceback in the report
     if cluster is None:
         pytest.fail(failure, pytrace=False)
+    _KUBERNETES_STOPS.append(cluster.stop)
     yield cluster
     cluster.stop()
 

@@ -27,7 +27,7 @@ from sxwl.protocol.devenvs import MAX_CPUS
 from sxwl.protocol.money import cost
 from tests.support.agent import eventually
 from tests.support.metering import context
-from tests.test_dev_envs import PRODUCT, World
+from tests.test_dev_envs import PRODUCT, World, world_at
 
 pytest.importorskip("jupyterlab", reason="JupyterLab comes with the devenv extra")
 
@@ -37,11 +37,8 @@ STORAGE_PRICE = "100000"  # CNY per GiB-day: a small saved workspace still costs
 
 @pytest.fixture(scope="module")
 def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
-    monkeypatch = pytest.MonkeyPatch()
-    world = World(tmp_path_factory.mktemp("dev-env-resources"), monkeypatch)
-    yield world
-    world.close()
-    monkeypatch.undo()
+    with world_at(tmp_path_factory.mktemp("dev-env-resources")) as world:
+        yield world
 
 
 def _price(world: World, resource: str, price: str) -> None:

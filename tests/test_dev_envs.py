@@ -5,6 +5,7 @@ a kernel's WebSocket executing code, refusals of everyone else, and the money in
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -24,10 +25,12 @@ from tests.support.agent import AgentProcess, eventually, simulated_agent
 from tests.support.browser import PASSWORD, api_token, create_admin
 from tests.support.cloud import CloudProcess
 from tests.support.net import free_port
+from tests.support.tiny_finetune import build_model, register_public_model
 
 pytest.importorskip("jupyterlab", reason="JupyterLab comes with the devenv extra")
 
 PRODUCT = "SIM-DEV-GPU"
+MODEL = "tiny-llama"
 CLOUD_ENV = {
     "SXWL_HEARTBEAT_INTERVAL_MIN_S": "0.1",
     "SXWL_SCHEDULER_INTERVAL_S": "0.2",
@@ -42,7 +45,7 @@ class World:
 
     def __init__(self, root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
         self.root = root
-        db_url = f"sqlite:///{root / 'sxwl.db'}"
+        self.db_url = db_url = f"sqlite:///{root / 'sxwl.db'}"
         self.cloud = CloudProcess(root / "cloud", free_port(), env={"SXWL_DATABASE_URL": db_url, **CLOUD_ENV})
         self.url = self.cloud.url
         provider = self.account("owner@example.com", "provider")
@@ -75,6 +78,13 @@ class World:
             product=PRODUCT,
         )
 
+    def tiny_llama(self) -> str:
+        """The tiny Llama built here and registered as a public model, as an administrator does;
+        its name."""
+        env = {**os.environ, "SXWL_DATABASE_URL": self.db_url, "SXWL_DATA_DIR": str(self.root / "cloud")}
+        register_public_model(MODEL, build_model(self.root / MODEL), env)
+        return MODEL
+
     def account(self, email: str, role: str) -> dict[str, str]:
         body = {"email": email, "password": PASSWORD, "role": role}
         httpx.post(f"{self.url}/api/v1/auth/register", json=body).raise_for_status()
@@ -89,10 +99,12 @@ class World:
         try:
             stop_all(self.url, self.user)
         finally:
-            for agent in self.others:
-                agent.stop()
-            self.agent.stop()
-        self.cloud.stop()
+            try:
+                for agent in self.others:
+                    agent.stop()
+                self.agent.stop()
+            finally:
+                self.cloud.stop()  # else it holds its database, and the next test's cloud is refused
 
 
 def stop_all(cloud: str, user: dict[str, str]) -> None:
@@ -122,13 +134,25 @@ def console(cloud: str, email: str) -> httpx.Client:
     return client
 
 
+@contextlib.contextmanager
+def world_at(root: Path) -> Iterator[World]:
+    """A World that is torn down whatever its test did: a cloud left running holds its database, and
+    a ``SXWL_DATABASE_URL`` left set would send the worker's later clouds to it."""
+    monkeypatch = pytest.MonkeyPatch()
+    try:
+        world = World(root, monkeypatch)
+        try:
+            yield world
+        finally:
+            world.close()
+    finally:
+        monkeypatch.undo()
+
+
 @pytest.fixture(scope="module")
 def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
-    monkeypatch = pytest.MonkeyPatch()
-    world = World(tmp_path_factory.mktemp("dev-envs"), monkeypatch)
-    yield world
-    world.close()
-    monkeypatch.undo()
+    with world_at(tmp_path_factory.mktemp("dev-envs")) as world:
+        yield world
 
 
 def _running(world: World, env_id: str) -> dict[str, Any] | None:
@@ -160,8 +184,9 @@ def kernel_says(cloud: str, browser: httpx.Client, env_id: str, kernel_id: str, 
         "content": {"code": code, "silent": False, "store_history": False, "user_expressions": {}},
         "channel": "shell",
     }
+    # The cloud holds a handshake up to 30 s while the CPod's agent is away (web/devenvs/proxy.py).
     with ws_client.connect(
-        url, additional_headers={"Cookie": cookie, "Origin": cloud}, open_timeout=30
+        url, additional_headers={"Cookie": cookie, "Origin": cloud}, open_timeout=60
     ) as ws:
         ws.send(json.dumps(request))
         while True:
@@ -210,13 +235,22 @@ def test_a_dev_environment_runs_jupyterlab_reached_only_by_its_owner(world: Worl
     created = httpx.post(
         f"{world.url}/api/v1/dev-envs",
         headers=world.user,
-        json={"name": "explore", "gpus": 1, "gpu_product": PRODUCT, "files": [upload_notes(world)]},
+        json={
+            "name": "explore",
+            "gpus": 1,
+            "gpu_product": PRODUCT,
+            "models": [world.tiny_llama()],
+            "files": [upload_notes(world)],
+        },
     )
     assert created.status_code == 201, created.text
     env = created.json()
     env_id = env["id"]
     assert env["url"] == f"/dev/{env_id}/"
-    assert env["mounts"] == [{"kind": "file", "name": "notes.jsonl", "path": "/sxwl/work/inputs/file-0"}]
+    assert env["mounts"] == [
+        {"kind": "model", "name": MODEL, "path": "/sxwl/work/inputs/model-0"},
+        {"kind": "file", "name": "notes.jsonl", "path": "/sxwl/work/inputs/file-0"},
+    ]
     twin = httpx.post(f"{world.url}/api/v1/dev-envs", headers=world.user, json={"name": "explore"})
     assert twin.status_code == 409 and twin.json()["error"]["details"][0]["field"] == "name"
     eventually(lambda: _running(world, env_id), timeout=60, what="the environment to run")
@@ -247,11 +281,14 @@ def test_a_dev_environment_runs_jupyterlab_reached_only_by_its_owner(world: Worl
     assert kernel_says(world.url, browser, env_id, kernel.json()["id"], "1+1") == "2"
     wrote = kernel_says(world.url, browser, env_id, kernel.json()["id"], "open('hello.txt').read().strip()")
     assert wrote == "'kept in the workspace'"
-    # The mounted file is there, read-only.
+    # The mounted model and file are there, read-only.
+    config = "import json; json.load(open('/sxwl/work/inputs/model-0/config.json'))['model_type']"
+    assert kernel_says(world.url, browser, env_id, kernel.json()["id"], config) == "'llama'"
     mounted = "import json; json.load(open('/sxwl/work/inputs/file-0'))['messages'][1]['content']"
     assert kernel_says(world.url, browser, env_id, kernel.json()["id"], mounted) == "'hello'"
-    check = "import os; os.access('/sxwl/work/inputs/file-0', os.W_OK)"
-    assert kernel_says(world.url, browser, env_id, kernel.json()["id"], check) == "False"
+    for mount in ("model-0/config.json", "file-0"):
+        check = f"import os; os.access('/sxwl/work/inputs/{mount}', os.W_OK)"
+        assert kernel_says(world.url, browser, env_id, kernel.json()["id"], check) == "False"
     # A terminal, over its WebSocket.
     assert "sum=42" in _terminal_echoes(world, browser, env_id, xsrf)
 
@@ -327,7 +364,12 @@ def test_bad_requests_name_the_field_and_start_nothing(world: World) -> None:
     def create(**body: Any) -> httpx.Response:
         return httpx.post(f"{world.url}/api/v1/dev-envs", headers=world.user, json=body)
 
-    before = httpx.get(f"{world.url}/api/v1/dev-envs", headers=world.user).json()
+    def listed() -> list[tuple[str, str]]:
+        # Ids and names only: an earlier test's environment may still be finishing its stop.
+        envs = httpx.get(f"{world.url}/api/v1/dev-envs", headers=world.user).json()
+        return [(env["id"], env["name"]) for env in envs]
+
+    before = listed()
     refused = create(name="bad", gpus=-1)
     assert refused.status_code == 422 and "gpus" in json.dumps(refused.json()["error"]["details"])
     unknown = create(name="bad", models=["no-such-model"])
@@ -337,7 +379,7 @@ def test_bad_requests_name_the_field_and_start_nothing(world: World) -> None:
     assert not_mine.status_code == 404 and not_mine.json()["error"]["details"][0]["field"] == "files[0]"
     timeout = create(name="bad", idle_timeout_min=0)
     assert timeout.status_code == 422 and "idle_timeout_min" in json.dumps(timeout.json()["error"]["details"])
-    assert httpx.get(f"{world.url}/api/v1/dev-envs", headers=world.user).json() == before
+    assert listed() == before
 
 
 def _sxwl(*args: str, env: dict[str, str], stdin: str = "") -> subprocess.CompletedProcess[str]:

@@ -3,7 +3,7 @@ file mounted, opened with its Open button, JupyterLab's own UI loaded from /dev/
 cloud and the agent's tunnel; a notebook cell reads the mounted file and writes to the workspace, a
 terminal (its WebSocket through the tunnel) runs a command; another user's browser and an anonymous
 one are refused; the agent killed while the notebook's kernel is open, and after a new agent dials
-again the page, reloaded, reaches the same kernel and runs a cell. The world (a cloud, a real agent
+again the page, not reloaded, reconnects to the same kernel and runs a cell. The world (a cloud, a real agent
 running a real JupyterLab in its sandbox) is the one of tests/test_dev_envs.py."""
 
 from __future__ import annotations
@@ -11,14 +11,16 @@ from __future__ import annotations
 import re
 import signal
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import httpx
 import pytest
 from playwright.sync_api import Browser, Locator, Page, expect
 
 from tests.support.agent import eventually
 from tests.support.browser import new_context, screenshot, sign_in
-from tests.test_dev_envs import World, upload_notes
+from tests.test_dev_envs import World, kernel_says, upload_notes, world_at
 
 pytest.importorskip("jupyterlab", reason="JupyterLab comes with the devenv extra")
 
@@ -28,11 +30,8 @@ LAB_TIMEOUT_MS = 90_000
 
 @pytest.fixture
 def world(tmp_path: Path) -> Iterator[World]:
-    monkeypatch = pytest.MonkeyPatch()
-    w = World(tmp_path, monkeypatch)
-    yield w
-    w.close()
-    monkeypatch.undo()
+    with world_at(tmp_path) as w:
+        yield w
 
 
 def _run_cell(lab: Page, code: str, expected: str) -> None:
@@ -143,9 +142,9 @@ def test_jupyterlab_opens_from_the_console_runs_a_notebook_and_a_terminal_and_su
         # back and dials again. While the agent was away the cloud said 503, on which JupyterLab keeps
         # asking after its kernel; a poll that met it makes JupyterLab show its "Server Connection
         # Error … will continue trying to reconnect" note, which the user closes, as the handler
-        # below does whenever it shows. The page, reloaded, reaches the same kernel: what a cell set
-        # before the kill is still there. (In place, without the reload, the kernel goes from
-        # "Connecting" to "Unknown": docs/dev-envs.md, "Not yet".)
+        # below does whenever it shows. The page, as it is, reconnects to the same kernel (the
+        # cloud holds its socket's handshake until the agent is back) and shows it idle again: what
+        # a cell set before the kill is still there.
         dismissed: list[str] = []
 
         def dismiss(dialog: Locator) -> None:
@@ -153,17 +152,23 @@ def test_jupyterlab_opens_from_the_console_runs_a_notebook_and_a_terminal_and_su
             dialog.locator(".jp-Dialog-button", has_text="Close").click()  # its footer's only button
 
         lab.add_locator_handler(lab.locator(".jp-Dialog", has_text="Server Connection Error"), dismiss)
+        (kernel,) = lab.request.get(f"/dev/{env_id}/api/kernels").json()
         world.agent.signal(signal.SIGKILL)
         world.agent.wait()  # gone: what answers next came through the new agent's tunnel
         while_away = lab.request.get(f"/dev/{env_id}/api/status")
         assert while_away.status == 503 and while_away.headers["retry-after"] == "5"
-        world.agent = world.start_agent("agent", "dev")
+        # A kernel's socket opened while the agent is away is held, not refused, and connects
+        # once the agent is back (a refused one would leave the page waiting 10 to 30 s more).
+        signed_in = {c["name"]: c["value"] for c in context.cookies()}
+        with ThreadPoolExecutor(1) as pool, httpx.Client(cookies=signed_in) as client:
+            held = pool.submit(kernel_says, world.url, client, env_id, kernel["id"], "m")
+            world.agent = world.start_agent("agent", "dev")
+            assert held.result(timeout=120) == "'hello'"
         eventually(
             lambda: lab.request.get(f"/dev/{env_id}/api/status").status == 200,
             timeout=90,
             what="the tunnel dialled again",
         )
-        lab.reload()
         lab.locator(".lm-TabBar-tab", has_text="Untitled").first.click(timeout=LAB_TIMEOUT_MS)
         _run_cell(lab, "print('after the re-dial', m)", "after the re-dial hello")
         assert all("continue trying to reconnect" in text for text in dismissed)

@@ -109,7 +109,8 @@ def test_a_call_goes_to_the_less_busy_of_two_serving_replicas(eps: Endpoints) ->
 
     def routed() -> set[str]:
         with eps.ctx.db.session() as session:
-            routes = {routing.route(session, eps.user_id, "chat", eps.ctx.engine_loads) for _ in range(40)}
+            serving = routing.serving(session, eps.user_id, "chat")
+        routes = {routing.pick(serving, eps.ctx.engine_loads) for _ in range(40)}
         return {route.target.rsplit("-", 1)[0] for route in routes}
 
     assert routed() == {first, second}  # nothing said yet: both take calls

@@ -43,7 +43,14 @@ def test_a_call_on_the_replica_without_the_tunnel_is_relayed_to_the_one_with_it(
     tmp_path: Path, postgres: TempPostgres
 ) -> None:
     database = postgres.create_database()
-    shared = {**CLOUD_ENV, "SXWL_DATABASE_URL": database, "SXWL_SECRET_KEY": secrets.token_urlsafe(48)}
+    shared = {
+        **CLOUD_ENV,
+        "SXWL_DATABASE_URL": database,
+        "SXWL_SECRET_KEY": secrets.token_urlsafe(48),
+        # Callers and routes remembered for ten minutes: only the NOTIFY of a revocation can make
+        # the other replica forget a key in time.
+        "SXWL_CALL_CACHE_S": "600",
+    }
     replicas: list[CloudProcess] = []
     agents = []
     try:
@@ -111,6 +118,17 @@ def test_a_call_on_the_replica_without_the_tunnel_is_relayed_to_the_one_with_it(
             )
         )
         assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == "fake vllm says hi "
+        # A key remembered by r2, revoked through r1: r2 refuses its next call.
+        created_key = httpx.post(f"{r1}/api/v1/keys", headers=user, json={"name": "ci"}).json()
+        with_key = {"Authorization": f"Bearer {created_key['key']}"}
+        call = {"model": "chat", "messages": [{"role": "user", "content": "hi"}]}
+        assert httpx.post(f"{r2}/v1/chat/completions", headers=with_key, json=call).status_code == 200
+        httpx.delete(f"{r1}/api/v1/keys/{created_key['id']}", headers=user).raise_for_status()
+        eventually(
+            lambda: httpx.post(f"{r2}/v1/chat/completions", headers=with_key, json=call).status_code == 401,
+            timeout=10,
+            what="the other replica to refuse the revoked key",
+        )
         httpx.delete(f"{r2}/api/v1/endpoints/{endpoint['id']}", headers=user).raise_for_status()
         eventually(lambda: _stopped(r1, user, endpoint["id"]), timeout=60, what="the replica stopped")
     finally:

@@ -79,6 +79,29 @@ def test_a_rolled_back_unit_of_work_wakes_nobody(database: Database) -> None:
     assert notifier.woken == []
 
 
+def test_a_users_change_reaches_the_listeners_once_committed_and_never_on_a_rollback(
+    database: Database,
+) -> None:
+    notifier = RecordingNotifier(database, "u@example.com")
+    notifier.watch(database.sessions)
+    heard: list[tuple[str, bool]] = []
+    notifier.user_listeners.append(lambda user_id: heard.append((user_id, notifier._visible())))
+    with pytest.raises(RuntimeError), database.session() as session:
+        session.add(add_user("u@example.com"))
+        on_commit(session).user_changed("u1")
+        session.flush()
+        raise RuntimeError("the request failed")
+    assert heard == []
+    with database.session() as session:
+        session.add(add_user("u@example.com"))
+        on_commit(session).user_changed("u1")
+        session.flush()
+        assert heard == []
+    assert heard == [("u1", True)]  # in the committing thread, before its request answers
+    notifier.heard("another-replica user:u2")
+    assert heard[-1] == ("u2", True)
+
+
 def test_rest_cancel_wakes_the_cpod_and_a_freed_queue_place_the_scheduler(
     make_settings: MakeSettings,
 ) -> None:

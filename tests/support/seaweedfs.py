@@ -94,6 +94,7 @@ class SeaweedFS:
     def command(self) -> list[str]:
         return [
             str(self.binary),
+            f"-logdir={self.workdir}",  # its own log files, not in /tmp where they would outlive the test
             "mini",
             f"-dir={self.workdir / 'data'}",
             "-ip=127.0.0.1",

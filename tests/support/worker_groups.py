@@ -1,5 +1,6 @@
 """Which worker runs which test under pytest-xdist (``make test`` runs two): every test on the
-Kubernetes control plane on one worker, the rest spread test by test.
+Kubernetes control plane on one worker, each module with a module fixture on one worker, the rest
+spread test by test.
 
 The control plane and the real nodes are session fixtures, and the real nodes hold a host-wide lock
 (tests/support/k8s_node.py), so the tests that use them must share one worker. xdist's own
@@ -9,6 +10,10 @@ tests/conftest.py refuses a collection where a test outside these paths uses the
 
 from __future__ import annotations
 
+import re
+
+import pytest
+from xdist.remote import Producer
 from xdist.scheduler import LoadScopeScheduling
 
 KUBERNETES_GROUP = "kubernetes"
@@ -19,6 +24,28 @@ def on_kubernetes(nodeid: str) -> bool:
     return nodeid.startswith(KUBERNETES_PATHS)
 
 
+# A module whose tests share a fixture it builds once (a cloud, an agent, a browser's world).
+SHARED_FIXTURE = re.compile(r"""scope=["'](module|class)["']""")
+
+
 class KubernetesTogether(LoadScopeScheduling):
+    """The Kubernetes tests together; the tests of a module that shares a module fixture together too,
+    so that its fixture is built on one worker only (spread test by test, both workers built it);
+    every other test on its own, to spread the load evenly."""
+
+    def __init__(self, config: pytest.Config, log: Producer | None = None) -> None:
+        super().__init__(config, log)
+        self._root = config.rootpath
+        self._shares: dict[str, bool] = {}
+
     def _split_scope(self, nodeid: str) -> str:
-        return KUBERNETES_GROUP if on_kubernetes(nodeid) else nodeid
+        if on_kubernetes(nodeid):
+            return KUBERNETES_GROUP
+        module = nodeid.split("::", 1)[0]
+        return module if self._shares_fixture(module) else nodeid
+
+    def _shares_fixture(self, module: str) -> bool:
+        if module not in self._shares:
+            path = self._root / module
+            self._shares[module] = path.is_file() and bool(SHARED_FIXTURE.search(path.read_text()))
+        return self._shares[module]

@@ -6,7 +6,8 @@ browser, so they stay on (``ProxiedIdentityProvider``): the token signs the requ
 more. And the token stays with the cloud and the agent: JupyterLab would put it in the page it
 serves, for its frontend to send back, so this server extension (loaded after ``jupyterlab``, as
 Jupyter loads extensions in the order of their names) takes it out of the page, as JupyterHub's
-single-user servers do. Where the owner has SSH keys, the extension also serves the environment's
+single-user servers do. It also has the page follow a kernel's state after its socket reconnects
+(``_track_kernel_info``). Where the owner has SSH keys, the extension also serves the environment's
 sshd on a Unix socket (docs/dev-envs.md, "SSH")."""
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ from typing import Any
 from jupyter_server.auth.identity import IdentityProvider
 
 SSHD = "/usr/sbin/sshd"
+# Taken out of Jupyter's untracked message types (_track_kernel_info).
+KERNEL_INFO = frozenset({"kernel_info_request", "kernel_info_reply"})
 
 
 class ProxiedIdentityProvider(IdentityProvider):
@@ -36,10 +39,24 @@ def _jupyter_server_extension_points() -> list[dict[str, str]]:
 
 
 def _load_jupyter_server_extension(serverapp: Any) -> None:
-    serverapp.web_app.settings.setdefault("page_config_data", {})["token"] = ""
+    page = serverapp.web_app.settings.setdefault("page_config_data", {})
+    page["token"] = ""
+    _track_kernel_info(serverapp.kernel_manager, page)
     config, where = os.environ.get("SXWL_DEV_SSH_CONFIG"), os.environ.get("SXWL_DEV_SSH_SOCKET")
     if config and where and os.path.exists(SSHD):
         threading.Thread(target=_serve_ssh, args=(where, config), name="ssh", daemon=True).start()
+
+
+def _track_kernel_info(manager: Any, page: dict[str, Any]) -> None:
+    """A kernel's socket that reconnects (the agent re-dialled) asks for the kernel's info, and the
+    page takes the state the kernel then reports only from messages Jupyter tracks as activity;
+    kernel_info is not one by default, so the page would read "Unknown" until the next execution.
+    Tracked, a page's (re)connecting also counts as activity, which idle culling counts anyway (an
+    open connection). The page's list is set here too: jupyterlab, loaded first, copied it."""
+    manager.untracked_message_types = [
+        kind for kind in manager.untracked_message_types if kind not in KERNEL_INFO
+    ]
+    page["untracked_message_types"] = list(manager.untracked_message_types)
 
 
 def _serve_ssh(where: str, config: str) -> None:

@@ -14,7 +14,6 @@ import typer
 from sxwl.cli.client import CliError
 from sxwl.cli.cloud_settings import settings_for
 from sxwl.cli.output import out
-from sxwl.cloud.services.catalog.model_archive import pack_directory
 
 DataDir = Annotated[
     Path, typer.Option("--data-dir", envvar="SXWL_DATA_DIR", help="Where the database and keys live.")
@@ -56,6 +55,8 @@ def register(admin_app: typer.Typer) -> None:
         if not path.exists():
             raise CliError(f"{path}: no such file or directory", exit_code=2)
         if path.is_dir():
+            from sxwl.cloud.services.catalog.model_archive import pack_directory
+
             with tempfile.TemporaryDirectory(prefix="sxwl-pack-") as scratch:
                 archive = Path(scratch) / "model.tar"
                 try:

@@ -1,6 +1,10 @@
 """``sxwl admin top-up | payout | prices | ledger``: money on the server's own database, through the
 same services as the API (docs/billing.md). What changes money is recorded with the admin named by
-``--as`` (or SXWL_ADMIN_EMAIL) and the time, like an admin's call to the API."""
+``--as`` (or SXWL_ADMIN_EMAIL) and the time, like an admin's call to the API.
+
+The cloud's modules (the database's models, the services) are imported in the commands that use
+them, as in admin_models.py: every ``sxwl`` command would otherwise load them first (over a second
+of CPU), the client's commands included."""
 
 from __future__ import annotations
 
@@ -8,22 +12,14 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from decimal import Decimal
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.table import Table
-from sqlalchemy.orm import Session
 
 from sxwl.cli.client import CliError
 from sxwl.cli.cloud_settings import settings_for
 from sxwl.cli.output import out
-from sxwl.cloud.context import CloudContext
-from sxwl.cloud.db import migrate
-from sxwl.cloud.db.models import Role, User
-from sxwl.cloud.db.money_models import PriceResource
-from sxwl.cloud.errors import AppError
-from sxwl.cloud.services.accounts import accounts
-from sxwl.cloud.services.money import billing, earnings, ledger, prices
 from sxwl.protocol.money import (
     MAX_AMOUNT_YUAN,
     MAX_PRICE_YUAN,
@@ -32,6 +28,14 @@ from sxwl.protocol.money import (
     parse_yuan,
     percent_text,
 )
+
+if TYPE_CHECKING:
+    from sqlalchemy.orm import Session
+
+    from sxwl.cloud.context import CloudContext
+    from sxwl.cloud.db.models import User
+    from sxwl.cloud.db.money_models import PriceResource
+    from sxwl.cloud.errors import AppError
 
 prices_app = typer.Typer(
     help="Prices per GPU-hour (per GPU product) and per CPU core-hour, with the platform's fee."
@@ -63,6 +67,10 @@ FLAGS = {
 @contextmanager
 def database(data_dir: Path) -> Iterator[CloudContext]:
     """The cloud's database (migrated), as `sxwl admin create-user` opens it."""
+    from sxwl.cloud.context import CloudContext
+    from sxwl.cloud.db import migrate
+    from sxwl.cloud.errors import AppError
+
     ctx = CloudContext.from_settings(settings_for(data_dir))
     migrate.upgrade(ctx.db.engine)
     try:
@@ -96,6 +104,8 @@ def _text(flag: str, value: str | None, maximum: int) -> None:
 
 
 def _account(session: Session, flag: str, email: str) -> User:
+    from sxwl.cloud.services.accounts import accounts
+
     user = accounts.find_by_email(session, email.strip().lower())
     if user is None:
         raise CliError(f"{flag}: no account {email}", exit_code=2)
@@ -103,6 +113,8 @@ def _account(session: Session, flag: str, email: str) -> User:
 
 
 def _admin(session: Session, email: str) -> User:
+    from sxwl.cloud.db.models import Role
+
     if not email:
         raise CliError("--as: name the admin this is recorded under (or set SXWL_ADMIN_EMAIL)", exit_code=2)
     admin = _account(session, "--as", email)
@@ -131,6 +143,8 @@ def top_up(
     data_dir: DataDir = Path(".sxwl"),
 ) -> None:
     """Add money to a compute user's balance (there is no payment gateway yet)."""
+    from sxwl.cloud.services.money import billing, ledger
+
     if (email is None) == (user_id is None):
         raise CliError("--email or --user-id: give exactly one", exit_code=2)
     micro = _yuan("--amount", amount)
@@ -154,6 +168,8 @@ def payout(
     data_dir: DataDir = Path(".sxwl"),
 ) -> None:
     """Record money paid to a provider, out of its available earnings."""
+    from sxwl.cloud.services.money import earnings, ledger
+
     micro = _yuan("--amount", amount)
     _text("--reference", reference, 500)
     _text("--idempotency-key", key, 100)
@@ -169,6 +185,10 @@ def payout(
 @prices_app.callback(invoke_without_command=True)
 def list_prices(ctx: typer.Context, data_dir: DataDir = Path(".sxwl")) -> None:
     """The prices in force (without a subcommand)."""
+    from sxwl.cloud.db.models import User
+    from sxwl.cloud.db.money_models import PriceResource
+    from sxwl.cloud.services.money import prices
+
     if ctx.invoked_subcommand is not None:
         return
     with database(data_dir) as cloud, cloud.db.session() as session:
@@ -213,6 +233,9 @@ def set_price(
     data_dir: DataDir = Path(".sxwl"),
 ) -> None:
     """Set a price; attempts already placed keep the price they were placed at."""
+    from sxwl.cloud.db.money_models import PriceResource
+    from sxwl.cloud.services.money import prices
+
     resource = _resource(product, cpu, storage)
     micro = _yuan("--price", price, MAX_PRICE_YUAN, allow_zero=True)
     if resource != PriceResource.STORAGE and not fee:
@@ -230,6 +253,8 @@ def set_price(
 
 
 def _resource(product: str, cpu: bool, storage: bool) -> PriceResource:
+    from sxwl.cloud.db.money_models import PriceResource
+
     if bool(product) + cpu + storage != 1:
         raise CliError("--product, --cpu or --storage: give exactly one", exit_code=2)
     return PriceResource.CPU if cpu else PriceResource.STORAGE if storage else PriceResource.GPU
@@ -244,6 +269,8 @@ def remove_price(
     data_dir: DataDir = Path(".sxwl"),
 ) -> None:
     """Remove a price: work on it is not placed until it is priced again (saved workspaces: free)."""
+    from sxwl.cloud.services.money import prices
+
     resource = _resource(product, cpu, storage)
     with _acting(data_dir, actor) as (session, admin):
         prices.set_price(session, admin, resource=resource, product=product, rate=None)
@@ -253,6 +280,8 @@ def remove_price(
 @ledger_app.command("check")
 def check_ledger(data_dir: DataDir = Path(".sxwl")) -> None:
     """Prove every transaction sums to zero and every cached balance equals its entries; exit 1 if not."""
+    from sxwl.cloud.services.money import ledger
+
     with database(data_dir) as ctx, ctx.db.session() as session:
         report = ledger.check(session)
     out.print(f"{report.transactions} transactions, {report.entries} entries")

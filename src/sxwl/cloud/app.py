@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
-from fastapi import APIRouter, Depends, FastAPI
+from fastapi import Depends, FastAPI
 from fastapi.responses import JSONResponse
 from prometheus_client import CollectorRegistry
 from pydantic import BaseModel
@@ -51,6 +51,7 @@ from sxwl.cloud.db import migrate, readiness
 from sxwl.cloud.edge import error_handlers
 from sxwl.cloud.edge.body_rules import BodyRules
 from sxwl.cloud.edge.middleware import BodyLimit, HttpMetrics, RequestContext
+from sxwl.cloud.edge.prefixed import PrefixedRouter
 from sxwl.cloud.kit import logs
 from sxwl.cloud.services.accounts import key_check
 from sxwl.cloud.services.fleet import heartbeats
@@ -129,11 +130,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.ctx = ctx
     error_handlers.install(app)
 
-    api = APIRouter(prefix=API_PREFIX, dependencies=[Depends(plain_parameters)])
+    api = PrefixedRouter(prefix=API_PREFIX, dependencies=[Depends(plain_parameters)])
     for router in API_ROUTERS:
         api.include_router(router)
     app.include_router(api)
-    openai_api = APIRouter(prefix=OPENAI_PREFIX, dependencies=[Depends(plain_parameters)])
+    openai_api = PrefixedRouter(prefix=OPENAI_PREFIX, dependencies=[Depends(plain_parameters)])
     for router in OPENAI_ROUTERS:
         openai_api.include_router(router)
     app.include_router(openai_api)

@@ -112,6 +112,9 @@ class Settings(BaseSettings):
     # A /v1 stream gets an SSE comment line this often while its engine has sent nothing (no head,
     # or no first token yet): below the common 60 s idle timeout of load balancers.
     stream_keepalive_s: float = Field(default=15.0, gt=0, le=55)
+    # How long a process remembers a /v1 call's credential and the replicas serving its model
+    # (services/endpoints/call_cache.py); a user's own changes are seen at once regardless. 0: never.
+    call_cache_s: float = Field(default=1.0, ge=0, le=600)
     log_chunk_max_bytes: int = Field(default=512 * 1024, ge=1)
     log_read_max_bytes: int = Field(default=1024 * 1024, ge=1)
     # A job attempt's log is kept up to this many bytes; the rest is dropped, with a line that says so.

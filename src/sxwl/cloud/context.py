@@ -11,6 +11,7 @@ from sxwl.cloud.kit.groupcommit import GroupCommit
 from sxwl.cloud.kit.notify import Notifier
 from sxwl.cloud.kit.ratelimit import RateLimiter
 from sxwl.cloud.kit.security import Passwords, SecretBox
+from sxwl.cloud.services.endpoints.call_cache import CallCache
 from sxwl.cloud.services.fleet.beat import Beat
 from sxwl.cloud.services.fleet.engine_loads import EngineLoads
 from sxwl.cloud.services.scheduling.capacity import CapacityCache
@@ -49,14 +50,19 @@ class CloudContext:
     engine_loads: EngineLoads = field(default_factory=EngineLoads)
     # The agents' tunnels this process holds, and relays to those other replicas hold (docs/tunnel.md).
     tunnels: Tunnels = field(init=False)
+    # The callers and routes of /v1 calls to endpoints, remembered for a moment
+    # (services/endpoints/call_cache.py).
+    calls: CallCache = field(init=False)
 
     def __post_init__(self) -> None:
         s = self.settings
         self.artifacts = artifact_store(s)
         self.keepalives = Keepalives(s.longpoll_keepalive_s)
         self.tunnels = Tunnels(self.db, self.box, s.replica_url, s.tunnel_ping_s)
+        self.calls = CallCache(s.call_cache_s)
         postgres = self.db.engine.dialect.name == "postgresql"
         self.notifier.watch(self.db.sessions, self.db.immediate_sessions, broadcast=postgres)
+        self.notifier.user_listeners.append(self.calls.user_changed)
         self.limiters = Limiters(
             login_ip=self._limiter("login_ip", s.rate_login_ip, "login attempts from this address"),
             login_account=self._limiter(

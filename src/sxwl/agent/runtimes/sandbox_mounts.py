@@ -54,10 +54,18 @@ class SandboxPaths:
 
 def agent_paths() -> tuple[Path, ...]:
     """What the agent itself runs in a sandbox: this Python's installation (a venv and the one it
-    was made from) and the ``sxwl`` it imports, as given and as resolved (a venv's ``bin/python``
-    finds its ``pyvenv.cfg`` by the path it was started with)."""
-    found = {Path(sys.prefix), Path(sys.base_prefix), CODE_ROOT}
+    was made from), the ``sxwl`` it imports and the other dirs it imports from, as given and as
+    resolved (a venv's ``bin/python`` finds its ``pyvenv.cfg`` by the path it was started with)."""
+    found = {Path(sys.prefix), Path(sys.base_prefix), CODE_ROOT, *_import_dirs()}
     return tuple(sorted(found | {p.resolve() for p in found}))
+
+
+def _import_dirs() -> set[Path]:
+    """The dirs on this Python's import path but its first (the script's dir, or the working dir
+    with ``-m``, which is nothing a job should see): site-packages and what their ``.pth`` files add,
+    which may lie outside the venv, below /tmp too (a venv that borrows another's packages)."""
+    entries = sys.path if sys.flags.safe_path else sys.path[1:]
+    return {Path(entry) for entry in entries if entry and os.path.isdir(entry)}
 
 
 def root_entries(root: Path = Path("/")) -> list[str]:

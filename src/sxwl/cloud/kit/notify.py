@@ -22,6 +22,7 @@ import asyncio
 import secrets
 import threading
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from sqlalchemy import event as orm_event
@@ -43,6 +44,7 @@ class Wakeups:
     scheduler: bool = False
     cpods: set[str] = field(default_factory=set)
     jobs: set[str] = field(default_factory=set)
+    users: set[str] = field(default_factory=set)
 
     def wake_scheduler(self) -> None:
         self.scheduler = True
@@ -53,11 +55,17 @@ class Wakeups:
     def wake_job(self, job_id: str) -> None:
         self.jobs.add(job_id)
 
+    def user_changed(self, user_id: str) -> None:
+        """The user's credentials or endpoints changed: what any process remembers of them for a
+        moment (services/endpoints/call_cache.py) is dropped."""
+        self.users.add(user_id)
+
     def targets(self) -> list[str]:
-        """What the notifications name: ``scheduler``, ``cpod:<id>``, ``job:<id>``."""
+        """What the notifications name: ``scheduler``, ``cpod:<id>``, ``job:<id>``, ``user:<id>``."""
         return (["scheduler"] if self.scheduler else []) + [
             *(f"cpod:{c}" for c in sorted(self.cpods)),
             *(f"job:{j}" for j in sorted(self.jobs)),
+            *(f"user:{u}" for u in sorted(self.users)),
         ]
 
 
@@ -85,6 +93,9 @@ class Notifier:
         self._quiet: dict[str, float] = {}
         self._broadcast = False
         self._count_lock = threading.Lock()
+        # Called with a user's id once a change to that user's credentials or endpoints committed,
+        # here (in the committing thread, before its request answers) or on another replica.
+        self.user_listeners: list[Callable[[str], None]] = []
         self.notifications_sent = 0
         self.notifications_received = 0
 
@@ -168,6 +179,12 @@ class Notifier:
             self.wake_cpod(cpod_id)
         for job_id in pending.jobs:
             self.wake_job(job_id)
+        for user_id in pending.users:
+            self._user_changed(user_id)
+
+    def _user_changed(self, user_id: str) -> None:
+        for listener in self.user_listeners:
+            listener(user_id)
 
     def heard(self, payload: str) -> None:
         """A notification from the listening connection (on the event loop's thread)."""
@@ -179,6 +196,8 @@ class Notifier:
             self.scheduler.set()
         elif target.startswith(("cpod:", "job:")):
             self._set_waiters(target)
+        elif target.startswith("user:"):
+            self._user_changed(target[5:])
 
     def file_changed(self, cpods: set[str]) -> None:
         """A commit to the SQLite file, maybe by another process (on the event loop's thread): the

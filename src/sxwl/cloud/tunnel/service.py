@@ -49,12 +49,22 @@ class TunnelResponse:
             self.headers += [("connection", "upgrade"), ("upgrade", first(head, UPGRADED) or "")]
 
     async def chunks(self) -> AsyncIterator[bytes]:
-        """The answer's body as it arrives; TunnelError if it is cut."""
+        """The answer's body as it arrives; TunnelError if it is cut. A body that has all the bytes
+        its ``content-length`` declares is whole even if the stream is reset before its end: the
+        agent ends a stream after its target's last byte, and an agent killed in that gap must not
+        cut an answer its client already has (the client's connection would be dropped with it)."""
+        received = 0
         try:
             while data := await self._stream.read():
+                received += len(data)
                 yield data
         except StreamReset as exc:
-            raise TunnelError(str(exc)) from None
+            if received != self._declared_length():
+                raise TunnelError(str(exc)) from None
+
+    def _declared_length(self) -> int | None:
+        value = first(self.headers, "content-length")
+        return int(value) if value is not None and value.isdigit() else None
 
     async def read(self) -> bytes:
         return b"".join([chunk async for chunk in self.chunks()])

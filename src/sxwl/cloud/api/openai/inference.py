@@ -27,6 +27,7 @@ from sxwl.cloud.db.types import utcnow
 from sxwl.cloud.errors import AppError, error_body, invalid
 from sxwl.cloud.kit import metrics
 from sxwl.cloud.services.endpoints import key_limits, routing
+from sxwl.cloud.services.endpoints.routes import Route, Serving
 from sxwl.cloud.tunnel import service
 from sxwl.cloud.tunnel.service import NoTunnel, TunnelError, TunnelRequest, TunnelResponse
 
@@ -110,9 +111,7 @@ class _UsageScanner:
                     self.found = usage
 
 
-async def _record(
-    ctx: CloudContext, route: routing.Route, caller: Caller, usage: tuple[int, int] | None
-) -> None:
+async def _record(ctx: CloudContext, route: Route, caller: Caller, usage: tuple[int, int] | None) -> None:
     prompt, completion = usage or (0, 0)
     metrics.ENDPOINT_TOKENS.labels(route.endpoint_id, "prompt").inc(prompt)
     metrics.ENDPOINT_TOKENS.labels(route.endpoint_id, "completion").inc(completion)
@@ -124,6 +123,14 @@ async def _record(
                 key_limits.record_tokens(session, caller.key_id, prompt + completion, utcnow())
 
     await run_in_threadpool(write)
+
+
+def _serving(ctx: CloudContext, owner_id: str, model: str) -> Serving:
+    changes = ctx.calls.changes
+    with ctx.db.session() as session:
+        serving = routing.serving(session, owner_id, model)
+    ctx.calls.remember_serving(owner_id, model, serving, changes)
+    return serving
 
 
 class StreamCut(Exception):
@@ -140,7 +147,7 @@ def _later(work: Coroutine[None, None, None]) -> None:
     task.add_done_callback(_BACKGROUND.discard)
 
 
-def _unreachable(route: routing.Route, why: str) -> AppError:
+def _unreachable(route: Route, why: str) -> AppError:
     return AppError(
         503,
         f"endpoint {route.name}: its replica cannot be reached now ({why}); retry in a few seconds",
@@ -155,11 +162,11 @@ async def _proxy(
     arrived = time.perf_counter()
     body = _checked(await request.body(), prompt_field)
 
-    def find() -> routing.Route:
-        with ctx.db.session() as session:
-            return routing.route(session, caller.user.id, body["model"], ctx.engine_loads)
-
-    route = await run_in_threadpool(find)
+    owner, model = caller.user.id, body["model"]
+    serving = ctx.calls.serving(owner, model)
+    if serving is None:
+        serving = await run_in_threadpool(_serving, ctx, owner, model)
+    route = routing.pick(serving, ctx.engine_loads)
     body["model"] = route.name  # the engine serves the endpoint under its name
     streaming = body.get("stream") is True
     if streaming and not isinstance(body.get("stream_options"), dict):
@@ -212,7 +219,7 @@ async def _proxy(
     return Response(data, reply.status, media_type=kind)
 
 
-async def _opened(opening: asyncio.Future[TunnelResponse], route: routing.Route) -> TunnelResponse:
+async def _opened(opening: asyncio.Future[TunnelResponse], route: Route) -> TunnelResponse:
     """The engine's answer, once its head came; the tunnel's failures as the errors to answer."""
     try:
         reply = await opening
@@ -228,7 +235,7 @@ async def _opened(opening: asyncio.Future[TunnelResponse], route: routing.Route)
     return reply
 
 
-async def _whole(route: routing.Route, reply: TunnelResponse) -> bytes:
+async def _whole(route: Route, reply: TunnelResponse) -> bytes:
     """A non-streamed answer (or an engine's refusal), read whole within MAX_ANSWER_BYTES."""
     metrics.ENDPOINT_REQUESTS.labels(route.endpoint_id, "ok" if reply.status == 200 else "error").inc()
     async with reply:
@@ -262,7 +269,7 @@ def _error_event(status: int, said: bytes, path: str) -> bytes:
 
 async def _late(
     opening: asyncio.Future[TunnelResponse],
-    route: routing.Route,
+    route: Route,
     path: str,
     every: float,
     relay: Callable[[TunnelResponse], AsyncIterator[bytes]],
@@ -302,7 +309,7 @@ def _abandon(opening: asyncio.Future[TunnelResponse]) -> None:
 
 
 def _relay(
-    ctx: CloudContext, route: routing.Route, caller: Caller, reply: TunnelResponse, *, arrived: float
+    ctx: CloudContext, route: Route, caller: Caller, reply: TunnelResponse, *, arrived: float
 ) -> AsyncIterator[bytes]:
     """The engine's stream, chunk by chunk: its usage recorded, its outcome counted, ``[DONE]``
     added where the engine leaves it out."""

@@ -9,6 +9,7 @@ from sqlalchemy.orm import Session
 
 from sxwl.cloud.db.models import AuthSession, SessionKind, User
 from sxwl.cloud.db.types import utcnow
+from sxwl.cloud.kit.notify import on_commit
 from sxwl.cloud.kit.security import SESSION_TOKEN_PREFIX, new_token, token_hash
 
 
@@ -42,6 +43,7 @@ def resolve(session: Session, token: str, kind: SessionKind) -> tuple[AuthSessio
 
 def revoke(session: Session, auth: AuthSession) -> None:
     auth.revoked_at = utcnow()
+    on_commit(session).user_changed(auth.user_id)  # a process that remembers the token forgets it
 
 
 def revoke_all(session: Session, user: User) -> None:
@@ -50,3 +52,4 @@ def revoke_all(session: Session, user: User) -> None:
         .where(AuthSession.user_id == user.id, AuthSession.revoked_at.is_(None))
         .values(revoked_at=utcnow())
     )
+    on_commit(session).user_changed(user.id)

@@ -20,6 +20,7 @@ from sxwl.cloud.db.json_rows import StoredInput, stored_input
 from sxwl.cloud.db.models import TERMINAL_STATES, Job, JobState, Role, User
 from sxwl.cloud.db.types import utcnow
 from sxwl.cloud.errors import AppError, invalid
+from sxwl.cloud.kit.notify import on_commit
 from sxwl.cloud.services.catalog import model_catalog
 from sxwl.cloud.services.endpoints.endpoint_kind import ENDPOINT
 from sxwl.cloud.services.fleet import cpods
@@ -202,6 +203,7 @@ def create(ctx: CloudContext, session: Session, *, owner: User, request: Endpoin
         job = jobs.submit(ctx, session, owner, named, workload)
         session.add(EndpointReplica(job_id=job.id, endpoint_id=endpoint.id, replica=index))
     session.flush()
+    on_commit(session).user_changed(owner.id)  # its name may now mean this endpoint in /v1
     return view(session, endpoint)
 
 
@@ -231,6 +233,7 @@ def delete(session: Session, user: User, endpoint_id: str) -> View:
                 jobs.cancel(session, user, replica.job.id)
         endpoint.stopped_at = utcnow()
         session.flush()
+        on_commit(session).user_changed(endpoint.owner_id)  # /v1 stops routing to it at once
     return view(session, endpoint)
 
 

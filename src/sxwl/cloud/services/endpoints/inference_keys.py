@@ -14,12 +14,15 @@ from sqlalchemy.orm import Session
 
 from sxwl.cloud.context import CloudContext
 from sxwl.cloud.db.endpoint_models import InferenceKey
-from sxwl.cloud.db.models import Role, User
+from sxwl.cloud.db.models import Role, SessionKind, User
 from sxwl.cloud.db.types import utcnow
 from sxwl.cloud.errors import AppError
+from sxwl.cloud.kit.notify import on_commit
 from sxwl.cloud.kit.ratelimit import RateLimiter
 from sxwl.cloud.kit.security import new_token, token_hash
+from sxwl.cloud.services.accounts import sessions
 from sxwl.cloud.services.endpoints import key_limits
+from sxwl.cloud.services.endpoints.call_cache import KnownCaller
 
 PREFIX = "sk-"
 MAX_KEYS = 100  # live keys per user
@@ -82,6 +85,7 @@ def change(session: Session, owner: User, key_id: str, changes: dict[str, int | 
         raise AppError(409, f"key {key_id} is revoked", code="conflict")
     for field, value in changes.items():
         setattr(key, field, value)
+    on_commit(session).user_changed(owner.id)  # processes that remember the key forget it
     return key
 
 
@@ -89,6 +93,7 @@ def revoke(session: Session, owner: User, key_id: str) -> InferenceKey:
     key = _owned(session, owner, key_id)
     if key.revoked_at is None:
         key.revoked_at = utcnow()
+        on_commit(session).user_changed(owner.id)  # processes that remember the key forget it
     return key
 
 
@@ -100,6 +105,30 @@ def resolve(session: Session, secret: str) -> tuple[User, InferenceKey] | None:
         .where(InferenceKey.token_hash == token_hash(secret), InferenceKey.revoked_at.is_(None))
     ).one_or_none()
     return None if row is None else (row[0], row[1])
+
+
+def known_caller(session: Session, secret: str) -> KnownCaller | None:
+    """Who calls /v1 with ``secret`` (an ``sk-`` key, or a user's API token), detached from
+    ``session``; None for a credential that is unknown, revoked or expired."""
+    if secret.startswith(PREFIX):
+        found = resolve(session, secret)
+        if found is None:
+            return None
+        user, key = found
+        session.expunge(user)
+        session.expunge(key)
+        return KnownCaller(user, key=key)
+    signed_in = sessions.resolve(session, secret, SessionKind.API)
+    if signed_in is None:
+        return None
+    auth, user = signed_in
+    session.expunge(user)
+    return KnownCaller(user, expires_at=auth.expires_at)
+
+
+def limited(key: InferenceKey) -> bool:
+    """Whether a call with ``key`` has a limit to be counted against (``admit``)."""
+    return key.rpm is not None or key.tpm is not None or key.monthly_cap is not None
 
 
 def admit(ctx: CloudContext, key: InferenceKey) -> None:

@@ -5,30 +5,22 @@ owner's credentials reach an endpoint."""
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
 
 from sqlalchemy import select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from sxwl.cloud.db.endpoint_models import Endpoint, EndpointUsage
-from sxwl.cloud.db.models import Job
 from sxwl.cloud.db.types import utcnow
 from sxwl.cloud.errors import AppError
 from sxwl.cloud.services.endpoints import endpoints
 from sxwl.cloud.services.endpoints.endpoints import State
+from sxwl.cloud.services.endpoints.routes import Replica, Route, Serving
 from sxwl.cloud.services.fleet.engine_loads import EngineLoads
+from sxwl.protocol import attempt_key
 from sxwl.protocol.endpoints import engine_target
 
 RETRY_AFTER_S = 10  # what a call to an endpoint that does not serve yet is told to wait
-
-
-@dataclass(frozen=True)
-class Route:
-    endpoint_id: str
-    name: str
-    cpod_id: str
-    target: str
 
 
 def _not_ready(view: endpoints.View) -> AppError:
@@ -61,24 +53,33 @@ def find(session: Session, owner_id: str, model: str) -> endpoints.View:
     )
 
 
-def route(session: Session, owner_id: str, model: str, loads: EngineLoads | None = None) -> Route:
-    """A replica that serves now; 503 with Retry-After when none does. Of two picked at random, the
-    one whose engine the heartbeats said was less busy (``loads``: requests running and waiting):
-    a load is as old as its heartbeat, and sending every call to the one least busy then would pile
-    them onto it until the next; two random choices spread them and still shun a busy engine."""
+def serving(session: Session, owner_id: str, model: str) -> Serving:
+    """The replicas of the caller's endpoint ``model`` names that serve now; 503 with Retry-After
+    when none does."""
     view = find(session, owner_id, model)
-    ready = [job for job in view.ready if job.cpod_id is not None]
-    if view.state in (State.STOPPED, State.FAILED) or not ready:
+    replicas = tuple(
+        Replica(job.cpod_id, engine_target(job.id, job.attempt), attempt_key(job.id, job.attempt))
+        for job in view.ready
+        if job.cpod_id is not None
+    )
+    if view.state in (State.STOPPED, State.FAILED) or not replicas:
         raise _not_ready(view)
-    picked = random.sample(ready, min(2, len(ready)))  # spreading load, not a secret
+    return Serving(view.endpoint.id, view.endpoint.name, replicas)
 
-    def busy(job: Job) -> int:
-        seen = endpoints.load_of(loads, job) if loads is not None else None
+
+def pick(found: Serving, loads: EngineLoads | None = None) -> Route:
+    """Of two replicas picked at random, the one whose engine the heartbeats said was less busy
+    (``loads``: requests running and waiting): a load is as old as its heartbeat, and sending every
+    call to the one least busy then would pile them onto it until the next; two random choices
+    spread them and still shun a busy engine."""
+    picked = random.sample(found.replicas, min(2, len(found.replicas)))  # spreading load, not a secret
+
+    def busy(replica: Replica) -> int:
+        seen = loads.of(replica.cpod_id, replica.attempt_key) if loads is not None else None
         return 0 if seen is None else seen.load.running + (seen.load.waiting or 0)
 
-    job = min(picked, key=busy)
-    assert job.cpod_id is not None
-    return Route(view.endpoint.id, view.endpoint.name, job.cpod_id, engine_target(job.id, job.attempt))
+    replica = min(picked, key=busy)
+    return Route(found.endpoint_id, found.name, replica.cpod_id, replica.target)
 
 
 def ready_names(session: Session, owner_id: str) -> list[tuple[str, str, int]]:

@@ -8,6 +8,7 @@ cloud's own cookies never reach the environment, and the environment cannot set 
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import contextlib
 import os
@@ -39,6 +40,8 @@ router = APIRouter(include_in_schema=False)
 METHODS = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
 HEAD_TIMEOUT_S = 60.0
 RETRY_AFTER_S = 5  # while the CPod's agent re-dials or takes the environment back
+WS_HOLD_S = 30.0  # how long a WebSocket's handshake waits for that (_open_held)
+WS_RETRY_S = 0.5
 # The cloud's cookies are its own: never sent to an environment, never set by one.
 OWN_COOKIES = "sxwl_"
 # Request headers the cloud sets itself on the way to JupyterLab.
@@ -188,14 +191,10 @@ async def proxy_websocket(websocket: WebSocket, env_id: str, rest: str) -> None:
         await websocket.close(code=1008)
         return
     raw = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in websocket.scope["headers"]]
-    outgoing = ClientBytes()
-    headers = [
-        *_forwarded(raw, up.token),
-        ("sec-websocket-key", base64.b64encode(os.urandom(16)).decode()),
-    ]
-    call = service.TunnelRequest("GET", _path(websocket.url.path, websocket.url.query), headers, outgoing)
+    headers = _forwarded(raw, up.token)
+    path, host = _path(websocket.url.path, websocket.url.query), websocket.headers.get("host")
     try:
-        reply = await _open(ctx, up, call, websocket.headers.get("host"))
+        reply, outgoing = await _open_held(ctx, up, path, headers, host)
     except AppError:
         await websocket.close(code=1011)
         return
@@ -206,6 +205,32 @@ async def proxy_websocket(websocket: WebSocket, env_id: str, rest: str) -> None:
         chosen = next((v for k, v in reply.headers if k == "sec-websocket-protocol"), None)
         await websocket.accept(subprotocol=chosen)
         await _splice(websocket, reply, outgoing)
+
+
+async def _open_held(
+    ctx: CloudContext, up: dev_envs.Upstream, path: str, headers: Headers, host: str | None
+) -> tuple[service.TunnelResponse, ClientBytes]:
+    """JupyterLab's WebSocket over the tunnel, the handshake held for up to ``WS_HOLD_S`` while the
+    environment's CPod is away (its agent re-dialling, or taking the environment back): JupyterLab
+    asks after a kernel whose socket was refused and, on the 503 it then meets, waits 10 to 30 s
+    before it tries again, so a refused handshake would leave the page's kernel "Unknown" that long
+    after the agent is back, while a held one connects as soon as it is."""
+    deadline = asyncio.get_running_loop().time() + WS_HOLD_S
+    while True:
+        outgoing = ClientBytes()
+        key = base64.b64encode(os.urandom(16)).decode()
+        call = service.TunnelRequest("GET", path, [*headers, ("sec-websocket-key", key)], outgoing)
+        last_try = asyncio.get_running_loop().time() >= deadline
+        try:
+            reply = await _open(ctx, up, call, host)
+        except AppError as exc:
+            if exc.status != 503 or last_try:
+                raise
+        else:
+            if not reply.from_agent or last_try:
+                return reply, outgoing
+            reply.close()
+        await asyncio.sleep(WS_RETRY_S)
 
 
 def _close_code(data: bytes) -> int:
