@@ -1,5 +1,6 @@
 """When an answer through the tunnel is whole (docs/tunnel.md): two real h2 sessions, the cloud's
-and an agent's, joined by an in-memory pipe that the test cuts where an agent's death would."""
+and an agent's, joined by an in-memory pipe (tests/support/h2_pipe.py) that the test cuts where an
+agent's death would."""
 
 from __future__ import annotations
 
@@ -10,36 +11,14 @@ import pytest
 from sxwl.cloud.tunnel import service
 from sxwl.tunnel.headers import Headers
 from sxwl.tunnel.session import Session, TunnelStream
+from tests.support.h2_pipe import pipe
 from tests.support.threads import run_on_thread
-
-
-class Pipe:
-    """One end of an in-memory byte pipe; ``cut()`` ends both directions at once, as a dead TCP
-    connection does."""
-
-    def __init__(self, inbox: asyncio.Queue[bytes | None], outbox: asyncio.Queue[bytes | None]) -> None:
-        self.inbox, self.outbox = inbox, outbox
-
-    async def send(self, data: bytes) -> None:
-        await self.outbox.put(data)
-
-    async def receive(self) -> bytes | None:
-        return await self.inbox.get()
-
-    async def close(self) -> None:
-        self.cut()
-
-    def cut(self) -> None:
-        self.inbox.put_nowait(None)
-        self.outbox.put_nowait(None)
 
 
 async def answered_then_cut(head: Headers, body: bytes) -> tuple[bytes, bool]:
     """An agent's end sends ``head`` and ``body`` and is cut before it ends the stream: what the
     cloud's end read of the answer, and whether it took the answer for a cut one."""
-    one: asyncio.Queue[bytes | None] = asyncio.Queue()
-    two: asyncio.Queue[bytes | None] = asyncio.Queue()
-    cloud_end, agent_end = Pipe(one, two), Pipe(two, one)
+    cloud_end, agent_end = pipe()
 
     async def answer(stream: TunnelStream) -> None:
         await stream.send_head([(":status", "200"), *head])

@@ -20,6 +20,10 @@ from sxwl.tunnel.session import StreamReset, TunnelStream
 
 CONNECT_S = 10.0
 READ_SIZE = 256 * 1024
+# How long an answer's head waits for its first body bytes, to leave with them in one message: the
+# cloud then has the head and the first chunk (an engine's first token) in one receive. An answer
+# whose body comes later sees its head this much later, never its body.
+HEAD_HOLD_S = 0.05
 
 
 async def forward(
@@ -69,17 +73,24 @@ async def _exchange(
         headers += [("connection", "upgrade"), ("upgrade", upgrade)]
     elif has_body and first(headers, "content-length") is None:
         headers.append(("transfer-encoding", "chunked"))
+    # A request that came whole (as a /v1 call does) leaves in one write, so its target reads it
+    # at once; otherwise the body follows as it comes.
+    whole = stream.whole_body() if has_body and upgrade is None else None
     try:
         request = h11.Request(
             method=first(head, ":method") or "GET", target=first(head, ":path") or "/", headers=headers
         )
-        writer.write(conn.send(request) or b"")
+        out = conn.send(request) or b""
+        if whole:
+            out += conn.send(h11.Data(data=whole)) or b""
+        if upgrade is not None or not has_body or whole is not None:
+            out += conn.send(h11.EndOfMessage()) or b""
     except h11.LocalProtocolError as exc:
         await _answer(stream, 400, f"the request cannot be sent over HTTP/1.1: {exc}\n")
         return
-    if upgrade is not None or not has_body:
-        writer.write(conn.send(h11.EndOfMessage()) or b"")
-    upload = asyncio.create_task(_upload(stream, conn, writer, raw=False, body=has_body and upgrade is None))
+    writer.write(out)
+    body = has_body and upgrade is None and whole is None
+    upload = asyncio.create_task(_upload(stream, conn, writer, raw=False, body=body))
     download = asyncio.create_task(_download(stream, conn, reader, writer))
     try:
         done, _ = await asyncio.wait({upload, download}, return_when=asyncio.FIRST_COMPLETED)
@@ -116,21 +127,33 @@ async def _download(
     # encoding) leave as one write, so one DATA frame, before the next read can wait: fewer frames
     # under load, no delay when one chunk comes alone.
     pending = bytearray()
+    held: Headers | None = None  # the answer's head, until its first body bytes or HEAD_HOLD_S
     while True:
         event = conn.next_event()
         if isinstance(event, h11.Data):
             pending += event.data
             continue
+        if held is not None and (pending or event is not h11.NEED_DATA):
+            await stream.send_head(held)
+            held = None
         if pending:
             await stream.write(bytes(pending))
             pending.clear()
         if event is h11.NEED_DATA:
-            conn.receive_data(await reader.read(READ_SIZE))
+            if held is None:
+                conn.receive_data(await reader.read(READ_SIZE))
+                continue
+            try:
+                async with asyncio.timeout(HEAD_HOLD_S):
+                    conn.receive_data(await reader.read(READ_SIZE))
+            except TimeoutError:
+                await stream.send_head(held)
+                held = None
         elif isinstance(event, h11.InformationalResponse) and event.status_code == 101:
             await _switched(stream, conn, event, reader, writer)
             return
         elif isinstance(event, h11.Response):
-            await stream.send_head([(":status", str(event.status_code)), *_decoded(event.headers)])
+            held = [(":status", str(event.status_code)), *_decoded(event.headers)]
         elif isinstance(event, h11.EndOfMessage):
             await stream.end()
             return

@@ -72,6 +72,16 @@ class TunnelStream:
     async def head(self) -> Headers:
         return await self._head
 
+    def whole_body(self) -> bytes | None:
+        """The whole body, taken, where the other end has already sent all of it (as one that
+        opened with its body does); else None, and nothing is taken."""
+        if not self.remote_ended or self.reset_reason is not None:
+            return None
+        data, flow = b"".join(c for c, _ in self._chunks), sum(f for _, f in self._chunks)
+        self._chunks.clear()
+        self.session.consumed(self.id, flow)
+        return data
+
     async def read(self) -> bytes:
         while not self._chunks:
             if self.remote_ended:
@@ -258,14 +268,28 @@ class Session:
             return 0
         return self.conn.remote_settings.max_concurrent_streams - self.conn.open_outbound_streams
 
-    async def open(self, headers: Headers, end: bool = False) -> TunnelStream:
+    async def open(self, headers: Headers, end: bool = False, body: bytes | None = None) -> TunnelStream:
+        """``body``: the request's whole body. Where it fits the stream's first window and one
+        frame, it leaves with the headers, in the same message, and the stream is ended
+        (``local_ended``): the other end has the whole request at once. Otherwise only the headers
+        leave, and the caller writes the body."""
         if self.capacity <= 0:
             raise StreamReset("the tunnel connection takes no more streams", ErrorCodes.REFUSED_STREAM)
         stream_id = self.conn.get_next_available_stream_id()
         stream = TunnelStream(self, stream_id)
         self.streams[stream_id] = stream
-        self.call(lambda c: c.send_headers(stream_id, headers, end_stream=end))
-        stream.local_ended = end
+
+        def opening(c: h2.connection.H2Connection) -> None:
+            if not body:
+                c.send_headers(stream_id, headers, end_stream=end or body is not None)
+                stream.local_ended = end or body is not None
+                return
+            c.send_headers(stream_id, headers)
+            if len(body) <= min(c.local_flow_control_window(stream_id), c.max_outbound_frame_size):
+                c.send_data(stream_id, body, end_stream=True)
+                stream.local_ended = True
+
+        self.call(opening)
         return stream
 
     async def close(self, code: int = ErrorCodes.NO_ERROR) -> None:

@@ -67,17 +67,18 @@ class Tunnels:
             with contextlib.suppress(Exception):
                 await self._record(cpod_id)
 
-    async def open(self, cpod_id: str, head: Headers, end: bool) -> TunnelStream:
-        """A stream to the CPod: on a connection held here, else relayed to a replica that holds one."""
+    async def open(self, cpod_id: str, head: Headers, end: bool, body: bytes | None = None) -> TunnelStream:
+        """A stream to the CPod: on a connection held here, else relayed to a replica that holds one.
+        ``body``: as ``Session.open`` takes it."""
         local = self._local(cpod_id)
         if local is not None:
-            return await local.open(head, end)
+            return await local.open(head, end, body)
         if self.held.get(cpod_id):
             raise StreamReset("every tunnel connection of this CPod is full", ErrorCodes.REFUSED_STREAM)
         for url in await asyncio.to_thread(self._holders, cpod_id):
             try:
                 session = await self._relay(url)
-                return await session.open([*head, (CPOD, cpod_id)], end)
+                return await session.open([*head, (CPOD, cpod_id)], end, body)
             except (OSError, TimeoutError, StreamReset, relay.RelayRefused) as exc:
                 log.warning("relay to %s failed: %s", url, exc)
         raise NoTunnel(cpod_id)
@@ -111,7 +112,11 @@ class Tunnels:
         if local is None:
             incoming.reset(relay.NOT_HERE)
             return
-        outgoing = await local.open([(k, v) for k, v in head if k != CPOD], incoming.bodiless)
+        whole = incoming.whole_body()  # a request that came with its body goes on the same way
+        outgoing = await local.open([(k, v) for k, v in head if k != CPOD], incoming.bodiless, whole)
+        if whole and not outgoing.local_ended:
+            await outgoing.write(whole)
+            await outgoing.end()
         await relay.splice(incoming, outgoing)
 
     async def _relay(self, url: str) -> Session:

@@ -1,6 +1,7 @@
 """What the rest of the cloud calls to reach a service on a CPod through its agent's tunnel
 (docs/tunnel.md): ``open_stream(tunnels, cpod_id, target, request)`` sends the request's method,
-path and headers with the stream's opening, streams its body, and returns the answer as it arrives.
+path and headers with the stream's opening (and a body given whole, where it fits, in the same
+message), streams a body given as an iterator, and returns the answer as it arrives.
 Free of HTTP frameworks: an endpoint's route turns its request into a ``TunnelRequest`` and the
 ``TunnelResponse`` into its answer.
 
@@ -33,7 +34,7 @@ class TunnelRequest:
     method: str
     path: str  # with its query string
     headers: Headers
-    body: AsyncIterable[bytes] | None = None
+    body: bytes | AsyncIterable[bytes] | None = None
 
 
 class TunnelResponse:
@@ -110,10 +111,11 @@ async def open_stream(
     if upgrade is not None:
         head.append((UPGRADE, upgrade))
     try:
-        stream = await tunnels.open(cpod_id, head, end=request.body is None)
+        whole = request.body if isinstance(request.body, bytes) else None
+        stream = await tunnels.open(cpod_id, head, end=request.body is None, body=whole)
     except StreamReset as exc:
         raise TunnelError(str(exc)) from None
-    pump = asyncio.create_task(_pump(stream, request.body)) if request.body is not None else None
+    pump = None if stream.local_ended else asyncio.create_task(_pump(stream, request.body))
     try:
         answer = await asyncio.wait_for(stream.head(), head_timeout_s)
     except StreamReset as exc:
@@ -128,13 +130,16 @@ async def open_stream(
     return TunnelResponse(stream, answer, pump)
 
 
-async def _pump(stream: TunnelStream, body: AsyncIterable[bytes] | None) -> None:
+async def _pump(stream: TunnelStream, body: bytes | AsyncIterable[bytes] | None) -> None:
     """The request's body into the stream; a body that fails (its client went away) resets it."""
     assert body is not None
     try:
-        async for chunk in body:
-            if chunk:
-                await stream.write(chunk)
+        if isinstance(body, bytes):
+            await stream.write(body)
+        else:
+            async for chunk in body:
+                if chunk:
+                    await stream.write(chunk)
         await stream.end()
     except StreamReset:
         return

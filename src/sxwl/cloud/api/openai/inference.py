@@ -172,10 +172,6 @@ async def _proxy(
     if streaming and not isinstance(body.get("stream_options"), dict):
         body["stream_options"] = {"include_usage": True}  # the last chunk then carries the counts
     payload = json.dumps(body).encode()
-
-    async def one() -> AsyncIterator[bytes]:
-        yield payload
-
     headers = [
         ("content-type", "application/json"),
         ("content-length", str(len(payload))),
@@ -186,7 +182,7 @@ async def _proxy(
             ctx.tunnels,
             route.cpod_id,
             route.target,
-            TunnelRequest("POST", path, headers, one()),
+            TunnelRequest("POST", path, headers, payload),
             FIRST_BYTE_S,
         )
     )
