@@ -2,8 +2,9 @@
 unix socket, as the agent reaches it) and through the whole path (the cloud's /v1, the tunnel, the
 agent, the socket), in one run.
 
-- **added time to first token**: ``--ttft-requests`` streamed chat calls, one at a time; p50 and
-  p99 of the first content chunk's arrival, direct and through, and the difference;
+- **added time to first token**: ``--ttft-requests`` streamed chat calls each way, one at a time,
+  a direct one and one through interleaved; p50 and p99 of the first content chunk's arrival,
+  direct and through, and the difference;
 - **chunks/s** at 1, 16, 64 and 256 concurrent streams of ``--tokens`` one-token chunks each;
 - **CPU per chunk** of each process in those runs (from /proc: the client, which is this script,
   the cloud, the agent, the engine), so the path's own cost is seen apart from the machine's load:
@@ -78,9 +79,18 @@ async def stream_once(
 
 
 async def first_tokens(
-    client: httpx.AsyncClient, url: str, requests: int, model: str = "fast"
-) -> list[float]:
-    return [(await stream_once(client, url, 4, model))[0] for _ in range(requests)]
+    ways: dict[str, tuple[httpx.AsyncClient, str]], requests: int, model: str = "fast"
+) -> dict[str, list[float]]:
+    """Seconds to the first content chunk of ``requests`` calls each way (name: client and URL),
+    interleaved, which goes first alternating: both ways meet the machine in the same state, so the
+    difference of their percentiles is the path's, not a drift of the shared cores between runs."""
+    found: dict[str, list[float]] = {name: [] for name in ways}
+    order = list(ways)
+    for call in range(requests):
+        for name in order if call % 2 == 0 else order[::-1]:
+            client, url = ways[name]
+            found[name].append((await stream_once(client, url, 4, model))[0])
+    return found
 
 
 async def chunk_rate(
@@ -231,14 +241,18 @@ def measure(
         )
         through = client_for(lambda: httpx.AsyncClient(headers=world.user, limits=limits, timeout=300))
         direct_url, through_url = "http://engine/v1/chat/completions", f"{world.url}/v1/chat/completions"
-        firsts = {
-            "direct": direct(lambda c: first_tokens(c, direct_url, requests, model)),
-            "through": through(lambda c: first_tokens(c, through_url, requests, model)),
-        }
+
+        async def both(through_client: httpx.AsyncClient) -> dict[str, list[float]]:
+            transport = httpx.AsyncHTTPTransport(uds=short, limits=limits)
+            async with httpx.AsyncClient(transport=transport, timeout=300) as direct_client:
+                ways = {"direct": (direct_client, direct_url), "through": (through_client, through_url)}
+                return await first_tokens(ways, requests, model)
+
+        firsts = through(both)
         p = {k: (percentile(v, 50) * 1000, percentile(v, 99) * 1000) for k, v in firsts.items()}
         added = (p["through"][0] - p["direct"][0], p["through"][1] - p["direct"][1])
         lines.append(
-            f"- time to first token at concurrency 1 ({requests} calls): direct p50 "
+            f"- time to first token at concurrency 1 ({requests} calls each way, interleaved): direct p50 "
             f"{p['direct'][0]:.1f} ms, p99 {p['direct'][1]:.1f} ms; through the cloud p50 "
             f"{p['through'][0]:.1f} ms, p99 {p['through'][1]:.1f} ms; added p50 {added[0]:.1f} ms "
             f"(target 5 ms), p99 {added[1]:.1f} ms"
