@@ -47,7 +47,15 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "src"))
 
 import httpx  # noqa: E402
-from bench.common import Processes, append_results, interrupt_on_sigterm, machine_line, percentile, utc_now  # noqa: E402
+from bench.common import (  # noqa: E402
+    Processes,
+    append_results,
+    cpu_s,
+    interrupt_on_sigterm,
+    machine_line,
+    percentile,
+    utc_now,
+)
 from tests.support.agent import eventually  # noqa: E402
 from tests.test_endpoints_vllm import FAKE  # noqa: E402
 from tests.test_finetune_system import MODEL, FineTuneWorld  # noqa: E402
@@ -102,18 +110,6 @@ async def chunk_rate(
     done = await asyncio.gather(*(stream_once(client, url, tokens, model) for _ in range(streams)))
     assert all(chunks == tokens for _, chunks in done) or model != "fast"
     return sum(chunks for _, chunks in done) / (time.perf_counter() - started)
-
-
-CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
-
-
-def cpu_s(pid: int) -> float:
-    """User and system CPU seconds of one process (0 once it is gone)."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
 
 
 def descendants(pid: int) -> list[int]:

@@ -3,7 +3,11 @@ through the tunnel (the cloud's service, one WebSocket carrying HTTP/2, the agen
 to the target), in one run.
 
 - **streams/s**: ``--requests`` small POSTs (1 KiB each way) at ``--concurrency``;
-- **MB/s**: ``--mib`` MiB streamed from the target by 1 and by 4 concurrent downloads.
+- **MB/s**: ``--mib`` MiB streamed from the target by 1 and by 4 concurrent downloads;
+- **an idle tunnel's CPU**: two more agents, one keeping its tunnel's 2 connections open and one
+  with none (``--tunnel-connections 0``), both at the agent's default 10 s heartbeat, their CPU
+  over ``--idle-s`` seconds with no stream: the difference is what an idle tunnel costs (its
+  keep-alive PINGs, every 20 s each way on each connection).
 
 The cloud runs in this process (its tunnel service is called in its own event loop, on a thread);
 the agent and the target are processes of their own; direct requests come from this process's main
@@ -28,8 +32,15 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "src"))
 
 import httpx  # noqa: E402
-from bench.common import Processes, append_results, interrupt_on_sigterm, machine_line, utc_now  # noqa: E402
-from tests.support.agent import eventually, simulated_agent  # noqa: E402
+from bench.common import (  # noqa: E402
+    Processes,
+    append_results,
+    cpu_s,
+    interrupt_on_sigterm,
+    machine_line,
+    utc_now,
+)
+from tests.support.agent import AgentProcess, eventually, simulated_agent  # noqa: E402
 from tests.support.cloud import test_settings  # noqa: E402
 from tests.support.net import free_port  # noqa: E402
 from tests.support.tunnel import InProcessCloud, Target, provider_key, request  # noqa: E402
@@ -37,6 +48,7 @@ from tests.support.tunnel import InProcessCloud, Target, provider_key, request  
 from sxwl.cloud.tunnel import service  # noqa: E402
 
 BODY = b"x" * 1024
+HEARTBEAT_S = "10"  # the agent's default; the tests' 0.3 s would drown the tunnel's cost
 
 
 async def direct_streams(url: str, requests: int, concurrency: int) -> float:
@@ -86,6 +98,7 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=2000)
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--mib", type=int, default=256)
+    parser.add_argument("--idle-s", type=float, default=60.0, help="the idle window; 0: not measured")
     parser.add_argument("--serve-target", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve_target:
@@ -106,10 +119,11 @@ def run(root: Path, args: argparse.Namespace, processes: Processes) -> None:
     address, direct_url = f"127.0.0.1:{port}", f"http://127.0.0.1:{port}"
     cloud = InProcessCloud(test_settings(root / "cloud", f"sqlite:///{root / 'sxwl.db'}"))
     processes.add(cloud.stop)
+    key = provider_key(cloud.url)
     agent = simulated_agent(
         cloud.url,
         root / "agent",
-        provider_key(cloud.url),
+        key,
         "--tunnel-allow",
         address,
         name="bench",
@@ -175,8 +189,47 @@ def run(root: Path, args: argparse.Namespace, processes: Processes) -> None:
         *(f"| {name} | {d:,.1f} | {t:,.1f} | {t / d:.2f} |" for name, d, t in rows),
         "",
     ]
+    if args.idle_s > 0:
+        lines += [*idle_tunnel(root, cloud, key, args.idle_s, processes), ""]
     print("\n".join(lines))
     append_results("\n".join(lines))
+
+
+def idle_tunnel(
+    root: Path, cloud: InProcessCloud, key: str, seconds: float, processes: Processes
+) -> list[str]:
+    """CPU of an idle agent with its tunnel and of one without, over the same ``seconds``."""
+    agents: dict[str, AgentProcess] = {}
+    for name, connections in (("with", "2"), ("without", "0")):
+        state = root / f"idle-{name}"
+        agent = simulated_agent(
+            cloud.url,
+            state,
+            key,
+            "--tunnel-connections",
+            connections,
+            "--heartbeat-interval",
+            HEARTBEAT_S,
+            name=f"idle-{name}",
+            gpus=1,
+            product="X",
+        )
+        processes.add(agent.stop)
+        registered = state / "cpod.json"
+        eventually(registered.exists, what=f"the agent {name} a tunnel to register")
+        agents[name] = agent
+    cpod = json.loads((root / "idle-with" / "cpod.json").read_text())["cpod_id"]
+    eventually(lambda: cloud.connections(cpod) == 2, what="the idle tunnel's connections")
+    time.sleep(5)  # past both agents' start (imports, registration, first beats)
+    before = {name: cpu_s(agent.proc.pid) for name, agent in agents.items()}
+    time.sleep(seconds)
+    spent = {name: (cpu_s(agent.proc.pid) - before[name]) / seconds * 1000 for name, agent in agents.items()}
+    return [
+        f"- idle agents over {seconds:.0f} s, heartbeats every {HEARTBEAT_S} s, no stream: with the "
+        f"tunnel's 2 connections {spent['with']:.2f} ms of CPU per second, without a tunnel "
+        f"{spent['without']:.2f}; the idle tunnel's cost {spent['with'] - spent['without']:+.2f} ms/s "
+        "(/proc's clock ticks are 10 ms)",
+    ]
 
 
 if __name__ == "__main__":
