@@ -28,6 +28,7 @@ from sxwl.cloud.db.types import utcnow
 from sxwl.protocol import PROTOCOL_HEADER, SHA256_HEADER, paths
 from sxwl.protocol.finetune import CHECKPOINT_DIR, checkpoint_artifact
 from tests.conftest import MakeSettings
+from tests.support.agent import eventually
 from tests.support.served import Served
 from tests.test_cpods_api import ctx_of
 from tests.test_jobs_api import Setup
@@ -45,7 +46,11 @@ class Cloud:
     def running_attempt(self) -> dict[str, Any]:
         """A job placed on the test's CPod and running; its assignment (with the upload token)."""
         job = self.setup.submit()
-        (assignment,) = self.setup.poll()["assignments"]
+        # Polled again, as an agent does, while nothing came: one 5 s long-poll can end before a
+        # loaded machine's scheduler pass places the job (a CI run's PostgreSQL case did).
+        (assignment,) = eventually(
+            lambda: self.setup.poll()["assignments"], timeout=60, what="the job placed"
+        )
         assert assignment["job_id"] == job["id"]
         assert self.setup.status(job["id"], assignment["attempt"], "running").status_code == 200
         return dict(assignment)
