@@ -230,18 +230,19 @@ def measure(
     limits = httpx.Limits(max_connections=300, max_keepalive_connections=300)
     lines: list[str] = []
     with reachable(str(socket)) as short:
-        direct = client_for(
-            lambda: httpx.AsyncClient(
+
+        def direct_client() -> httpx.AsyncClient:
+            return httpx.AsyncClient(
                 transport=httpx.AsyncHTTPTransport(uds=short, limits=limits), timeout=300
             )
-        )
+
+        direct = client_for(direct_client)
         through = client_for(lambda: httpx.AsyncClient(headers=world.user, limits=limits, timeout=300))
         direct_url, through_url = "http://engine/v1/chat/completions", f"{world.url}/v1/chat/completions"
 
         async def both(through_client: httpx.AsyncClient) -> dict[str, list[float]]:
-            transport = httpx.AsyncHTTPTransport(uds=short, limits=limits)
-            async with httpx.AsyncClient(transport=transport, timeout=300) as direct_client:
-                ways = {"direct": (direct_client, direct_url), "through": (through_client, through_url)}
+            async with direct_client() as engine:
+                ways = {"direct": (engine, direct_url), "through": (through_client, through_url)}
                 return await first_tokens(ways, requests, model)
 
         firsts = through(both)

@@ -5,7 +5,7 @@ can see which frames travelled together."""
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from hyperframe.frame import Frame
 
@@ -48,7 +48,7 @@ class Sent:
 
     kind: str
     stream_id: int
-    flags: frozenset[str] = field(default_factory=frozenset)
+    flags: frozenset[str]
 
 
 def frames(message: bytes) -> list[Sent]:

@@ -77,10 +77,7 @@ class TunnelStream:
         opened with its body does); else None, and nothing is taken."""
         if not self.remote_ended or self.reset_reason is not None:
             return None
-        data, flow = b"".join(c for c, _ in self._chunks), sum(f for _, f in self._chunks)
-        self._chunks.clear()
-        self.session.consumed(self.id, flow)
-        return data
+        return self._take()
 
     async def read(self) -> bytes:
         while not self._chunks:
@@ -90,6 +87,10 @@ class TunnelStream:
                 raise self.reset_reason
             self._changed.clear()
             await self._changed.wait()
+        return self._take()
+
+    def _take(self) -> bytes:
+        """Everything received and not yet read, its window given back."""
         if len(self._chunks) == 1:
             data, flow = self._chunks.popleft()
         else:  # what came while the reader was busy, in one piece: one step of its loop, not one each
